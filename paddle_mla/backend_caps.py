@@ -1,0 +1,62 @@
+"""What each attention backend supports, as plain data, so configs are validated before any
+model or tensor library is loaded (ARCHITECTURE section 5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from paddle_mla.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class BackendCaps:
+    families: tuple[str, ...]          # model families: "mla", "gqa"
+    chunked_prefill: bool
+    prefix_cache: bool
+    cuda_graph: bool
+    cpu: bool                           # runs on CPU (Triton ones only under TRITON_INTERPRET=1)
+    implemented: bool = True
+    note: str = ""
+
+
+BACKEND_CAPS: dict[str, BackendCaps] = {
+    "native": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True),
+    "triton_mla": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
+                              note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
+    "dsa": BackendCaps(("mla",), chunked_prefill=False, prefix_cache=False, cuda_graph=False, cpu=True,
+                       implemented=False, note="DeepSeek-V3.2 sparse attention is not built yet"),
+    "append_attn": BackendCaps(("gqa",), chunked_prefill=False, prefix_cache=False, cuda_graph=False, cpu=False,
+                               implemented=False, note="GQA paged attention is not built yet"),
+}
+
+
+def check_backend(cfg: EngineConfig) -> list[str]:
+    """Errors for a backend/feature combination the backend does not support, naming alternatives."""
+    name = cfg.attention.backend
+    caps = BACKEND_CAPS[name]
+    errors: list[str] = []
+    ready = [n for n, c in BACKEND_CAPS.items() if c.implemented]
+    if not caps.implemented:
+        errors.append(f"'attention.backend' is {name!r}: {caps.note}; available: {', '.join(ready)}")
+        return errors
+
+    def alternatives(pred) -> str:
+        names = [n for n, c in BACKEND_CAPS.items() if c.implemented and pred(c)]
+        return ", ".join(names) or "none"
+
+    if cfg.cuda_graph is True and not caps.cuda_graph:
+        errors.append(f"'cuda_graph: true' is not supported by attention.backend {name!r}; "
+                      f"set cuda_graph: false, or use {alternatives(lambda c: c.cuda_graph)}")
+    if cfg.cuda_graph is True and cfg.device == "cpu":
+        errors.append("'cuda_graph: true' needs device: gpu (or auto on a GPU machine)")
+    if cfg.scheduler.enable_chunked_prefill and not caps.chunked_prefill:
+        errors.append(f"'scheduler.enable_chunked_prefill' is not supported by {name!r}; "
+                      f"use {alternatives(lambda c: c.chunked_prefill)}")
+    if cfg.cache.enable_prefix_caching and not caps.prefix_cache:
+        errors.append(f"'cache.enable_prefix_caching' is not supported by {name!r}; "
+                      f"use {alternatives(lambda c: c.prefix_cache)}")
+    if cfg.device == "cpu" and not caps.cpu:
+        errors.append(f"attention.backend {name!r} needs a GPU; on CPU use {alternatives(lambda c: c.cpu)}")
+    return errors

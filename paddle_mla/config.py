@@ -1,0 +1,219 @@
+"""Typed engine configuration: dataclasses, YAML loading, ``--set a.b=c`` overrides, validation.
+
+Precedence is CLI ``--set`` > YAML file > defaults. Every key is type-checked; an unknown key is an
+error naming the closest valid key; every error names the file and the key. ``load_config``
+collects all errors and raises one ``ConfigError`` listing them (``paddle-mla validate`` prints
+them). This module imports no tensor library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from paddle_mla.backend_caps import BACKEND_CAPS, check_backend
+
+AUTO = "auto"
+
+
+@dataclass
+class AttentionConfig:
+    backend: Literal["native", "triton_mla", "dsa", "append_attn"] = "native"
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 64
+    num_blocks: Union[int, Literal["auto"]] = AUTO
+    enable_prefix_caching: bool = False
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = False
+
+
+@dataclass
+class SamplingConfig:
+    """Defaults for requests that do not set their own sampling fields."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 64
+    ignore_eos: bool = False
+
+
+@dataclass
+class EngineConfig:
+    model: str = "tiny"
+    runtime: Literal["auto", "paddle", "torch"] = AUTO
+    device: Literal["auto", "cpu", "gpu"] = AUTO
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = AUTO
+    seed: int = 0
+    max_model_len: Union[int, Literal["auto"]] = AUTO
+    cuda_graph: Union[bool, Literal["auto"]] = AUTO
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("invalid configuration:\n  " + "\n  ".join(errors))
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is Union:
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """Return ``value`` as type ``tp`` or raise ``TypeError``. No silent truncation."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if isinstance(value, str) and value.lower() in typing.get_args(tp):
+            return value.lower()
+        if value in typing.get_args(tp) and not isinstance(value, bool):
+            return value
+        raise TypeError
+    if origin is Union:
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg)
+            except TypeError:
+                continue
+        raise TypeError
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise TypeError
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise TypeError
+    raise TypeError
+
+
+def _apply(obj: Any, data: dict[str, Any], source: str, prefix: str, errors: list[str]) -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
+            errors.append(f"{source}: unknown key '{path}'{hint}")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                errors.append(f"{source}: '{path}' must be a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}")
+                continue
+            _apply(getattr(obj, key), value, source, f"{path}.", errors)
+            continue
+        try:
+            setattr(obj, key, _coerce(value, tp))
+        except TypeError:
+            errors.append(f"{source}: '{path}' is {value!r}; allowed: {_describe(tp)}")
+
+
+def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            errors.append(msg)
+
+    need(cfg.cache.block_size > 0 and cfg.cache.block_size & (cfg.cache.block_size - 1) == 0,
+         f"'cache.block_size' is {cfg.cache.block_size}; allowed: a power of two >= 1")
+    need(cfg.cache.num_blocks == AUTO or cfg.cache.num_blocks > 0,
+         f"'cache.num_blocks' is {cfg.cache.num_blocks}; allowed: 'auto' or an integer > 0")
+    need(0.0 < cfg.cache.gpu_memory_utilization <= 1.0,
+         f"'cache.gpu_memory_utilization' is {cfg.cache.gpu_memory_utilization}; allowed: (0, 1]")
+    need(cfg.max_model_len == AUTO or cfg.max_model_len > 0,
+         f"'max_model_len' is {cfg.max_model_len}; allowed: 'auto' or an integer > 0")
+    need(cfg.scheduler.max_num_seqs > 0, f"'scheduler.max_num_seqs' is {cfg.scheduler.max_num_seqs}; allowed: > 0")
+    need(cfg.scheduler.max_num_batched_tokens > 0,
+         f"'scheduler.max_num_batched_tokens' is {cfg.scheduler.max_num_batched_tokens}; allowed: > 0")
+    s = cfg.sampling
+    need(s.temperature >= 0.0, f"'sampling.temperature' is {s.temperature}; allowed: >= 0 (0 means greedy)")
+    need(0.0 < s.top_p <= 1.0, f"'sampling.top_p' is {s.top_p}; allowed: (0, 1]")
+    need(s.top_k >= -1, f"'sampling.top_k' is {s.top_k}; allowed: 0 or -1 (all tokens) or a positive integer")
+    need(s.max_tokens >= 1, f"'sampling.max_tokens' is {s.max_tokens}; allowed: >= 1")
+    if cfg.attention.backend in BACKEND_CAPS:
+        errors.extend(check_backend(cfg))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'a.b=c' -> (['a', 'b'], yaml-parsed c)."""
+    if "=" not in text:
+        raise ConfigError([f"--set {text!r}: expected KEY=VALUE, e.g. --set scheduler.max_num_seqs=8"])
+    key, raw = text.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return key.strip().split("."), value
+
+
+def _nest(path: list[str], value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {path[-1]: value}
+    for part in reversed(path[:-1]):
+        out = {part: out}
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> EngineConfig:
+    """Defaults, then the YAML file, then ``--set`` overrides; raise ConfigError listing all errors."""
+    cfg = EngineConfig()
+    errors: list[str] = []
+    if path is not None:
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError([f"{p}: config file not found"]) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"{p}: not valid YAML: {exc}"]) from None
+        if not isinstance(data, dict):
+            raise ConfigError([f"{p}: the top level must be a mapping of config keys"])
+        _apply(cfg, data, str(p), "", errors)
+    for text in overrides:
+        keys, value = parse_override(text)
+        _apply(cfg, _nest(keys, value), f"--set {text}", "", errors)
+    _check_ranges(cfg, errors)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> EngineConfig:
+    cfg = EngineConfig()
+    errors: list[str] = []
+    _apply(cfg, data, source, "", errors)
+    _check_ranges(cfg, errors)
+    if errors:
+        raise ConfigError(errors)
+    return cfg

@@ -1,0 +1,128 @@
+"""Picks the tensor runtime once per process and owns what Paddle's torch proxy does not map.
+
+Every tensor module of this package does ``import torch`` at module top level. On the paddle
+runtime, ``paddle.compat.enable_torch_proxy(scope={"paddle_mla", "triton"})`` makes that name
+resolve to Paddle, but only for modules imported *after* the proxy is enabled, and only at import
+time (a function-level ``import torch`` would see the real torch once it is in ``sys.modules``).
+Hence: call ``select()`` first (tensor subpackages do it in their ``__init__``), and never import
+torch inside a function.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+RUNTIMES = ("auto", "paddle", "torch")
+PROXY_SCOPE = {"paddle_mla", "triton"}
+
+_selected: str | None = None
+
+
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def _paddle_sees_gpu() -> bool:
+    import paddle
+
+    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def _torch_sees_gpu() -> bool:
+    import torch  # real torch: this module is outside the proxy scope
+
+    return torch.cuda.is_available()
+
+
+def _resolve_auto() -> str:
+    has_paddle, has_torch = _installed("paddle"), _installed("torch")
+    if not (has_paddle or has_torch):
+        raise RuntimeError(
+            "paddle_mla needs a tensor runtime: pip install 'paddle-mla[torch]' or 'paddle-mla[paddle]'"
+        )
+    if has_paddle and _paddle_sees_gpu():
+        return "paddle"
+    if has_torch and _torch_sees_gpu():
+        return "torch"
+    return "paddle" if has_paddle else "torch"
+
+
+def select(name: str | None = None) -> str:
+    """Select the runtime (idempotent). ``name`` None reads ``PADDLE_MLA_RUNTIME`` (default auto)."""
+    global _selected
+    requested = (name or os.environ.get("PADDLE_MLA_RUNTIME") or "auto").lower()
+    if requested not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {requested!r}")
+    if _selected is not None:
+        if requested not in ("auto", _selected):
+            raise RuntimeError(
+                f"runtime {_selected!r} is already active in this process; cannot switch to {requested!r}"
+            )
+        return _selected
+    chosen = _resolve_auto() if requested == "auto" else requested
+    if not _installed(chosen):
+        extra = "paddle" if chosen == "paddle" else "torch"
+        raise RuntimeError(f"runtime {chosen!r} is not installed: pip install 'paddle-mla[{extra}]'")
+    if chosen == "paddle":
+        import paddle
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            paddle.compat.enable_torch_proxy(scope=PROXY_SCOPE, silent=True)
+    _selected = chosen
+    return chosen
+
+
+def name() -> str:
+    return select()
+
+
+def is_paddle() -> bool:
+    return select() == "paddle"
+
+
+def gpu_available() -> bool:
+    return _paddle_sees_gpu() if is_paddle() else _torch_sees_gpu()
+
+
+def device_string(kind: str) -> str:
+    """'cpu' or 'gpu' -> the device string the active runtime's tensor factories accept."""
+    if kind == "cpu":
+        return "cpu"
+    return "gpu" if is_paddle() else "cuda"
+
+
+def resolve_device(kind: str) -> str:
+    """Config ``device`` (auto|cpu|gpu) -> 'cpu' or 'gpu', failing clearly when no GPU is there."""
+    if kind == "auto":
+        return "gpu" if gpu_available() else "cpu"
+    if kind == "gpu" and not gpu_available():
+        raise RuntimeError(f"device: gpu was requested but the {name()} runtime sees no GPU")
+    return kind
+
+
+def synchronize() -> None:
+    if is_paddle():
+        import paddle
+
+        if _paddle_sees_gpu():
+            paddle.device.synchronize()
+    else:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+def supports_triton_on(device_kind: str) -> tuple[bool, str]:
+    """Whether Triton kernels can launch here, and why not when they cannot."""
+    if not _installed("triton"):
+        return False, "triton is not installed"
+    if device_kind == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return False, "Triton kernels run on CPU only under TRITON_INTERPRET=1"
+        if is_paddle():
+            return False, "the Triton interpreter needs PyTorch tensors; use runtime: torch on CPU"
+    return True, ""
