@@ -1,0 +1,93 @@
+"""Per-step metadata, built ONCE per step by the model runner (ARCHITECTURE section 4).
+
+Host-side lengths come from the scheduler (numpy); device tensors are computed by the metadata
+custom ops (``paddle_mla.ops.metadata``) from small uploaded arrays. No layer recomputes any of it,
+and nothing here reads a device tensor back to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from paddle_mla.ops import metadata as meta_ops
+
+
+@dataclass
+class StepBatch:
+    """Host-side description of one step, in scheduler order (plain data)."""
+
+    token_ids: np.ndarray        # int64 [T]: the new tokens of every request, concatenated
+    num_new: np.ndarray          # int32 [B]: tokens computed this step per request
+    num_cached: np.ndarray       # int32 [B]: tokens already in the KV cache (prefix hit + earlier chunks)
+    block_tables: np.ndarray     # int32 [B, max_blocks]: physical block ids, -1 padded
+    is_prefill: np.ndarray       # bool [B]: request is still consuming its prompt this step
+    sample_mask: np.ndarray      # bool [B]: request samples a token after this step (last chunk or decode)
+
+
+@dataclass
+class ForwardMeta:
+    num_reqs: int
+    num_tokens: int
+    block_size: int
+    # host side, known from the scheduler
+    seq_lens_q: np.ndarray
+    num_cached: np.ndarray
+    seq_lens_k: np.ndarray
+    max_seqlen_q: int
+    max_seqlen_k: int
+    is_decode_only: bool
+    sample_mask: np.ndarray
+    # device side
+    input_ids: Any               # int64 [T]
+    positions: Any               # int64 [T]: num_cached + i for the i-th new token
+    cu_seqlens_q: Any            # int32 [B+1]
+    cu_seqlens_k: Any            # int32 [B+1]: counts the cached prefix
+    batch_id_per_token: Any      # int32 [T]
+    slot_mapping: Any            # int64 [T]
+    block_tables: Any            # int32 [B, max_blocks]
+    seq_lens_k_dev: Any          # int32 [B]
+    logits_indices: Any          # int64 [B]: row of each request's last new token
+    attn: dict[str, Any] = field(default_factory=dict)   # filled by backend.prepare(meta), once
+
+    @staticmethod
+    def build(batch: StepBatch, block_size: int, device: str) -> "ForwardMeta":
+        num_new = batch.num_new.astype(np.int32)
+        num_cached = batch.num_cached.astype(np.int32)
+        seq_lens_k = num_cached + num_new
+        num_tokens = int(num_new.sum())
+        enc = np.where(batch.is_prefill, num_new, 0).astype(np.int32)
+
+        def up(a: np.ndarray) -> Any:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        this_dev, dec_dev, enc_dev = up(num_new), up(num_cached), up(enc)
+        tables_dev = up(batch.block_tables.astype(np.int32))
+        positions = meta_ops.get_position_ids(enc_dev, dec_dev, this_dev, num_tokens)
+        cu_q, cu_k, batch_ids = meta_ops.get_cu_seqlens(this_dev, dec_dev, num_tokens)
+        slots = meta_ops.compute_slot_mapping(tables_dev, batch_ids, positions, block_size)
+        last = np.cumsum(num_new, dtype=np.int64) - 1
+        return ForwardMeta(
+            num_reqs=len(num_new),
+            num_tokens=num_tokens,
+            block_size=block_size,
+            seq_lens_q=num_new,
+            num_cached=num_cached,
+            seq_lens_k=seq_lens_k,
+            max_seqlen_q=int(num_new.max(initial=0)),
+            max_seqlen_k=int(seq_lens_k.max(initial=0)),
+            is_decode_only=bool(len(num_new) > 0 and (num_new == 1).all() and not batch.is_prefill.any()),
+            sample_mask=batch.sample_mask,
+            input_ids=up(batch.token_ids.astype(np.int64)),
+            positions=positions,
+            cu_seqlens_q=cu_q,
+            cu_seqlens_k=cu_k,
+            batch_id_per_token=batch_ids,
+            slot_mapping=slots,
+            block_tables=tables_dev,
+            seq_lens_k_dev=up(seq_lens_k),
+            logits_indices=up(last),
+        )
