@@ -126,3 +126,22 @@ def supports_triton_on(device_kind: str) -> tuple[bool, str]:
         if is_paddle():
             return False, "the Triton interpreter needs PyTorch tensors; use runtime: torch on CPU"
     return True, ""
+
+
+def gpu_memory_info() -> tuple[int, int]:
+    """(free, total) bytes of the current GPU."""
+    if is_paddle():
+        import paddle
+
+        total = paddle.device.cuda.get_device_properties().total_memory
+        used = paddle.device.cuda.memory_reserved()
+        return total - used, total
+    import torch
+
+    return torch.cuda.mem_get_info()
+
+
+def require_selected(module: str) -> None:
+    """Tensor modules outside the self-selecting subpackages call this before ``import torch``."""
+    if _selected is None:
+        raise ImportError(f"{module} imports tensor code: call paddle_mla.runtime.select() first")

@@ -1,5 +1,2 @@
-"""cache (tensor code: selects the runtime before its modules import torch)."""
-
-from paddle_mla import runtime as _runtime
-
-_runtime.select()
+"""KV cache: the block pool with prefix caching (pure Python) and the latent cache tensors
+(kv_cache.py, imported only after the runtime is selected)."""

@@ -1,5 +1,5 @@
-"""engine (tensor code: selects the runtime before its modules import torch)."""
+"""Engine: requests, scheduler, model runner, sampler, and the LLM facade.
 
-from paddle_mla import runtime as _runtime
-
-_runtime.select()
+request.py, scheduler.py and llm.py import no tensor library; llm.py selects the runtime from the
+config before it imports model_runner.py and sampler.py (which do).
+"""

@@ -1,0 +1,37 @@
+"""Small host-side helpers shared by the Triton MLA kernels (no tensor imports)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def prev_pow2(n: int) -> int:
+    return 1 << (int(n).bit_length() - 1)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device_index: int = 0) -> int:
+    """Multiprocessor count of the GPU (runtime-neutral: asks Triton's driver); 4 under the interpreter."""
+    if interpreting():
+        return 4
+    import triton
+
+    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
+    return int(props["multiprocessor_count"])
+
+
+def device_index(t) -> int:
+    idx = getattr(t.device, "index", None)
+    if idx is None:  # Paddle places: gpu:N
+        s = str(t.place) if hasattr(t, "place") else str(t.device)
+        idx = int(s.split(":")[-1].rstrip(")")) if ":" in s else 0
+    return int(idx)

@@ -1,0 +1,195 @@
+"""Absorbed-MLA decode over the paged latent cache: split-KV, two stages.
+
+Stage 1: a persistent grid (head_groups, G). Each program takes (request, split) work items from
+the GPU-built plan (``decode_plan``) and, for BLOCK_H heads of that request at once, walks the
+split's KV tiles through the block table: S = q_nope K_c^T + q_pe K_pe^T, fp32 online softmax
+(exp2), acc += P V with V = the same K_c tile (the latent is read once for all heads of the head
+group). A request with one split writes its output directly; others write normalised partials and
+their LSE. Stage 2 merges the partials by LSE. Zero-length rows produce zeros.
+
+No allocation and no host sync per call: workspaces come from ``alloc_decode_workspace``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch  # noqa: F401  (runtime-selected tensor library; tensors come from the caller)
+import triton
+import triton.language as tl
+
+from paddle_mla.attention.triton_mla._util import interpreting, next_pow2, num_sms
+from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exported)
+    DecodeWorkspace, alloc_decode_workspace, build_decode_plan)
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs: int        # stage-1 programs per head group (persistent grid)
+    min_tiles: int = 1   # fewest tiles per split (bounds the partial-output traffic)
+
+    @property
+    def target_items(self) -> int:
+        return self.programs
+
+
+def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConfig:
+    """Host-known launch config from the head count (and SM count); ``override`` for tuning."""
+    sms = num_sms(device_idx)
+    if interpreting():
+        cfg = dict(block_h=max(16, min(next_pow2(num_heads), 64)), block_n=16, num_warps=4, num_stages=1,
+                   programs=4, min_tiles=1)
+    elif num_heads <= 32:
+        bh = max(16, next_pow2(num_heads))
+        cfg = dict(block_h=bh, block_n=64, num_warps=4, num_stages=2, programs=sms, min_tiles=1)
+    else:
+        groups = triton.cdiv(num_heads, 64)
+        cfg = dict(block_h=64, block_n=32, num_warps=8, num_stages=2, programs=max(sms // groups, 1), min_tiles=2)
+    env = os.environ.get("PADDLE_MLA_DECODE_CFG")  # e.g. "block_n=32,num_stages=3" (benchmarks)
+    if env:
+        for kv in env.split(","):
+            k, v = kv.split("=")
+            cfg[k.strip()] = int(v)
+    cfg.update(override)
+    return DecodeConfig(**cfg)
+
+
+@triton.jit
+def _decode_stage1(
+    Q, KV, BT, SEQ, NSPLIT, WREQ, WSPLIT, NWORK, O, PO, PLSE,
+    sm_scale_log2,
+    stride_qb, stride_qh, stride_kvb, stride_kvs, stride_bt,
+    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_lb, stride_lh,
+    H,
+    PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr,
+    BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    hg = tl.program_id(0)
+    pid = tl.program_id(1)
+    nprog = tl.num_programs(1)
+    n_work = tl.load(NWORK)
+    heads = hg * BLOCK_H + tl.arange(0, BLOCK_H)
+    mh = heads < H
+    offs_c = tl.arange(0, BLOCK_KV)
+    mc = offs_c < LKV
+    offs_r = tl.arange(0, BLOCK_R)
+    mr = offs_r < LR
+    offs_n = tl.arange(0, BLOCK_N)
+    for w in range(pid, n_work, nprog):
+        b = tl.load(WREQ + w).to(tl.int64)
+        split = tl.load(WSPLIT + w)
+        seq_len = tl.load(SEQ + b)
+        n_split = tl.load(NSPLIT + b)
+        tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
+        per = tl.maximum((tiles + n_split - 1) // n_split, 1)
+        t0 = split * per
+        t1 = tl.minimum(t0 + per, tiles)
+
+        q_base = Q + b * stride_qb + heads[:, None] * stride_qh
+        q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
+        q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_KV], dtype=tl.float32)
+        bt_row = BT + b * stride_bt
+        for t in range(t0, t1):
+            tok = t * BLOCK_N + offs_n
+            mn = tok < seq_len
+            page = tl.load(bt_row + tok // PAGE, mask=mn, other=0).to(tl.int64)
+            row = KV + page * stride_kvb + (tok % PAGE) * stride_kvs
+            k_c = tl.load(row[:, None] + offs_c[None, :], mask=mn[:, None] & mc[None, :], other=0.0)
+            k_r = tl.load(row[:, None] + LKV + offs_r[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
+            s = tl.dot(q_c, tl.trans(k_c))
+            s = tl.dot(q_r, tl.trans(k_r), s)
+            s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(k_c.dtype), k_c)
+            m_i = m_new
+
+        safe_l = tl.where(l_i > 0, l_i, 1.0)
+        out = acc / safe_l[:, None]
+        if n_split == 1:
+            o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + offs_c[None, :]
+            tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mh[:, None] & mc[None, :])
+        else:
+            po_ptr = PO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_c[None, :]
+            tl.store(po_ptr, out, mask=mh[:, None] & mc[None, :])
+            tl.store(PLSE + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(safe_l), mask=mh)
+
+
+@triton.jit
+def _decode_stage2(
+    PO, PLSE, NSPLIT, O,
+    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
+    LV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SC: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_d = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    md = offs_d < LV
+    n_split = tl.load(NSPLIT + b)
+    if n_split > 1:
+        offs_s = tl.arange(0, BLOCK_S)
+        lse_all = tl.load(PLSE + b * stride_lb + h * stride_lh + offs_s, mask=offs_s < n_split,
+                          other=float("-inf"))
+        m = tl.max(lse_all, 0)
+        denom = tl.sum(tl.exp2(lse_all - m), 0)
+        acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+        base = PO + b * stride_pob + h * stride_poh
+        # Weights are known up front, so the chunk loads below are independent (pipelined).
+        for c in range(0, MAX_SPLITS, BLOCK_SC):
+            if c < n_split:
+                sc = c + tl.arange(0, BLOCK_SC)
+                ms = sc < n_split
+                lse_c = tl.load(PLSE + b * stride_lb + h * stride_lh + sc, mask=ms, other=float("-inf"))
+                w_c = tl.exp2(lse_c - m) / denom
+                part = tl.load(base + sc[:, None] * stride_pos + offs_d[None, :], mask=ms[:, None] & md[None, :],
+                               other=0.0)
+                acc += tl.sum(part * w_c[:, None], 0)
+        tl.store(O + b * stride_ob + h * stride_oh + offs_d, acc.to(O.dtype.element_ty), mask=md)
+
+
+def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, kv_lora_rank: int,
+               sm_scale: float, cfg: DecodeConfig) -> None:
+    """q [bs, H, kv_lora_rank + rope] -> out [bs, H, kv_lora_rank] (written in place).
+
+    kv_cache [NB, page, 1, kv_lora_rank + rope]; block_tables int32 [>= bs, M]; seq_lens_k int32
+    [>= bs]. The plan in ``ws`` must come from ``build_decode_plan`` with ``cfg.block_n``.
+    """
+    bs, H, Lk = q.shape
+    if bs == 0:
+        return
+    Lv = kv_lora_rank
+    assert Lk > Lv and kv_cache.shape[-1] == Lk and out.shape[-1] == Lv and H <= ws.num_heads and bs <= ws.max_bs
+    assert q.stride(2) == 1 and kv_cache.stride(3) == 1 and out.stride(2) == 1
+    po, lse = ws.partial_out, ws.partial_lse
+    groups = triton.cdiv(H, cfg.block_h)
+    _decode_stage1[(groups, cfg.programs)](
+        q, kv_cache, block_tables, seq_lens_k, ws.num_kv_splits, ws.work_req, ws.work_split, ws.num_work,
+        out, po, lse,
+        sm_scale * LOG2E,
+        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
+        out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), lse.stride(0), lse.stride(1),
+        H,
+        PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv,
+        BLOCK_KV=max(16, next_pow2(Lv)), BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    block_dv = min(128, next_pow2(Lv))
+    _decode_stage2[(bs, H, triton.cdiv(Lv, block_dv))](
+        po, lse, ws.num_kv_splits, out,
+        po.stride(0), po.stride(1), po.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+        LV=Lv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits), BLOCK_SC=min(16, next_pow2(ws.max_kv_splits)),
+        BLOCK_DV=block_dv, num_warps=4,
+    )

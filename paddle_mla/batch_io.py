@@ -1,0 +1,177 @@
+"""Streaming JSONL input, crash-safe JSONL output, and resume.
+
+Input is read line by line in binary (a bad UTF-8 line becomes an error line, not a crash); blank
+lines are skipped and get no output line; line numbers count every physical line from 1.
+
+Output is append-only, one ``write`` per line, flushed per line, fsynced every few seconds and at
+the end. A record's *key* says which input line it answers, so ``--resume`` can skip finished
+lines:
+
+- a line with an id (``id`` or ``custom_id``) is keyed by that id;
+- a line without an id, with an unreadable id, or whose id repeats an earlier one (the
+  ``duplicate_id`` error) is keyed by its line number; its record carries ``"line": N``.
+
+So id-less lines resume correctly only if the input file is not edited between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+from paddle_mla.batch_parse import id_key
+
+_BLANK = b" \t\r\n\f\v"
+
+
+def iter_input(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) for each non-blank line, read lazily."""
+    for line_no, raw in enumerate(stream, 1):
+        line = raw.strip(_BLANK)
+        if line:
+            yield line_no, line
+
+
+def count_input_lines(path: str | Path) -> int:
+    """Non-blank lines of a file, streaming once (for the progress bar total)."""
+    with open(path, "rb") as f:
+        return sum(1 for _ in iter_input(f))
+
+
+def line_key(line_no: int) -> str:
+    return f"line:{line_no}"
+
+
+def input_key(ident: Any, line_no: int, duplicate: bool) -> str:
+    return line_key(line_no) if ident is None or duplicate else "id:" + id_key(ident)
+
+
+def record_key(record: dict[str, Any]) -> str | None:
+    """The key of an output record (see the module doc); None when it has neither id nor line."""
+    ident = record.get("id", record.get("custom_id"))
+    error = record.get("error")
+    duplicate = isinstance(error, dict) and error.get("type") == "duplicate_id"
+    if ident is not None and not duplicate:
+        return "id:" + id_key(ident)
+    line = record.get("line")
+    return line_key(line) if isinstance(line, int) else None
+
+
+def ok_record(id_field: str, ident: Any, line_no: int, out: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {id_field: ident}
+    if ident is None:
+        rec["line"] = line_no
+    rec.update(
+        text=out.text,
+        token_ids=list(out.token_ids),
+        finish_reason=out.finish_reason,
+        usage={
+            "prompt_tokens": len(out.prompt_token_ids),
+            "completion_tokens": len(out.token_ids),
+            "cached_tokens": out.metrics.num_cached_tokens,
+        },
+        seed=getattr(out, "seed", None),
+    )
+    return rec
+
+
+def error_record(id_field: str, ident: Any, line_no: int, kind: str, message: str) -> dict[str, Any]:
+    return {id_field: ident, "error": {"type": kind, "message": message}, "line": line_no}
+
+
+@dataclass
+class ResumeState:
+    done: set[str] = field(default_factory=set)
+    lines: int = 0                 # complete records kept
+    errors: int = 0                # of which error records
+    dropped_bytes: int = 0         # torn or unreadable tail cut off
+
+
+class ResumeError(ValueError):
+    pass
+
+
+def _parse_record(raw: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def prepare_resume(path: str | Path) -> ResumeState:
+    """Read the finished records of an existing output and cut off a torn or unreadable tail, so
+    that appending continues cleanly. A missing file resumes from nothing. Raises ResumeError for
+    a file that is not our output, or that is damaged before its tail (nothing is cut then)."""
+    state = ResumeState()
+    p = Path(path)
+    if not p.exists():
+        return state
+    good_end = 0
+    bad_line = 0
+    with open(p, "rb+") as f:
+        for line_no, raw in enumerate(f, 1):
+            record = _parse_record(raw) if raw.endswith(b"\n") else None
+            if record is None:                     # torn (killed mid-write) or garbage
+                bad_line = bad_line or line_no
+                continue
+            key = record_key(record)
+            if key is None or not ("error" in record or "finish_reason" in record):
+                raise ResumeError(f"{p}:{line_no} is not a paddle-mla generate output record; "
+                                  "refusing to append to it (check --output)")
+            if bad_line:
+                raise ResumeError(f"{p}: line {bad_line} is damaged but later lines are not; "
+                                  "repair or remove it, then resume")
+            state.done.add(key)
+            state.lines += 1
+            state.errors += "error" in record
+            good_end += len(raw)
+        size = f.seek(0, os.SEEK_END)
+        if size > good_end:
+            state.dropped_bytes = size - good_end
+            f.truncate(good_end)
+            f.flush()
+            os.fsync(f.fileno())
+    return state
+
+
+class OutputWriter:
+    """Append-only JSONL writer: one write per record, flushed at once, fsynced periodically."""
+
+    def __init__(self, path: str | Path | None, append: bool, fsync_interval_s: float = 2.0):
+        self._own = path is not None and str(path) != "-"
+        if self._own:
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+            self._fd = os.open(path, flags, 0o644)
+        else:
+            sys.stdout.flush()
+            self._fd = sys.stdout.fileno()
+        self._interval = fsync_interval_s
+        self._last_sync = time.monotonic()
+        self.lines = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        self.lines += 1
+        if time.monotonic() - self._last_sync >= self._interval:
+            self.sync()
+
+    def sync(self) -> None:
+        self._last_sync = time.monotonic()
+        try:
+            os.fsync(self._fd)
+        except OSError:
+            pass                                   # pipes and terminals cannot be fsynced
+
+    def close(self) -> None:
+        self.sync()
+        if self._own:
+            os.close(self._fd)

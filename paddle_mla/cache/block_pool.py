@@ -1,0 +1,119 @@
+"""Paged KV block pool with a prefix cache (pure Python, host side).
+
+Blocks have reference counts. A full block can be registered under a key that chains its parent's
+key with its token ids, so equal prefixes map to equal keys. Unreferenced blocks sit in a free
+queue in least-recently-used order; a cached block keeps its key while free and is reused on a hit
+until allocation evicts it (from the queue's head). The dict key holds the exact token tuple, so a
+hit is never a hash collision.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Hashable
+
+BlockKey = Hashable
+
+
+def extend_chain(keys: list[BlockKey], token_ids: list[int], block_size: int, num_full_blocks: int) -> None:
+    """Extend ``keys`` in place to the first ``num_full_blocks`` blocks: key = (parent hash, tokens).
+    Incremental, so a long sequence is hashed once, not once per step."""
+    parent = keys[-1] if keys else None
+    for i in range(len(keys), num_full_blocks):
+        key = (hash(parent) if parent is not None else 0, tuple(token_ids[i * block_size:(i + 1) * block_size]))
+        keys.append(key)
+        parent = key
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be > 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_count = [0] * num_blocks
+        self.block_key: list[BlockKey | None] = [None] * num_blocks
+        self.cached: dict[BlockKey, int] = {}
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.peak_used = 0
+
+    # -- capacity ---------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` blocks (evicting LRU cached ones); all-or-nothing."""
+        if n > len(self.free):
+            raise MemoryError(f"need {n} KV blocks, {len(self.free)} free")
+        out = []
+        for _ in range(n):
+            block, _ = self.free.popitem(last=False)
+            key = self.block_key[block]
+            if key is not None:
+                del self.cached[key]
+                self.block_key[block] = None
+            self.ref_count[block] = 1
+            out.append(block)
+        self.peak_used = max(self.peak_used, self.num_used)
+        return out
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one reference of each block; freed blocks join the queue tail, the request's
+        last block first, so a shared prefix outlives the tails that extend it."""
+        for block in reversed(blocks):
+            self.ref_count[block] -= 1
+            if self.ref_count[block] < 0:
+                raise RuntimeError(f"block {block} released more often than taken")
+            if self.ref_count[block] == 0:
+                if self.block_key[block] is None:
+                    self.free[block] = None
+                    self.free.move_to_end(block, last=False)   # uncached blocks are reused first
+                else:
+                    self.free[block] = None
+
+    # -- prefix cache -----------------------------------------------------------------------
+    def match_prefix(self, token_ids: list[int], keys: list[BlockKey]) -> list[int]:
+        """Cached blocks for the longest cached prefix, leaving at least one token to compute
+        (its logits are needed); takes a reference on each block it returns. ``keys`` is the
+        sequence's key chain (extended here as needed)."""
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (len(token_ids) - 1) // self.block_size
+        extend_chain(keys, token_ids, self.block_size, max_blocks)
+        hits: list[int] = []
+        for key in keys[:max_blocks]:
+            block = self.cached.get(key)
+            if block is None:
+                break
+            hits.append(block)
+        for block in hits:
+            if self.ref_count[block] == 0:
+                del self.free[block]
+            self.ref_count[block] += 1
+        self.peak_used = max(self.peak_used, self.num_used)
+        return hits
+
+    def register_full_blocks(self, token_ids: list[int], block_ids: list[int], num_computed: int,
+                             keys: list[BlockKey], start: int) -> int:
+        """Make blocks ``start..`` whose tokens are all computed findable by later requests;
+        returns the new count of registered blocks of the sequence."""
+        n_full = min(num_computed // self.block_size, len(block_ids))
+        if not self.enable_prefix_caching or n_full <= start:
+            return max(start, n_full)
+        extend_chain(keys, token_ids, self.block_size, n_full)
+        for block, key in zip(block_ids[start:n_full], keys[start:n_full]):
+            if self.block_key[block] is not None or key in self.cached:
+                continue   # already cached, here or (same content) in another block
+            self.block_key[block] = key
+            self.cached[key] = block
+        return n_full

@@ -1,0 +1,39 @@
+"""Allocation and sizing of the paged latent KV caches (one tensor per layer)."""
+
+from __future__ import annotations
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
+import torch  # noqa: E402
+
+
+
+CPU_AUTO_CACHE_BYTES = 1 << 30   # CPU has no free-memory probe worth trusting; 1 GiB is plenty for tests
+
+
+def bytes_per_block(num_layers: int, block_size: int, latent_dim: int, element_size: int) -> int:
+    return num_layers * block_size * latent_dim * element_size
+
+
+def auto_num_blocks(device_kind: str, per_block: int, max_num_seqs: int, max_model_len: int, block_size: int,
+                    gpu_memory_utilization: float) -> int:
+    """Blocks that fit the budget, never more than the engine could ever use."""
+    useful = max_num_seqs * (-(-max_model_len // block_size)) + 1
+    if device_kind == "cpu":
+        budget = CPU_AUTO_CACHE_BYTES
+    else:
+        _runtime.synchronize()
+        free, total = _runtime.gpu_memory_info()
+        budget = int(free - total * (1.0 - gpu_memory_utilization))
+    fit = budget // per_block
+    if fit < 1:
+        raise RuntimeError(f"no memory left for the KV cache (budget {budget / 2**20:.0f} MiB); "
+                           "lower max_model_len or raise cache.gpu_memory_utilization")
+    return int(min(fit, useful))
+
+
+def allocate_latent_caches(num_layers: int, num_blocks: int, block_size: int, latent_dim: int, dtype, device: str):
+    """[num_blocks, block_size, 1, latent_dim] per layer (ARCHITECTURE section 5)."""
+    return [torch.zeros(num_blocks, block_size, 1, latent_dim, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -1,0 +1,125 @@
+"""ModelRunner: owns the model, the KV caches and the attention backend; runs one step.
+
+One step: host arrays from the SchedulerOutput -> ``ForwardMeta.build`` once -> ``backend.prepare``
+once -> ``model.forward`` (every layer reads the same meta) -> logits of the sampling rows ->
+sampler -> the single device-to-host read of the sampled tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
+import torch  # noqa: E402
+
+from paddle_mla.attention.backend import create_backend  # noqa: E402
+from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
+from paddle_mla.cache.kv_cache import allocate_latent_caches, auto_num_blocks, bytes_per_block  # noqa: E402
+from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
+from paddle_mla.engine import sampler  # noqa: E402
+from paddle_mla.engine.scheduler import SchedulerOutput  # noqa: E402
+from paddle_mla.models import load_model  # noqa: E402
+
+
+@dataclass
+class RunnerLimits:
+    max_model_len: int
+    num_blocks: int
+    max_blocks_per_seq: int
+
+
+def resolve_dtype(name: str, device_kind: str):
+    if name == AUTO:
+        name = "float32" if device_kind == "cpu" else "bfloat16"
+    return getattr(torch, name)
+
+
+def resolve_max_model_len(cfg: EngineConfig, max_position_embeddings: int) -> int:
+    limit = max_position_embeddings
+    if not cfg.scheduler.enable_chunked_prefill:
+        # A prompt runs whole in one step, so it must fit the step's token budget.
+        limit = min(limit, cfg.scheduler.max_num_batched_tokens)
+    if cfg.max_model_len == AUTO:
+        return limit
+    if cfg.max_model_len > max_position_embeddings:
+        raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the model's max_position_embeddings "
+                         f"{max_position_embeddings}")
+    if cfg.max_model_len > limit:
+        raise ValueError(f"max_model_len {cfg.max_model_len} exceeds scheduler.max_num_batched_tokens "
+                         f"{cfg.scheduler.max_num_batched_tokens} with chunked prefill off; enable "
+                         "scheduler.enable_chunked_prefill or raise max_num_batched_tokens")
+    return cfg.max_model_len
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, model_dir: str):
+        self.cfg = cfg
+        self.device_kind = _runtime.resolve_device(cfg.device)
+        self.device = _runtime.device_string(self.device_kind)
+        self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
+        self.model = load_model(model_dir, self.dtype, self.device)
+        arch = self.model.arch
+        self.arch = arch
+        bs = cfg.cache.block_size
+        max_model_len = resolve_max_model_len(cfg, arch.max_position_embeddings)
+        elt = torch.zeros(1, dtype=self.dtype).element_size()
+        per_block = bytes_per_block(arch.num_layers, bs, arch.mla.latent_dim, elt)
+        num_blocks = cfg.cache.num_blocks
+        if num_blocks == AUTO:
+            num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
+                                         cfg.cache.gpu_memory_utilization)
+        self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
+        self.kv_caches = allocate_latent_caches(arch.num_layers, self.limits.num_blocks, bs, arch.mla.latent_dim,
+                                                self.dtype, self.device)
+        self.backend = create_backend(cfg.attention.backend, dims=arch.mla, max_num_seqs=cfg.scheduler.max_num_seqs,
+                                      max_model_len=max_model_len, block_size=bs, device=self.device,
+                                      dtype=self.dtype)
+        self.model.set_backend(self.backend)
+
+    def step_batch(self, out: SchedulerOutput) -> StepBatch:
+        sched = out.scheduled
+        width = max(len(s.seq.block_ids) for s in sched)
+        tables = np.full((len(sched), width), -1, dtype=np.int32)
+        tokens = []
+        for i, s in enumerate(sched):
+            tables[i, :len(s.seq.block_ids)] = s.seq.block_ids
+            all_ids = s.seq.token_ids()
+            tokens.append(all_ids[s.num_cached:s.num_cached + s.num_new])
+        return StepBatch(
+            token_ids=np.fromiter((t for ids in tokens for t in ids), dtype=np.int64),
+            num_new=np.array([s.num_new for s in sched], dtype=np.int32),
+            num_cached=np.array([s.num_cached for s in sched], dtype=np.int32),
+            block_tables=tables,
+            is_prefill=np.array([s.is_prefill for s in sched], dtype=bool),
+            sample_mask=np.array([s.samples for s in sched], dtype=bool),
+        )
+
+    def execute(self, out: SchedulerOutput) -> np.ndarray:
+        """Run one step; returns the sampled token of each scheduled row (-1 where none)."""
+        batch = self.step_batch(out)
+        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device)
+        self.backend.prepare(meta)
+        hidden = self.model.forward(meta, self.kv_caches)
+        rows = np.flatnonzero(batch.sample_mask)
+        result = np.full(len(out.scheduled), -1, dtype=np.int64)
+        if len(rows) == 0:
+            return result
+        last_token = (np.cumsum(batch.num_new, dtype=np.int64) - 1)[rows]
+        logits = self.model.compute_logits(hidden[torch.from_numpy(last_token).to(self.device)])
+        seqs = [out.scheduled[r].seq for r in rows]
+        params = [s.params for s in seqs]
+        token_ids = sampler.sample(
+            logits,
+            temperature=np.array([p.temperature for p in params], dtype=np.float64),
+            top_k=np.array([p.top_k for p in params], dtype=np.int64),
+            top_p=np.array([p.top_p for p in params], dtype=np.float64),
+            seeds=np.array([s.seed for s in seqs], dtype=np.int64),
+            steps=np.array([len(s.output_token_ids) for s in seqs], dtype=np.int64),
+        )
+        result[rows] = np.asarray(token_ids.tolist(), dtype=np.int64)   # the one read of the step
+        return result

@@ -1,0 +1,138 @@
+"""Plain-data messages of the engine: sampling parameters, requests, outputs, statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0      # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0                # 0 or -1: all tokens
+    max_tokens: int = 64
+    seed: int | None = None       # None: drawn from the engine seed, recorded in the output
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    def validate(self) -> None:
+        def bad(msg: str) -> None:
+            raise ValueError(msg)
+
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
+                or self.temperature < 0:
+            bad(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
+            bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            bad(f"top_k must be an integer >= -1 (0 or -1 mean all tokens), got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) \
+                or not 0 <= self.min_tokens <= self.max_tokens:
+            bad(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < 2**63):
+            bad(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            bad(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            bad(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+        if not isinstance(self.ignore_eos, bool):
+            bad(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerationRequest:
+    id: Any
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    num_cached_tokens: int = 0     # prompt tokens served from the prefix cache (first admission)
+
+
+@dataclass
+class RequestOutput:
+    id: Any
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str             # "stop" | "length" | "error"
+    error: str | None
+    metrics: RequestMetrics
+    seed: int | None = None
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    peak_blocks_used: int = 0
+    num_blocks: int = 0
+    elapsed_s: float = 0.0
+    steps: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """Engine-side state of one request."""
+
+    request: GenerationRequest
+    index: int                      # position in the input stream (output order)
+    seed: int
+    metrics: RequestMetrics
+    output_token_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0    # tokens whose KV is in the cache
+    num_cached_on_admit: int = -1   # prefix-cache hit of the first admission (-1: not admitted yet)
+    block_keys: list = field(default_factory=list)   # prefix-cache key chain of the full blocks
+    num_registered_blocks: int = 0
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    error: str | None = None
+    text: str = ""
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + len(self.output_token_ids)
+
+    def token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids + self.output_token_ids

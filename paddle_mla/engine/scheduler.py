@@ -1,0 +1,168 @@
+"""Continuous-batching scheduler with a per-step token budget, prefix caching and preemption.
+
+Each step: running requests first (decodes, then continuing prefill chunks), then waiting ones in
+arrival order. With chunked prefill a prompt may take several steps; without it a prompt runs
+whole. When blocks run out the lowest-priority running request is preempted: its blocks are freed
+and it is recomputed later (prompt + the tokens it already produced), so its output is unchanged.
+A request fails only when it cannot fit even alone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from paddle_mla.cache.block_pool import BlockPool
+from paddle_mla.config import SchedulerConfig
+from paddle_mla.engine.request import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new: int          # tokens computed this step
+    num_cached: int       # tokens already in the KV cache before this step
+    is_prefill: bool
+    samples: bool         # every known token is computed after this step: sample the next one
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    failed: list[Sequence] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, pool: BlockPool, max_model_len: int):
+        self.cfg = cfg
+        self.pool = pool
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.cached_prompt_tokens = 0   # prefix-cache hits at first admission (recomputes not counted)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        self.pool.release(seq.block_ids)
+        seq.block_ids = []
+        seq.status = Status.FINISHED
+        seq.finish_reason = "error"
+        seq.error = message
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.pool.release(seq.block_ids)
+        seq.block_ids = []
+        seq.num_computed_tokens = 0
+        seq.num_registered_blocks = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _grow(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Give ``seq`` blocks for ``num_tokens`` tokens, preempting lower-priority requests.
+        Returns False when ``seq`` itself was preempted or failed."""
+        need = self.pool.blocks_for(num_tokens) - len(seq.block_ids)
+        while need > self.pool.num_free:
+            victim = self.running[-1]
+            if victim is seq:
+                if len(self.running) == 1 and not any(s.seq is not seq for s in out.scheduled):
+                    self.running.remove(seq)
+                    self._fail(seq, f"request needs {self.pool.blocks_for(num_tokens)} KV blocks of "
+                                    f"{self.pool.block_size} tokens but the cache has {self.pool.num_blocks}; "
+                                    "raise cache.num_blocks or lower max_tokens")
+                    out.failed.append(seq)
+                else:
+                    self._preempt(seq)
+                    out.num_preempted += 1
+                return False
+            self._preempt(victim)
+            out.num_preempted += 1
+            out.scheduled = [s for s in out.scheduled if s.seq is not victim]
+        if need > 0:
+            seq.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.cfg.max_num_batched_tokens
+        chunked = self.cfg.enable_chunked_prefill
+        # Decodes first, then continuing prefill chunks, each in admission order.
+        order = sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1)
+        for seq in order:
+            if seq not in self.running or budget <= 0:
+                continue
+            need = seq.num_tokens - seq.num_computed_tokens
+            n = min(need, budget) if chunked else need
+            if n > budget:
+                continue
+            if not self._grow(seq, seq.num_computed_tokens + n, out):
+                continue
+            out.scheduled.append(self._entry(seq, n))
+            budget -= n
+        if out.num_preempted:
+            return out   # do not admit new work in a step that had to preempt
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            tokens = seq.token_ids()
+            if self.pool.blocks_for(len(tokens) + 1) > self.pool.num_blocks:
+                self.waiting.popleft()
+                self._fail(seq, f"prompt of {len(tokens)} tokens needs {self.pool.blocks_for(len(tokens) + 1)} KV "
+                                f"blocks but the cache has {self.pool.num_blocks}; raise cache.num_blocks")
+                out.failed.append(seq)
+                continue
+            hits = self.pool.match_prefix(tokens, seq.block_keys)
+            num_cached = len(hits) * self.pool.block_size
+            need = len(tokens) - num_cached
+            n = min(need, budget) if chunked else need
+            new_blocks = self.pool.blocks_for(num_cached + n) - len(hits)
+            if n > budget or new_blocks > self.pool.num_free:
+                self.pool.release(hits)
+                break
+            self.waiting.popleft()
+            seq.block_ids = hits + self.pool.allocate(new_blocks)
+            seq.num_computed_tokens = num_cached
+            seq.num_registered_blocks = len(hits)
+            if seq.num_cached_on_admit < 0:
+                seq.num_cached_on_admit = num_cached
+                self.cached_prompt_tokens += num_cached
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(self._entry(seq, n))
+            budget -= n
+        return out
+
+    @staticmethod
+    def _entry(seq: Sequence, n: int) -> ScheduledSeq:
+        cached = seq.num_computed_tokens
+        done = cached + n == seq.num_tokens
+        is_prefill = n > 1 or cached < seq.num_tokens - 1 or not seq.output_token_ids
+        return ScheduledSeq(seq, n, cached, is_prefill, samples=done)
+
+    def finish_step(self, out: SchedulerOutput) -> None:
+        """Account the computed tokens and make newly full blocks findable by later requests."""
+        for s in out.scheduled:
+            seq = s.seq
+            seq.num_computed_tokens += s.num_new
+            if seq.num_computed_tokens // self.pool.block_size <= seq.num_registered_blocks:
+                continue
+            seq.num_registered_blocks = self.pool.register_full_blocks(
+                seq.token_ids(), seq.block_ids, seq.num_computed_tokens, seq.block_keys, seq.num_registered_blocks)
+
+    def finish(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        self.pool.release(seq.block_ids)
+        seq.block_ids = []
+        seq.status = Status.FINISHED

@@ -1,0 +1,171 @@
+"""Model architecture parsed from an HF ``config.json`` (plain data, no tensors).
+
+Both spellings of the rope settings are accepted: ``rope_scaling`` + top-level ``rope_theta``
+(the published DeepSeek checkpoints) and ``rope_parameters`` (what transformers 5 writes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paddle_mla.attention.backend import MLADims
+
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+
+
+@dataclass
+class RopeSpec:
+    dim: int
+    theta: float
+    rope_type: str = "default"            # "default" or "yarn"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+    interleave: bool = True               # rope pairs are (x0, x1), (x2, x3), ... rather than halves
+
+
+@dataclass
+class MoESpec:
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    moe_layer_freq: int
+    topk_method: str                      # greedy | group_limited_greedy | noaux_tc
+    scoring_func: str                     # softmax | sigmoid
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    # DeepSeek-V2's own code scales by routed_scaling_factor only when it does NOT normalise;
+    # V3 normalises and then always scales.
+    scale_after_norm: bool = True
+
+    def is_moe_layer(self, i: int) -> bool:
+        return i >= self.first_k_dense_replace and i % max(self.moe_layer_freq, 1) == 0
+
+
+@dataclass
+class ModelArch:
+    model_type: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    max_position_embeddings: int
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    mla: MLADims
+    # below: what the DeepSeek layers need beyond the contract
+    rms_norm_eps: float = 1e-6
+    q_lora_rank: int | None = None
+    rope: RopeSpec | None = None
+    moe: MoESpec | None = None
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    fp8_block_size: tuple[int, int] | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _rope_spec(cfg: dict, model_type: str) -> RopeSpec:
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in ("default", "yarn"):
+        raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, yarn)")
+    # HF DeepseekV2 always rotates interleaved pairs (complex multiply); V3 follows rope_interleave.
+    interleave = True if model_type == "deepseek_v2" else bool(cfg.get("rope_interleave", True))
+    spec = RopeSpec(dim=int(cfg["qk_rope_head_dim"]), theta=float(theta), rope_type=rope_type, interleave=interleave)
+    if rope_type == "yarn":
+        spec.original_max_position_embeddings = int(
+            params.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings",
+                                                                   cfg["max_position_embeddings"])))
+        factor = params.get("factor")
+        spec.factor = float(factor) if factor is not None else (
+            cfg["max_position_embeddings"] / spec.original_max_position_embeddings)
+        spec.beta_fast = float(params.get("beta_fast") or 32)
+        spec.beta_slow = float(params.get("beta_slow") or 1)
+        spec.mscale = params.get("mscale")
+        spec.mscale_all_dim = params.get("mscale_all_dim")
+        spec.attention_factor = params.get("attention_factor")
+        spec.truncate = bool(params.get("truncate", True))
+    return spec
+
+
+def _moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
+    n_routed = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
+    if not n_routed:
+        return None
+    v3 = model_type == "deepseek_v3"
+    return MoESpec(
+        n_routed_experts=int(n_routed),
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        n_shared_experts=int(cfg.get("n_shared_experts") or 0),
+        first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
+        moe_layer_freq=int(cfg.get("moe_layer_freq") or 1),
+        # transformers' DeepseekV3 router is always sigmoid + noaux_tc; V2 always softmax.
+        topk_method=cfg.get("topk_method") or ("noaux_tc" if v3 else "greedy"),
+        scoring_func=cfg.get("scoring_func") or ("sigmoid" if v3 else "softmax"),
+        n_group=int(cfg.get("n_group") or 1),
+        topk_group=int(cfg.get("topk_group") or 1),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", v3)),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        scale_after_norm=v3,
+    )
+
+
+def _eos_ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
+    model_type = cfg.get("model_type", "")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    rope = _rope_spec(cfg, model_type)
+    nope, rope_dim, v = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
+    scale = (nope + rope_dim) ** -0.5
+    if rope.rope_type == "yarn" and rope.mscale_all_dim:
+        m = yarn_get_mscale(rope.factor, float(rope.mscale_all_dim))
+        scale = scale * m * m
+    mla = MLADims(num_heads=int(cfg["num_attention_heads"]), kv_lora_rank=int(cfg["kv_lora_rank"]),
+                  qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=v, softmax_scale=scale)
+    eos = _eos_ids(cfg.get("eos_token_id"))
+    for e in _eos_ids((generation_cfg or {}).get("eos_token_id")):
+        if e not in eos:
+            eos.append(e)
+    quant = cfg.get("quantization_config") or {}
+    block = quant.get("weight_block_size")
+    return ModelArch(
+        model_type=model_type, family="mla", vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
+        num_layers=int(cfg["num_hidden_layers"]), max_position_embeddings=int(cfg["max_position_embeddings"]),
+        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos, mla=mla,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), q_lora_rank=cfg.get("q_lora_rank"), rope=rope,
+        moe=_moe_spec(cfg, model_type), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        hidden_act=cfg.get("hidden_act", "silu"),
+        fp8_block_size=tuple(block) if block else None, raw=cfg,
+    )
+
+
+def load_arch(model_dir: str | Path) -> ModelArch:
+    model_dir = Path(model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    gen_path = model_dir / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.exists() else None
+    return parse_arch(cfg, gen)

@@ -1,0 +1,244 @@
+"""DeepSeek-V2 / V3 causal LM over the paged latent cache (MLA in absorbed form via a backend).
+
+Plain classes holding tensors; the semantics follow transformers' DeepseekV2/V3 modeling code
+(RMSNorm in fp32 then cast, router in fp32, logits in fp32).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from paddle_mla.models.arch import ModelArch, RopeSpec, yarn_get_mscale
+
+
+def rms_norm(x, weight, eps: float):
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def linear(x, w, b=None):
+    return F.linear(x, w, b)
+
+
+class Rope:
+    """cos/sin of the rope dims for given positions (yarn or default), as transformers computes them."""
+
+    def __init__(self, spec: RopeSpec, device: str):
+        self.spec = spec
+        dim = spec.dim
+        pos_freqs = spec.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        inv_extra = 1.0 / pos_freqs
+        scaling = 1.0
+        if spec.rope_type == "yarn":
+            inv_inter = 1.0 / (spec.factor * pos_freqs)
+            low, high = self._correction_range(spec, dim)
+            if low == high:
+                high += 0.001
+            ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+            extra_factor = 1 - ramp
+            inv = inv_inter * (1 - extra_factor) + inv_extra * extra_factor
+            if spec.attention_factor is not None:
+                scaling = float(spec.attention_factor)
+            elif spec.mscale and spec.mscale_all_dim:
+                scaling = yarn_get_mscale(spec.factor, spec.mscale) / yarn_get_mscale(spec.factor, spec.mscale_all_dim)
+            else:
+                scaling = yarn_get_mscale(spec.factor)
+        else:
+            inv = inv_extra
+        self.inv_freq = inv.to(device)
+        self.scaling = float(scaling)
+
+    @staticmethod
+    def _correction_range(spec: RopeSpec, dim: int):
+        def corr_dim(rot):
+            return (dim * math.log(spec.original_max_position_embeddings / (rot * 2 * math.pi))) / (
+                2 * math.log(spec.theta))
+
+        low, high = corr_dim(spec.beta_fast), corr_dim(spec.beta_slow)
+        if spec.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        return max(low, 0), min(high, dim - 1)
+
+    def cos_sin(self, positions):
+        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.unsqueeze(0)   # [T, dim/2]
+        return freqs.cos() * self.scaling, freqs.sin() * self.scaling
+
+    def apply(self, x, cos, sin):
+        """x [T, (H,) dim] -> roped, laid out as (rotated firsts || rotated seconds).
+
+        Interleaved models pair (x0, x1), (x2, x3)...; others pair (x_i, x_{i+dim/2}). The output
+        layout is the same half-split in both cases; q and k share it, so scores are unchanged
+        (transformers' V2 keeps pairs interleaved in its output: same dot products).
+        """
+        if x.dim() == 3:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        xf = x.to(torch.float32)
+        if self.spec.interleave:
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        else:
+            half = x.shape[-1] // 2
+            x1, x2 = xf[..., :half], xf[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
+
+
+class MLAAttention:
+    def __init__(self, arch: ModelArch, w: dict[str, Any], prefix: str):
+        d = arch.mla
+        self.arch, self.dims, self.eps = arch, d, arch.rms_norm_eps
+        p = prefix + "self_attn."
+        self.q_lora = arch.q_lora_rank is not None
+        if self.q_lora:
+            self.q_a_proj, self.q_a_bias = w[p + "q_a_proj.weight"], w.get(p + "q_a_proj.bias")
+            self.q_a_norm = w[p + "q_a_layernorm.weight"]
+            self.q_b_proj = w[p + "q_b_proj.weight"]
+        else:
+            self.q_proj = w[p + "q_proj.weight"]
+        self.kv_a_proj, self.kv_a_bias = w[p + "kv_a_proj_with_mqa.weight"], w.get(p + "kv_a_proj_with_mqa.bias")
+        self.kv_a_norm = w[p + "kv_a_layernorm.weight"]
+        kv_b = w[p + "kv_b_proj.weight"].view(d.num_heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank)
+        self.w_kc = kv_b[:, :d.qk_nope_head_dim, :].contiguous()                     # [H, nope, C]
+        self.w_vc = kv_b[:, d.qk_nope_head_dim:, :].transpose(1, 2).contiguous()     # [H, C, v]
+        self.o_proj, self.o_bias = w[p + "o_proj.weight"], w.get(p + "o_proj.bias")
+
+    def forward(self, x, cos, sin, rope: Rope, backend, kv_cache, meta):
+        d = self.dims
+        T = x.shape[0]
+        if self.q_lora:
+            q = linear(rms_norm(linear(x, self.q_a_proj, self.q_a_bias), self.q_a_norm, self.eps), self.q_b_proj)
+        else:
+            q = linear(x, self.q_proj)
+        q = q.view(T, d.num_heads, d.qk_nope_head_dim + d.qk_rope_head_dim)
+        q_nope, q_pe = torch.split(q, [d.qk_nope_head_dim, d.qk_rope_head_dim], -1)
+        ckv = linear(x, self.kv_a_proj, self.kv_a_bias)
+        c, k_pe = torch.split(ckv, [d.kv_lora_rank, d.qk_rope_head_dim], -1)
+        c = rms_norm(c, self.kv_a_norm, self.eps)
+        q_pe = rope.apply(q_pe, cos, sin)
+        k_pe = rope.apply(k_pe, cos, sin)
+        latent = torch.cat([c, k_pe], -1)
+        out = backend.forward(q_nope.contiguous(), q_pe.contiguous(), latent.contiguous(), self.w_kc, self.w_vc,
+                              kv_cache, meta)
+        return linear(out.reshape(T, d.num_heads * d.v_head_dim).to(x.dtype), self.o_proj, self.o_bias)
+
+
+class DenseMLP:
+    def __init__(self, w: dict[str, Any], p: str):
+        self.gate, self.up, self.down = w[p + "gate_proj.weight"], w[p + "up_proj.weight"], w[p + "down_proj.weight"]
+
+    def forward(self, x):
+        return linear(F.silu(linear(x, self.gate)) * linear(x, self.up), self.down)
+
+
+class MoE:
+    """Routed experts (+ shared experts) with the checkpoint's routing rule.
+
+    Known limitation: every expert runs densely over all tokens, weighted by a [T, E] combine matrix
+    (zero for unselected experts). That keeps the host out of the loop (no nonzero / boolean
+    indexing / .item()) and is exact, but costs E/top_k times the FLOPs: fine for tiny models,
+    not for real DeepSeek sizes (those need a grouped-GEMM / fused MoE kernel).
+    """
+
+    def __init__(self, arch: ModelArch, w: dict[str, Any], p: str):
+        self.spec = arch.moe
+        self.gate_w = w[p + "gate.weight"]                         # fp32 [E, hidden]
+        self.bias = w.get(p + "gate.e_score_correction_bias")      # fp32 [E] or None
+        self.w_gate, self.w_up, self.w_down = w[p + "experts.gate"], w[p + "experts.up"], w[p + "experts.down"]
+        self.shared = DenseMLP(w, p + "shared_experts.") if (p + "shared_experts.gate_proj.weight") in w else None
+
+    def route(self, x):
+        """-> combine weights [T, E] float32."""
+        s = self.spec
+        E = s.n_routed_experts
+        logits = F.linear(x.to(torch.float32), self.gate_w.to(torch.float32))
+        if s.scoring_func == "softmax":
+            scores = torch.softmax(logits, dim=-1)
+        elif s.scoring_func == "sigmoid":
+            scores = logits.sigmoid()
+        else:
+            raise ValueError(f"unsupported scoring_func {s.scoring_func!r}")
+        T = scores.shape[0]
+        if s.topk_method == "greedy":
+            choice, fill = scores, 0.0
+        elif s.topk_method in ("group_limited_greedy", "noaux_tc"):
+            if s.topk_method == "noaux_tc":
+                choice = scores + self.bias.unsqueeze(0) if self.bias is not None else scores
+                grouped = choice.view(T, s.n_group, E // s.n_group)
+                group_scores = torch.topk(grouped, 2, dim=-1)[0].sum(-1)
+                fill = float("-inf")
+            else:
+                choice = scores
+                group_scores = torch.amax(choice.view(T, s.n_group, E // s.n_group), -1)
+                fill = 0.0
+            group_idx = torch.topk(group_scores, s.topk_group, dim=-1)[1]
+            group_mask = F.one_hot(group_idx, s.n_group).sum(1) > 0                     # [T, G]
+            score_mask = group_mask.unsqueeze(-1).expand(T, s.n_group, E // s.n_group).reshape(T, E)
+            choice = torch.where(score_mask, choice, torch.full_like(choice, fill))
+        else:
+            raise ValueError(f"unsupported topk_method {s.topk_method!r}")
+        idx = torch.topk(choice, s.num_experts_per_tok, dim=-1)[1]
+        weights = scores.gather(1, idx)
+        if s.scale_after_norm:   # V3: normalise (optionally), then always scale
+            if s.norm_topk_prob:
+                weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+            weights = weights * s.routed_scaling_factor
+        elif s.norm_topk_prob and s.num_experts_per_tok > 1:   # V2's own code: normalise instead of scaling
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        else:
+            weights = weights * s.routed_scaling_factor
+        return (F.one_hot(idx, E).to(torch.float32) * weights.unsqueeze(-1)).sum(1)
+
+    def forward(self, x):
+        combine = self.route(x)                                                        # [T, E]
+        xe = x.unsqueeze(0)                                                            # [1, T, h]
+        h = F.silu(torch.matmul(xe, self.w_gate.transpose(1, 2))) * torch.matmul(xe, self.w_up.transpose(1, 2))
+        y = torch.matmul(h, self.w_down.transpose(1, 2))                               # [E, T, h]
+        out = (y.to(torch.float32) * combine.transpose(0, 1).unsqueeze(-1)).sum(0).to(x.dtype)
+        if self.shared is not None:
+            out = out + self.shared.forward(x)
+        return out
+
+
+class DecoderLayer:
+    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int):
+        p = f"model.layers.{i}."
+        self.eps = arch.rms_norm_eps
+        self.in_norm = w[p + "input_layernorm.weight"]
+        self.post_norm = w[p + "post_attention_layernorm.weight"]
+        self.attn = MLAAttention(arch, w, p)
+        self.mlp = MoE(arch, w, p + "mlp.") if arch.moe and arch.moe.is_moe_layer(i) else DenseMLP(w, p + "mlp.")
+
+    def forward(self, h, cos, sin, rope, backend, kv_cache, meta):
+        h = h + self.attn.forward(rms_norm(h, self.in_norm, self.eps), cos, sin, rope, backend, kv_cache, meta)
+        return h + self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
+
+
+class CausalLM:
+    def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any):
+        self.arch, self.device, self.dtype = arch, device, dtype
+        self.embed = weights["model.embed_tokens.weight"]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
+        if self.lm_head is None:
+            raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+        self.layers = [DecoderLayer(arch, weights, i) for i in range(arch.num_layers)]
+        self.rope = Rope(arch.rope, device)
+        self.backend = None
+
+    def set_backend(self, backend) -> None:
+        self.backend = backend
+
+    def forward(self, meta, kv_caches: list):
+        if self.backend is None:
+            raise RuntimeError("call set_backend() before forward()")
+        h = F.embedding(meta.input_ids, self.embed)
+        cos, sin = self.rope.cos_sin(meta.positions)
+        for layer, cache in zip(self.layers, kv_caches):
+            h = layer.forward(h, cos, sin, self.rope, self.backend, cache, meta)
+        return rms_norm(h, self.norm, self.arch.rms_norm_eps)
+
+    def compute_logits(self, hidden_rows):
+        return F.linear(hidden_rows, self.lm_head).to(torch.float32)
