@@ -1,0 +1,150 @@
+"""Scheduler + block pool against a token-level fake of the KV cache.
+
+The fake runner writes each computed token id into its physical slot and, before writing, checks
+that every cached slot the request's block table points at holds exactly the token the request has
+at that position. So any wrong block table, prefix hit, chunk boundary or preemption shows up as a
+mismatch, without a model. The "model" is a pure function of the token history, so outputs must be
+identical with prefix caching, chunking and preemption on or off.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paddle_mla.cache.block_pool import BlockPool
+from paddle_mla.config import SchedulerConfig
+from paddle_mla.engine.request import GenerationRequest, RequestMetrics, SamplingParams, Sequence
+from paddle_mla.engine.scheduler import Scheduler
+
+
+def next_token(history: list[int]) -> int:
+    return (sum(t * (i + 7) for i, t in enumerate(history[-5:])) + len(history)) % 97
+
+
+class FakeRunner:
+    def __init__(self, num_blocks: int, block_size: int):
+        self.slots: dict[int, int] = {}
+        self.block_size = block_size
+        self.tokens_per_step: list[int] = []
+
+    def execute(self, out) -> list[int]:
+        bs = self.block_size
+        sampled = []
+        for s in out.scheduled:
+            ids = s.seq.token_ids()
+            for pos in range(s.num_cached):      # the cached prefix must be intact
+                slot = s.seq.block_ids[pos // bs] * bs + pos % bs
+                assert self.slots.get(slot) == ids[pos], f"stale KV at position {pos} of request {s.seq.request.id}"
+            for pos in range(s.num_cached, s.num_cached + s.num_new):
+                self.slots[s.seq.block_ids[pos // bs] * bs + pos % bs] = ids[pos]
+            sampled.append(next_token(ids[: s.num_cached + s.num_new]) if s.samples else -1)
+        self.tokens_per_step.append(out.num_tokens)
+        return sampled
+
+
+def run(prompts, max_tokens, num_blocks, block_size, prefix, chunked, budget, max_num_seqs=8):
+    pool = BlockPool(num_blocks, block_size, prefix)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                      enable_chunked_prefill=chunked), pool, max_model_len=10_000)
+    runner = FakeRunner(num_blocks, block_size)
+    seqs = []
+    for i, p in enumerate(prompts):
+        req = GenerationRequest(id=i, prompt_token_ids=list(p), params=SamplingParams(max_tokens=max_tokens))
+        seq = Sequence(request=req, index=i, seed=0, metrics=RequestMetrics(arrival_time=0.0))
+        seqs.append(seq)
+        sched.add(seq)
+    steps = 0
+    while sched.has_work():
+        out = sched.schedule()
+        assert out.num_tokens <= budget or not chunked
+        sampled = runner.execute(out) if out.scheduled else []
+        sched.finish_step(out)
+        for s, tok in zip(out.scheduled, sampled):
+            if s.samples:
+                s.seq.output_token_ids.append(tok)
+                if len(s.seq.output_token_ids) >= max_tokens:
+                    sched.finish(s.seq)
+        steps += 1
+        assert steps < 10_000, "scheduler made no progress"
+    assert pool.num_free == pool.num_blocks, "blocks leaked"
+    return [s.output_token_ids for s in seqs], [s.error for s in seqs], sched, runner
+
+
+def workload(seed: int, n: int = 10, shared: int = 24, block_size: int = 4):
+    rng = random.Random(seed)
+    prefix = [rng.randrange(90) for _ in range(shared)]
+    return [prefix[: rng.randrange(shared + 1)] + [rng.randrange(90) for _ in range(rng.randrange(1, 20))]
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("num_blocks", [200, 14])
+def test_equivalence_with_prefix_chunking_preemption(prefix, chunked, num_blocks):
+    prompts = workload(0)
+    base, errors, _, _ = run(prompts, 6, 200, 4, prefix=False, chunked=False, budget=64)
+    assert not any(errors)
+    got, errors, sched, runner = run(prompts, 6, num_blocks, 4, prefix=prefix, chunked=chunked,
+                                     budget=7 if chunked else 64)
+    assert not any(errors)
+    assert got == base
+    if num_blocks == 14:
+        assert sched.num_preemptions > 0, "the small pool must force preemption"
+    if chunked:
+        assert max(runner.tokens_per_step) <= 7
+    if prefix:
+        assert sched.cached_prompt_tokens > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 2, 4, 8]), num_blocks=st.integers(12, 60),
+       budget=st.integers(3, 40), prefix=st.booleans(), chunked=st.booleans())
+def test_random_workloads_match_baseline(seed, block_size, num_blocks, budget, prefix, chunked):
+    prompts = workload(seed, n=6, shared=12, block_size=block_size)
+    if not chunked:
+        budget = max(budget, max(len(p) for p in prompts) + 8)
+    need = max(len(p) for p in prompts) + 5
+    if -(-need // block_size) + 1 > num_blocks:
+        num_blocks = -(-need // block_size) + 1
+    base, _, _, _ = run(prompts, 5, 10_000, block_size, False, False, 10_000)
+    got, errors, _, _ = run(prompts, 5, num_blocks, block_size, prefix, chunked, budget)
+    assert not any(errors)
+    assert got == base
+
+
+def test_request_that_cannot_fit_alone_fails_alone():
+    prompts = [[1] * 5, [2] * 40, [3] * 6]
+    got, errors, _, _ = run(prompts, 3, 6, 4, prefix=False, chunked=True, budget=16)
+    assert errors[0] is None and errors[2] is None
+    assert "KV blocks" in errors[1]
+    assert len(got[0]) == 3 and len(got[2]) == 3
+
+
+def test_prefix_hit_counts_shared_blocks():
+    shared = list(range(32))
+    prompts = [shared + [50 + i, 60 + i] for i in range(4)]
+    _, _, sched, _ = run(prompts, 2, 100, 8, prefix=True, chunked=False, budget=512, max_num_seqs=1)
+    # The first request computes everything; each later one reuses the 4 full shared blocks.
+    assert sched.cached_prompt_tokens == 3 * 32
+
+
+def test_block_pool_lru_and_refcounts():
+    pool = BlockPool(4, 2, enable_prefix_caching=True)
+    keys: list = []
+    a = pool.allocate(2)
+    pool.register_full_blocks([1, 2, 3, 4], a, 4, keys, 0)
+    pool.release(a)
+    assert pool.num_free == 4
+    hits = pool.match_prefix([1, 2, 3, 4, 5], [])
+    assert hits == a and pool.num_free == 2
+    pool.release(hits)
+    b = pool.allocate(2)          # uncached blocks go first: the cached prefix survives
+    assert set(b).isdisjoint(a)
+    pool.allocate(2)              # now the cached ones are evicted
+    assert pool.match_prefix([1, 2, 3, 4, 5], []) == []
+    with pytest.raises(MemoryError):
+        pool.allocate(1)
