@@ -145,3 +145,49 @@ def require_selected(module: str) -> None:
     """Tensor modules outside the self-selecting subpackages call this before ``import torch``."""
     if _selected is None:
         raise ImportError(f"{module} imports tensor code: call paddle_mla.runtime.select() first")
+
+
+class CudaGraph:
+    """One captured CUDA graph, over the active runtime's graph API (the proxy does not map it).
+
+    The paddle branch follows ``paddle.device.cuda.graphs.CUDAGraph``; it has not been run on a
+    GPU (no Paddle GPU build was available to the project): see README, Runtimes.
+    """
+
+    def __init__(self, pool=None):
+        self.pool = pool
+        if is_paddle():
+            from paddle.device.cuda.graphs import CUDAGraph as _PaddleGraph
+
+            self._graph = _PaddleGraph()
+        else:
+            import torch
+
+            self._graph = torch.cuda.CUDAGraph()
+
+    def capture(self, fn):
+        """Run ``fn`` once to warm up (compiles kernels), then capture it; returns its outputs."""
+        if is_paddle():
+            fn()
+            self._graph.capture_begin()
+            try:
+                out = fn()
+            finally:
+                self._graph.capture_end()
+            return out
+        import torch
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(self._graph, pool=self.pool):
+            out = fn()
+        return out
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+    def pool_handle(self):
+        return None if is_paddle() else self._graph.pool()

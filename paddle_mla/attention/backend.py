@@ -83,7 +83,7 @@ def create_backend(name: str, **kwargs: Any) -> MLABackend:
         # Importing the module registers it; keeps unused backends (and Triton) unimported.
         import importlib
 
-        module = {"native": "paddle_mla.attention.native", "triton_mla": "paddle_mla.attention.triton_mla"}.get(name)
+        module = {"native": "paddle_mla.attention.native", "triton_mla": "paddle_mla.attention.triton_mla.backend"}.get(name)
         if module is None:
             raise ValueError(f"unknown attention backend {name!r}; available: native, triton_mla")
         importlib.import_module(module)

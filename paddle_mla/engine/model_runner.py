@@ -80,6 +80,21 @@ class ModelRunner:
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype)
         self.model.set_backend(self.backend)
+        self.graphs = None
+        if self.use_cuda_graph():
+            from paddle_mla.engine.cuda_graph import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self.model, self.backend, self.kv_caches, cfg.scheduler.max_num_seqs,
+                                       self.limits.max_blocks_per_seq, bs, self.device)
+
+    def use_cuda_graph(self) -> bool:
+        caps = self.backend.caps
+        if self.cfg.cuda_graph == AUTO:
+            return self.device_kind == "gpu" and caps.cuda_graph
+        if self.cfg.cuda_graph and (self.device_kind != "gpu" or not caps.cuda_graph):
+            raise ValueError(f"cuda_graph: true needs a GPU and a backend that supports graphs "
+                             f"(device {self.device_kind}, backend {self.backend.name!r})")
+        return bool(self.cfg.cuda_graph)
 
     def step_batch(self, out: SchedulerOutput) -> StepBatch:
         sched = out.scheduled
@@ -103,14 +118,17 @@ class ModelRunner:
         """Run one step; returns the sampled token of each scheduled row (-1 where none)."""
         batch = self.step_batch(out)
         meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device)
-        self.backend.prepare(meta)
-        hidden = self.model.forward(meta, self.kv_caches)
         rows = np.flatnonzero(batch.sample_mask)
         result = np.full(len(out.scheduled), -1, dtype=np.int64)
-        if len(rows) == 0:
-            return result
-        last_token = (np.cumsum(batch.num_new, dtype=np.int64) - 1)[rows]
-        logits = self.model.compute_logits(hidden[torch.from_numpy(last_token).to(self.device)])
+        if self.graphs is not None and self.graphs.can_run(meta):
+            logits = self.graphs.run(meta)          # decode: every row samples
+        else:
+            self.backend.prepare(meta)
+            hidden = self.model.forward(meta, self.kv_caches)
+            if len(rows) == 0:
+                return result
+            last_token = (np.cumsum(batch.num_new, dtype=np.int64) - 1)[rows]
+            logits = self.model.compute_logits(hidden[torch.from_numpy(last_token).to(self.device)])
         seqs = [out.scheduled[r].seq for r in rows]
         params = [s.params for s in seqs]
         token_ids = sampler.sample(
