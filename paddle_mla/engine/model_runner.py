@@ -57,12 +57,13 @@ def resolve_max_model_len(cfg: EngineConfig, max_position_embeddings: int) -> in
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model_dir: str):
+    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None):
+        """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights)."""
         self.cfg = cfg
         self.device_kind = _runtime.resolve_device(cfg.device)
         self.device = _runtime.device_string(self.device_kind)
         self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
-        self.model = load_model(model_dir, self.dtype, self.device)
+        self.model = model if model is not None else load_model(model_dir, self.dtype, self.device)
         arch = self.model.arch
         self.arch = arch
         bs = cfg.cache.block_size
@@ -114,21 +115,25 @@ class ModelRunner:
             sample_mask=np.array([s.samples for s in sched], dtype=bool),
         )
 
+    def forward_step(self, batch: StepBatch):
+        """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
+        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device)
+        if self.graphs is not None and self.graphs.can_run(meta):
+            return self.graphs.run(meta)           # decode: every row samples
+        self.backend.prepare(meta)
+        hidden = self.model.forward(meta, self.kv_caches)
+        rows = np.flatnonzero(batch.sample_mask)
+        last_token = (np.cumsum(batch.num_new, dtype=np.int64) - 1)[rows]
+        return self.model.compute_logits(hidden[torch.from_numpy(last_token).to(self.device)])
+
     def execute(self, out: SchedulerOutput) -> np.ndarray:
         """Run one step; returns the sampled token of each scheduled row (-1 where none)."""
         batch = self.step_batch(out)
-        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device)
         rows = np.flatnonzero(batch.sample_mask)
         result = np.full(len(out.scheduled), -1, dtype=np.int64)
-        if self.graphs is not None and self.graphs.can_run(meta):
-            logits = self.graphs.run(meta)          # decode: every row samples
-        else:
-            self.backend.prepare(meta)
-            hidden = self.model.forward(meta, self.kv_caches)
-            if len(rows) == 0:
-                return result
-            last_token = (np.cumsum(batch.num_new, dtype=np.int64) - 1)[rows]
-            logits = self.model.compute_logits(hidden[torch.from_numpy(last_token).to(self.device)])
+        logits = self.forward_step(batch)
+        if len(rows) == 0:
+            return result
         seqs = [out.scheduled[r].seq for r in rows]
         params = [s.params for s in seqs]
         token_ids = sampler.sample(
