@@ -69,7 +69,7 @@ def read_numpy_weights(model_dir: str | Path, arch: ModelArch) -> dict[str, np.n
 def to_tensors(weights: dict[str, np.ndarray], dtype: Any, device: str) -> dict[str, Any]:
     result = {}
     for name, arr in weights.items():
-        t = torch.from_numpy(np.ascontiguousarray(arr.astype(np.float32, copy=False)))
+        t = torch.from_numpy(np.array(arr, dtype=np.float32))   # a writable copy (the file is memory-mapped)
         want = torch.float32 if name.endswith(_FP32_SUFFIXES) else dtype
         result[name] = t.to(device=device, dtype=want)
     return result
