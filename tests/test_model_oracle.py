@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 transformers = pytest.importorskip("transformers")
-import torch as real_torch  # noqa: E402  (real PyTorch: the HF oracle)
+import torch as real_torch
+from model_harness import run_greedy
 
-from model_harness import run_greedy  # noqa: E402
-from paddle_mla.models import load_model  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.models import load_model
+from paddle_mla.tensor_api import torch
 
 NEW_TOKENS = 16
 PROMPTS = [[5, 17, 33, 2, 91, 64, 40, 8, 77, 12, 3], [44, 9, 81, 27, 70, 15], [60, 1, 96, 38, 22, 49, 85, 30, 11]]
@@ -58,7 +58,7 @@ def _hf_model(model_type: str, extra: dict, seed: int = 0):
                 p.copy_(1.0 + 0.1 * real_torch.randn_like(p))
             elif name.endswith("embed_tokens.weight"):
                 p.normal_(0.0, 0.5)
-            elif name.endswith("mlp.gate.weight") or name.endswith("lm_head.weight"):
+            elif name.endswith(("mlp.gate.weight", "lm_head.weight")):
                 p.normal_(0.0, 0.3)
             else:
                 p.normal_(0.0, 0.08)

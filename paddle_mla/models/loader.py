@@ -37,7 +37,7 @@ def read_numpy_weights(model_dir: str | Path, arch: ModelArch) -> dict[str, np.n
         m = _LAYER.match(name)
         if m and int(m.group(1)) >= arch.num_layers:
             continue                      # nextn / MTP layers
-        if name.endswith("_scale_inv") or name.endswith(".weight_scale") or name.endswith(".input_scale"):
+        if name.endswith(("_scale_inv", ".weight_scale", ".input_scale")):
             continue                      # consumed by reader.get
         if name.endswith("rotary_emb.inv_freq"):
             continue

@@ -160,5 +160,4 @@ def save_file(tensors: dict[str, np.ndarray], path: str | Path, raw_dtypes: dict
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(hbytes)))
         f.write(hbytes)
-        for b in blobs:
-            f.write(b)
+        f.writelines(blobs)
