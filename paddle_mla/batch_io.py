@@ -16,6 +16,7 @@ So id-less lines resume correctly only if the input file is not edited between r
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -141,16 +142,13 @@ def prepare_resume(path: str | Path) -> ResumeState:
 
 
 class OutputWriter:
-    """Append-only JSONL writer: one write per record, flushed at once, fsynced periodically."""
+    """Append-only JSONL writer: one write per record, flushed at once, fsynced periodically.
+    ``path`` None or '-' writes to stdout."""
 
     def __init__(self, path: str | Path | None, append: bool, fsync_interval_s: float = 2.0):
         self._own = path is not None and str(path) != "-"
-        if self._own:
-            flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-            self._fd = os.open(path, flags, 0o644)
-        else:
-            sys.stdout.flush()
-            self._fd = sys.stdout.fileno()
+        # unbuffered: each record reaches the kernel in one write, so a kill leaves at most a torn last line
+        self._file: IO[bytes] = open(path, "ab" if append else "wb", buffering=0) if self._own else sys.stdout.buffer
         self._interval = fsync_interval_s
         self._last_sync = time.monotonic()
         self.lines = 0
@@ -159,7 +157,8 @@ class OutputWriter:
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view):]
+            view = view[self._file.write(view):]
+        self._file.flush()
         self.lines += 1
         if time.monotonic() - self._last_sync >= self._interval:
             self.sync()
@@ -167,11 +166,12 @@ class OutputWriter:
     def sync(self) -> None:
         self._last_sync = time.monotonic()
         try:
-            os.fsync(self._fd)
-        except OSError:
-            pass                                   # pipes and terminals cannot be fsynced
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            pass                                   # pipes, terminals and test captures cannot be fsynced
 
     def close(self) -> None:
         self.sync()
         if self._own:
-            os.close(self._fd)
+            self._file.close()

@@ -1,0 +1,161 @@
+"""Seeded synthetic workloads for ``paddle-mla bench``, each described by a few parameters.
+
+Spelled on the command line as ``KIND:key=value,...`` (e.g. ``random:num_prompts=64,input_len=128``)
+or as a YAML file holding one workload (a mapping with ``kind``) or several named ones
+(``FILE.yaml#name`` picks one). Kinds and their parameters (defaults in ``KINDS``):
+
+- random: prompt and output lengths drawn uniformly from ``len * [1 - range_ratio, 1 + range_ratio]``;
+- shared-prefix: ``num_prefixes`` random prefixes of ``prefix_len`` tokens; a ``shared_fraction``
+  of the prompts start with one of them, the rest with a fresh prefix; then ``suffix_len``
+  random tokens;
+- long-context: a few long prompts (``input_len``) with short outputs.
+
+Token ids are drawn uniformly from the vocabulary minus special tokens. Outputs use greedy
+sampling with ``ignore_eos`` so every request produces exactly its output length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+KINDS: dict[str, dict[str, float | int]] = {
+    "random": dict(num_prompts=64, input_len=128, output_len=32, range_ratio=0.0, seed=0),
+    "shared-prefix": dict(num_prompts=64, prefix_len=256, suffix_len=32, output_len=32, shared_fraction=1.0,
+                          num_prefixes=1, seed=0),
+    "long-context": dict(num_prompts=4, input_len=4096, output_len=16, range_ratio=0.0, seed=0),
+}
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Workload:
+    kind: str
+    params: dict[str, Any]
+    name: str = ""
+
+    def describe(self) -> str:
+        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in self.params.items())
+
+    def with_seed_offset(self, offset: int) -> Workload:
+        return dataclasses.replace(self, params={**self.params, "seed": self.params["seed"] + offset})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name or self.kind, "kind": self.kind, **self.params}
+
+
+def make_workload(kind: str, params: dict[str, Any], name: str = "") -> Workload:
+    if kind not in KINDS:
+        raise WorkloadError(f"unknown workload kind {kind!r}; kinds: {', '.join(KINDS)}")
+    defaults = KINDS[kind]
+    out = dict(defaults)
+    for key, value in params.items():
+        if key not in defaults:
+            raise WorkloadError(f"workload {kind}: unknown parameter {key!r}; parameters: {', '.join(defaults)}")
+        want = type(defaults[key])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (want is int and value != int(value)):
+            raise WorkloadError(f"workload {kind}: {key} must be {'an integer' if want is int else 'a number'}, "
+                                f"got {value!r}")
+        out[key] = want(value)
+    for key in ("num_prompts", "input_len", "output_len", "prefix_len", "num_prefixes"):
+        if key in out and out[key] < 1:
+            raise WorkloadError(f"workload {kind}: {key} must be >= 1, got {out[key]}")
+    if "suffix_len" in out and out["suffix_len"] < 0:
+        raise WorkloadError(f"workload {kind}: suffix_len must be >= 0")
+    if not 0.0 <= out.get("range_ratio", 0.0) < 1.0:
+        raise WorkloadError(f"workload {kind}: range_ratio must be in [0, 1)")
+    if not 0.0 <= out.get("shared_fraction", 0.0) <= 1.0:
+        raise WorkloadError(f"workload {kind}: shared_fraction must be in [0, 1]")
+    return Workload(kind, out, name)
+
+
+def parse_workload(spec: str) -> Workload:
+    """``KIND[:k=v,...]`` or ``FILE.yaml[#name]``."""
+    path, _, name = spec.partition("#")
+    if path.endswith((".yaml", ".yml")):
+        return _from_file(Path(path), name)
+    kind, _, rest = spec.partition(":")
+    params: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, raw = part.partition("=")
+        if not eq:
+            raise WorkloadError(f"workload {spec!r}: expected key=value, got {part!r}")
+        params[key.strip()] = yaml.safe_load(raw)
+    return make_workload(kind.strip(), params)
+
+
+def _from_file(path: Path, name: str) -> Workload:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: workload file not found") from None
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{path}: expected a mapping (one workload with 'kind', or name: workload)")
+    if "kind" not in data:
+        if not name:
+            if len(data) != 1:
+                raise WorkloadError(f"{path} holds several workloads; pick one: {path}#NAME with NAME in "
+                                    f"{', '.join(map(str, data))}")
+            name = next(iter(data))
+        if name not in data or not isinstance(data[name], dict):
+            raise WorkloadError(f"{path}: no workload {name!r}; workloads: {', '.join(map(str, data))}")
+        data = data[name]
+    data = dict(data)
+    kind = data.pop("kind", None)
+    if not isinstance(kind, str):
+        raise WorkloadError(f"{path}{'#' + name if name else ''}: 'kind' must be one of {', '.join(KINDS)}")
+    return make_workload(kind, data, name)
+
+
+def special_token_ids(tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for attr in ("all_special_ids", "special_token_ids", "eos_token_ids"):
+        ids.update(int(i) for i in (getattr(tokenizer, attr, None) or ()))
+    for attr in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        value = getattr(tokenizer, attr, None)
+        if isinstance(value, int):
+            ids.add(value)
+    return ids
+
+
+def build_requests(w: Workload, tokenizer: Any, request_cls: type, params_cls: type, max_model_len: int) -> list:
+    """The workload's requests (GenerationRequest), identical for every config given the same seed."""
+    p = w.params
+    rng = np.random.default_rng(p["seed"])
+    allowed = np.setdiff1d(np.arange(tokenizer.vocab_size), np.fromiter(special_token_ids(tokenizer), dtype=np.int64))
+    n = p["num_prompts"]
+
+    def lengths(mean: int, ratio: float) -> np.ndarray:
+        lo, hi = max(1, int(mean * (1 - ratio))), max(1, int(mean * (1 + ratio)))
+        return rng.integers(lo, hi + 1, size=n)
+
+    def tokens(k: int) -> list[int]:
+        return allowed[rng.integers(0, len(allowed), size=k)].tolist()
+
+    if w.kind == "shared-prefix":
+        prefixes = [tokens(p["prefix_len"]) for _ in range(p["num_prefixes"])]
+        shared = rng.random(n) < p["shared_fraction"]
+        choice = rng.integers(0, p["num_prefixes"], size=n)
+        prompts = [(prefixes[c] if s else tokens(p["prefix_len"])) + tokens(p["suffix_len"])
+                   for s, c in zip(shared, choice)]
+        outs = np.full(n, p["output_len"])
+    else:
+        prompts = [tokens(int(k)) for k in lengths(p["input_len"], p["range_ratio"])]
+        outs = lengths(p["output_len"], p["range_ratio"])
+    longest = max(len(a) + int(b) for a, b in zip(prompts, outs))
+    if longest > max_model_len:
+        raise WorkloadError(f"workload {w.describe()} needs {longest} tokens per sequence; max_model_len is "
+                            f"{max_model_len}: shorten input_len/prefix_len/output_len")
+    return [request_cls(id=i, prompt_token_ids=ids,
+                        params=params_cls(temperature=0.0, max_tokens=int(k), ignore_eos=True, seed=0))
+            for i, (ids, k) in enumerate(zip(prompts, outs))]
