@@ -50,9 +50,12 @@ def _resolve_auto() -> str:
 
 
 def select(name: str | None = None) -> str:
-    """Select the runtime (idempotent). ``name`` None reads ``PADDLE_MLA_RUNTIME`` (default auto)."""
+    """Select the runtime (idempotent). ``name`` None or 'auto' defers to ``PADDLE_MLA_RUNTIME``,
+    then to detection."""
     global _selected
-    requested = (name or os.environ.get("PADDLE_MLA_RUNTIME") or "auto").lower()
+    if name is None or name.lower() == "auto":
+        name = os.environ.get("PADDLE_MLA_RUNTIME")
+    requested = (name or "auto").lower()
     if requested not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {requested!r}")
     if _selected is not None:

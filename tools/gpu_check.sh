@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine (PyTorch runtime): build the CUDA custom ops, run every GPU test, then the
+# quick benchmarks. Results land in $OUT (the device tool brings them back) or ./.bench_out.
+#   bash tools/gpu_check.sh            # tests + quick benchmarks
+#   QUICK=0 bash tools/gpu_check.sh    # full decode-kernel sweep
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/.bench_out}"; mkdir -p "$OUT"
+export PADDLE_MLA_RUNTIME=torch PYTHONUNBUFFERED=1 PADDLE_MLA_CACHE="${PADDLE_MLA_CACHE:-/tmp/paddle_mla_cache}"
+status=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -n 2
+echo "=== custom ops (CUDA build)"
+python3 - <<'PY' 2>&1 | tee "$OUT/ops_build.txt" || status=1
+import time
+from paddle_mla import runtime
+runtime.select("torch")
+from paddle_mla.ops.build import load_ops
+t = time.time(); ops = load_ops(); print("ops:", ops, f"({time.time() - t:.1f} s)")
+assert ops is not None, "custom ops did not build"
+PY
+echo "=== GPU tests"
+python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== decode kernel benchmark"
+if [ "${QUICK:-1}" = 1 ]; then bargs="--quick"; else bargs=""; fi
+python3 tools/bench_mla_decode.py $bargs --json "$OUT/bench_mla_decode.json" 2>&1 | tee "$OUT/bench_mla_decode.md" || status=1
+echo "=== end-to-end decode benchmark"
+python3 tools/bench_e2e_decode.py --layers 4 --batch 1,16,64 --context 4096 --json "$OUT/bench_e2e.json" 2>&1 \
+  | tee "$OUT/bench_e2e.md" || status=1
+echo "gpu_check status: $status"
+exit $status
