@@ -1,0 +1,325 @@
+"""Builds and loads the per-step metadata custom ops (custom_ops/) for the active runtime.
+
+``load_ops()`` returns a namespace of Python callables with the signatures of
+``paddle_mla.ops.reference`` backed by the compiled ops, or None (then the callers use the
+reference; one warning per process says why). The ops are compiled on first use, once per process,
+into a cache folder keyed by a hash of the sources, the runtime version and the build flags, so
+later processes only load the shared library:
+
+    $PADDLE_MLA_CACHE (default ~/.cache/paddle_mla/ops) / <runtime>-<cpu|cuda>-<hash>/
+
+CUDA kernels are compiled in only when nvcc exists and the runtime sees a GPU. Paddle gets custom
+operators (PD_BUILD_OP, paddle.utils.cpp_extension), PyTorch gets torch.library operators
+(torch.utils.cpp_extension). This module is the custom-op loading that ARCHITECTURE section 2
+gives to runtime.py, so it is the one other place allowed to branch on the runtime.
+
+Env: ``PADDLE_MLA_DISABLE_CUSTOM_OPS=1`` forces the reference; ``PADDLE_MLA_OPS_VERBOSE=1`` shows
+the compiler output instead of writing it to build.log in the cache folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch  # the real torch on the torch runtime; used only there
+
+from paddle_mla import runtime
+from paddle_mla.ops import reference
+
+KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu")
+BINDINGS = {"paddle": "paddle_binding.cc", "torch": "torch_binding.cc"}
+LIB_NAME = "paddle_mla_ops"
+CXX_FLAGS = ["-O3", "-std=c++17"]
+CUDA_FLAGS = ["-O3", "-std=c++17"]
+OP_NAMES = ("get_position_ids", "get_cu_seqlens", "compute_slot_mapping")
+
+
+@dataclass(frozen=True)
+class CompiledOps:
+    """The compiled ops as plain callables, reference signatures; outputs are new tensors."""
+
+    get_position_ids: Callable[..., Any]
+    get_cu_seqlens: Callable[..., Any]
+    compute_slot_mapping: Callable[..., Any]
+    runtime: str
+    with_cuda: bool
+    build_dir: str
+    build_seconds: float  # 0.0 when loaded from the cache
+
+
+@dataclass
+class _State:
+    loaded: bool = False
+    ops: CompiledOps | None = None
+    reason: str = ""  # why ops is None
+    warned: set[str] = field(default_factory=set)
+
+
+_state = _State()
+
+
+def load_ops() -> CompiledOps | None:
+    """The compiled ops, building them on first use; None (with one warning) when unavailable."""
+    if not _state.loaded:
+        _state.ops = _load_or_none()
+        _state.loaded = True
+    return _state.ops
+
+
+def unavailable_reason() -> str:
+    """Why ``load_ops()`` returned None ('' when the compiled ops are loaded)."""
+    load_ops()
+    return _state.reason
+
+
+def warn_once(key: str, message: str) -> None:
+    if key not in _state.warned:
+        _state.warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _load_or_none() -> CompiledOps | None:
+    if os.environ.get("PADDLE_MLA_DISABLE_CUSTOM_OPS", "0") not in ("", "0"):
+        _state.reason = "disabled by PADDLE_MLA_DISABLE_CUSTOM_OPS"
+        warn_once("fallback", f"paddle_mla custom ops {_state.reason}; per-step metadata uses the plain-tensor "
+                              "reference")
+        return None
+    try:
+        return _build_and_load()
+    except Exception as exc:  # noqa: BLE001 - any build failure degrades to the reference
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _state.reason = f"build failed: {type(exc).__name__}: {first}"
+        warn_once("fallback", f"paddle_mla custom ops unavailable ({_state.reason}); per-step "
+                              "metadata uses the plain-tensor reference (slower). Set PADDLE_MLA_OPS_VERBOSE=1 "
+                              "to see the compiler output, or PADDLE_MLA_DISABLE_CUSTOM_OPS=1 to silence this.")
+        return None
+
+
+def sources_dir() -> Path:
+    """custom_ops/ of the source tree (editable install), else the copy a wheel carries."""
+    for cand in (Path(__file__).resolve().parents[2] / "custom_ops", Path(__file__).resolve().parent / "_custom_ops"):
+        if (cand / KERNEL_SOURCES[0]).is_file():
+            return cand
+    raise FileNotFoundError("custom_ops sources not found (install with pip install -e .)")
+
+
+def nvcc_path() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    found = shutil.which("nvcc") or str(Path(home) / "bin" / "nvcc")
+    return found if os.path.isfile(found) else None
+
+
+def wants_cuda() -> bool:
+    return nvcc_path() is not None and runtime.gpu_available()
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PADDLE_MLA_CACHE") or Path.home() / ".cache" / "paddle_mla" / "ops")
+
+
+def build_dir(rt: str, with_cuda: bool, arch_flags: list[str]) -> Path:
+    src = sources_dir()
+    h = hashlib.sha256()
+    for name in (*KERNEL_SOURCES, BINDINGS[rt]):
+        h.update(name.encode() + b"\0" + (src / name).read_bytes())
+    h.update(json.dumps([rt, _runtime_version(rt), sys.version, platform.machine(), with_cuda,
+                         CXX_FLAGS, CUDA_FLAGS, arch_flags]).encode())
+    return cache_root() / f"{rt}-{'cuda' if with_cuda else 'cpu'}-{h.hexdigest()[:16]}"
+
+
+def _runtime_version(rt: str) -> str:
+    if rt == "paddle":
+        import paddle
+
+        return f"{paddle.__version__}-{paddle.version.commit}"
+    return torch.__version__
+
+
+def _build_and_load() -> CompiledOps:
+    rt = runtime.name()
+    with_cuda = wants_cuda()
+    arch = _paddle_arch_flags() if (with_cuda and rt == "paddle") else []
+    out = build_dir(rt, with_cuda, arch)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent first uses build once; the others wait, then load
+        marker = out / "built.json"
+        start = time.perf_counter()
+        cached = marker.is_file()
+        lib = json.loads(marker.read_text())["library"] if cached else None
+        module = None  # Paddle's op API module when the build just made (and registered) it
+        if lib is None or not Path(lib).is_file():
+            lib, module = _compile(rt, with_cuda, arch, out)
+            marker.write_text(json.dumps({"library": lib, "seconds": round(time.perf_counter() - start, 2)}))
+            cached = False
+        ops = _bind(rt, lib, module)
+    seconds = 0.0 if cached else time.perf_counter() - start
+    return CompiledOps(**ops, runtime=rt, with_cuda=with_cuda, build_dir=str(out), build_seconds=seconds)
+
+
+def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str, Any]:
+    """Compile into ``out`` and load; returns the shared library's path and Paddle's op module
+    (None on torch). Compiler output goes to build.log."""
+    src = sources_dir()
+    sources = [str(src / BINDINGS[rt])] + ([str(src / "metadata_kernels.cu")] if with_cuda else [])
+    defines = ["-DPADDLE_MLA_WITH_CUDA"] if with_cuda else []
+    verbose = os.environ.get("PADDLE_MLA_OPS_VERBOSE", "0") not in ("", "0")
+    with _output_to(None if verbose else out / "build.log"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if rt == "paddle":
+            from paddle.utils import cpp_extension
+
+            module = cpp_extension.load(name=LIB_NAME, sources=sources, extra_cxx_cflags=CXX_FLAGS + defines,
+                               extra_cuda_cflags=CUDA_FLAGS + defines + arch, extra_include_paths=[str(src)],
+                               build_directory=str(out), verbose=verbose)
+            lib = out / LIB_NAME / f"{LIB_NAME}.so"
+        else:
+            from torch.utils import cpp_extension
+
+            module = None
+            lib = Path(cpp_extension.load(name=LIB_NAME, sources=sources, extra_cflags=CXX_FLAGS + defines,
+                                          extra_cuda_cflags=CUDA_FLAGS + defines, extra_include_paths=[str(src)],
+                                          build_directory=str(out), verbose=verbose, with_cuda=with_cuda,
+                                          is_python_module=False))
+    if not lib.is_file():
+        raise FileNotFoundError(f"build finished but {lib} is missing")
+    return str(lib), module
+
+
+@contextlib.contextmanager
+def _output_to(log: Path | None):
+    """Send this process's stdout/stderr (fd level: compiler subprocesses too) to ``log``."""
+    if log is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(log, "ab") as f:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+    except Exception as exc:
+        raise RuntimeError(f"{exc}; compiler output in {log}") from exc
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+def _paddle_arch_flags() -> list[str]:
+    import paddle
+
+    major, minor = paddle.device.cuda.get_device_capability()
+    return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
+
+
+def _bind(rt: str, lib: str, module: Any) -> dict[str, Callable[..., Any]]:
+    if rt == "paddle":
+        module = module or _paddle_module(lib)
+        ops = {
+            "get_position_ids": lambda enc, dec, this, n: module.pmla_get_position_ids(enc, dec, this, int(n)),
+            "get_cu_seqlens": lambda this, dec, n: tuple(module.pmla_get_cu_seqlens(this, dec, int(n))),
+            "compute_slot_mapping": lambda tables, ids, pos, bs: module.pmla_compute_slot_mapping(
+                tables, ids, pos, int(bs)),
+        }
+        on_gpu = lambda x: x.place.is_gpu_place()
+    else:
+        torch.ops.load_library(lib)
+        _register_torch_fakes()
+        ns = torch.ops.paddle_mla
+        ops = {
+            "get_position_ids": lambda enc, dec, this, n: ns.get_position_ids(enc, dec, this, int(n)),
+            "get_cu_seqlens": lambda this, dec, n: ns.get_cu_seqlens(this, dec, int(n)),
+            "compute_slot_mapping": lambda tables, ids, pos, bs: ns.compute_slot_mapping(tables, ids, pos, int(bs)),
+        }
+        on_gpu = lambda x: x.is_cuda
+    if wants_cuda():
+        return ops
+    return {name: _cpu_only(name, fn, on_gpu) for name, fn in ops.items()}
+
+
+def _cpu_only(name: str, fn: Callable[..., Any], on_gpu: Callable[[Any], bool]) -> Callable[..., Any]:
+    """A CPU-only build meets GPU tensors (no nvcc here): run the reference for those."""
+    ref = getattr(reference, name)
+
+    def call(first, *args):
+        if on_gpu(first):
+            warn_once("cpu-only", "paddle_mla custom ops were built without CUDA (nvcc not found); "
+                                  "GPU metadata uses the plain-tensor reference")
+            return ref(first, *args)
+        return fn(first, *args)
+
+    return call
+
+
+def _paddle_module(lib: str):
+    """Register a cached library's operators and return their Python API module (what
+    cpp_extension.load returns, without its setup.py subprocess, which costs seconds)."""
+    with warnings.catch_warnings(), _logging_off():
+        warnings.simplefilter("ignore")  # its import warns that ccache is missing
+        from paddle.utils.cpp_extension import extension_utils
+
+        return extension_utils._import_module_from_library(LIB_NAME, str(Path(lib).parent), False)
+
+
+@contextlib.contextmanager
+def _logging_off():
+    """Paddle logs an INFO line per loaded library through its own handlers."""
+    previous = logging.root.manager.disable
+    logging.disable(max(previous, logging.INFO))
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _register_torch_fakes() -> None:
+    """Shape-only kernels so that torch.compile / opcheck can trace the ops."""
+    if not hasattr(torch.library, "register_fake"):
+        return
+
+    @torch.library.register_fake("paddle_mla::get_position_ids")
+    def _(enc, dec, this, num_tokens):
+        return enc.new_empty((num_tokens,), dtype=torch.int64)
+
+    @torch.library.register_fake("paddle_mla::get_cu_seqlens")
+    def _(this, dec, num_tokens):
+        b = this.shape[0] + 1
+        i32 = torch.int32
+        return this.new_empty((b,), dtype=i32), this.new_empty((b,), dtype=i32), this.new_empty((num_tokens,), dtype=i32)
+
+    @torch.library.register_fake("paddle_mla::compute_slot_mapping")
+    def _(tables, ids, pos, block_size):
+        return pos.new_empty(pos.shape, dtype=torch.int64)
+
+
+def main() -> int:
+    """Build (or load) the ops for the runtime PADDLE_MLA_RUNTIME selects; used by setup.py."""
+    ops = load_ops()
+    if ops is None:
+        print(f"paddle_mla: custom ops for {runtime.name()} not built; the reference will be used")
+        return 1
+    how = f"built in {ops.build_seconds:.1f} s" if ops.build_seconds else "loaded from the cache"
+    print(f"paddle_mla: {runtime.name()} custom ops ({'cuda' if ops.with_cuda else 'cpu'}) {how}: {ops.build_dir}")
+    return 0
