@@ -10,6 +10,14 @@ from paddle_mla import runtime
 runtime.select()
 
 
+def pytest_sessionstart(session):
+    # Build (or load from the cache) the custom ops once, up front, so no test pays the build
+    # inside its own time limit.
+    from paddle_mla.ops.build import load_ops
+
+    load_ops()
+
+
 def pytest_report_header(config):
     return f"paddle_mla runtime: {runtime.name()}, TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
 
