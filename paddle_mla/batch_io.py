@@ -21,9 +21,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 from paddle_mla.batch_parse import id_key
 
@@ -148,7 +149,8 @@ class OutputWriter:
     def __init__(self, path: str | Path | None, append: bool, fsync_interval_s: float = 2.0):
         self._own = path is not None and str(path) != "-"
         # unbuffered: each record reaches the kernel in one write, so a kill leaves at most a torn last line
-        self._file: IO[bytes] = open(path, "ab" if append else "wb", buffering=0) if self._own else sys.stdout.buffer
+        self._file: IO[bytes] = (open(path, "ab" if append else "wb", buffering=0)  # noqa: SIM115 (closed by close())
+                                 if self._own else sys.stdout.buffer)
         self._interval = fsync_interval_s
         self._last_sync = time.monotonic()
         self.lines = 0

@@ -24,8 +24,9 @@ import difflib
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids")
 # field -> (type check, description used in messages)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from paddle_mla.batch_io import OutputWriter, error_record, input_key, ok_record
 from paddle_mla.batch_parse import Context, LineError, build_request, id_key, split_line
@@ -109,7 +110,7 @@ def _items(lines: Iterable[tuple[int, bytes]], ctx: Context, done: set[str], sum
                 item.request = build_request(parsed, line_no, ctx)
             except LineError as err:
                 item.error = (err.kind, err.message)
-            except Exception as exc:   # a tokenizer failure on one odd line must not end the batch
+            except Exception as exc:  # noqa: BLE001  (a tokenizer failure on one odd line must not end the batch)
                 item.error = ("invalid_request", f"{type(exc).__name__}: {exc}")
         yield item
 

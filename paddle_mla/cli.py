@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,18 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_USAGE)
 
 
+def _print_config_errors(exc: ConfigError) -> None:
+    click.echo(f"invalid configuration ({len(exc.errors)} error{'s' * (len(exc.errors) > 1)}):", err=True)
+    for err in exc.errors:
+        click.echo(f"  - {err}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
 def load_or_exit(path: str | None, overrides: tuple[str, ...]) -> EngineConfig:
     try:
         return load_config(path, overrides)
     except ConfigError as exc:
-        click.echo(f"invalid configuration ({len(exc.errors)} error{'s' * (len(exc.errors) > 1)}):", err=True)
-        for err in exc.errors:
-            click.echo(f"  - {err}", err=True)
-        sys.exit(EXIT_USAGE)
+        _print_config_errors(exc)
 
 
 def select_runtime(cfg: EngineConfig) -> str:
@@ -165,17 +170,16 @@ def generate(config_path: str | None, input_path: str, output_path: str, overrid
     load_s = time.perf_counter() - t0
     llm.reset_stats()
     writer = OutputWriter(None if to_stdout else output_path, append=resume)
-    stream = sys.stdin.buffer if input_path == "-" else open(input_path, "rb")
+    source = nullcontext(sys.stdin.buffer) if input_path == "-" else open(input_path, "rb")  # noqa: SIM115
     try:
-        summary = run_batch(llm, iter_input(stream), writer, request_cls=request_class(), done=done, total=total,
-                            progress=progress)
+        with source as stream:
+            summary = run_batch(llm, iter_input(stream), writer, request_cls=request_class(), done=done,
+                                total=total, progress=progress)
     except KeyboardInterrupt:
         click.echo("interrupted: the output so far is intact; rerun with --resume", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         writer.close()
-        if stream is not sys.stdin.buffer:
-            stream.close()
     summary.load_s = load_s
     click.echo(summary.text(), err=True)
     if summary_path:
@@ -296,74 +300,15 @@ def bench(config_paths: tuple[str, ...], workload_spec: str, repeats: int, warmu
       paddle-mla bench --config configs/bench/baseline.yaml --config configs/bench/chunked.yaml \\
           --workload long-context:num_prompts=2,input_len=1024 --set device=cpu
     """
-    from paddle_mla.bench.report import bench_document, check_matplotlib, markdown_table, write_json, write_plot
-    from paddle_mla.bench.runner import run_bench
-    from paddle_mla.bench.workloads import WorkloadError, parse_workload
+    from paddle_mla.bench.command import BenchArgs, BenchUsageError, run
 
+    args = BenchArgs(config_paths, workload_spec, repeats, warmup_requests, engines, json_path, plot_path, overrides)
     try:
-        workload = parse_workload(workload_spec)
-    except WorkloadError as exc:
+        run(args, select_runtime, lambda cfg: build_llm(cfg), echo=lambda m: click.echo(m, err=True), out=click.echo)
+    except ConfigError as exc:
+        _print_config_errors(exc)
+    except BenchUsageError as exc:
         _fail(str(exc))
-    if plot_path:
-        try:
-            check_matplotlib()
-        except ImportError as exc:
-            _fail(str(exc))
-    specs = _bench_specs(config_paths, overrides)
-    first = specs[0].config
-    for spec in specs[1:]:
-        if (spec.config.runtime, spec.config.device) != (first.runtime, first.device):
-            _fail(f"all configs must share runtime and device: {specs[0].name} has {first.runtime}/{first.device}, "
-                  f"{spec.name} has {spec.config.runtime}/{spec.config.device}")
-    from paddle_mla import runtime
-
-    rt = select_runtime(first)
-    try:
-        device = runtime.resolve_device(first.device)
-    except RuntimeError as exc:
-        _fail(str(exc))
-    keep = engines == "keep" or (engines == "auto" and device == "cpu")
-    from paddle_mla.engine.request import GenerationRequest, SamplingParams
-
-    click.echo(f"bench: {len(specs)} configs x {repeats} repeats, workload {workload.describe()}, "
-               f"runtime {rt}, device {device}, engines {'keep' if keep else 'rebuild'}", err=True)
-    try:
-        results = run_bench(specs, workload, repeats, warmup_requests, keep, build_llm, GenerationRequest,
-                            SamplingParams, log=lambda m: click.echo(m, err=True))
-    except (ValueError, WorkloadError) as exc:
-        _fail(str(exc))
-    click.echo(markdown_table(results))
-    doc = bench_document(results, workload, repeats=repeats, warmup_requests=warmup_requests,
-                         engines="keep" if keep else "rebuild", runtime=rt, device=device)
-    if json_path:
-        write_json(doc, json_path)
-        click.echo(f"wrote {json_path}", err=True)
-    if plot_path:
-        write_plot(results, f"{workload.describe()} | {rt} {device} | {repeats} repeats", plot_path)
-        click.echo(f"wrote {plot_path}", err=True)
-
-
-def _bench_specs(paths: tuple[str, ...], overrides: tuple[str, ...]) -> list[Any]:
-    from paddle_mla.bench.runner import ConfigSpec
-
-    specs, errors = [], []
-    for path in paths or (None,):
-        try:
-            cfg = load_config(path, overrides)
-        except ConfigError as exc:
-            errors.extend(exc.errors)
-            continue
-        name = Path(path).stem if path else "default"
-        taken = {s.name for s in specs}
-        if name in taken:
-            name = f"{name}#{sum(1 for s in specs if s.name.split('#')[0] == name) + 1}"
-        specs.append(ConfigSpec(name, path, cfg))
-    if errors:
-        click.echo(f"invalid configuration ({len(errors)} errors):", err=True)
-        for err in errors:
-            click.echo(f"  - {err}", err=True)
-        sys.exit(EXIT_USAGE)
-    return specs
 
 
 if __name__ == "__main__":

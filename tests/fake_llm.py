@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections import deque
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from paddle_mla.config import EngineConfig
 from paddle_mla.engine.request import EngineStats, GenerationRequest, RequestMetrics, RequestOutput, SamplingParams
@@ -20,7 +20,7 @@ OFFSET = 3   # 0 pad, 1 bos, 2 eos; byte b is token b + OFFSET
 class ByteTokenizer:
     vocab_size = 300
     eos_token_id = 2
-    all_special_ids = [0, 1, 2]
+    all_special_ids = (0, 1, 2)
 
     def __init__(self, chat_template: bool = False):
         self.chat_template = chat_template

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from fake_llm import FakeLLM
+
 from paddle_mla.batch_io import OutputWriter, ResumeError, iter_input, prepare_resume, record_key
 from paddle_mla.batch_run import run_batch
 from paddle_mla.config import EngineConfig
@@ -114,7 +114,8 @@ def test_engine_errors_become_error_lines(tmp_path):
     summary = run_batch(llm, lines, w, request_cls=GenerationRequest, progress=False)
     w.close()
     a, b = records(out)
-    assert a["finish_reason"] == "length" and b["error"]["type"] == "engine_error" and "KV blocks" in b["error"]["message"]
+    assert a["finish_reason"] == "length" and b["error"]["type"] == "engine_error"
+    assert "KV blocks" in b["error"]["message"]
     assert summary.errors_by_type == {"engine_error": 1}
 
 

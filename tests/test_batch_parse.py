@@ -3,15 +3,15 @@
 import json
 
 import pytest
-
 from fake_llm import ByteTokenizer
+
 from paddle_mla.batch_parse import Context, LineError, build_request, derive_seed, split_line
 from paddle_mla.engine.request import GenerationRequest, SamplingParams
 
 
 def ctx(**kw):
-    base = dict(tokenizer=ByteTokenizer(), max_model_len=32, default_params=SamplingParams(max_tokens=8),
-                request_cls=GenerationRequest, base_seed=0)
+    base = {"tokenizer": ByteTokenizer(), "max_model_len": 32, "default_params": SamplingParams(max_tokens=8),
+            "request_cls": GenerationRequest, "base_seed": 0}
     base.update(kw)
     return Context(**base)
 
@@ -83,7 +83,7 @@ def test_tokenizer_failure_is_a_line_error_not_a_crash():
         def encode(self, text):
             raise RuntimeError("boom")
 
-    from paddle_mla.batch_run import _items, BatchSummary
+    from paddle_mla.batch_run import BatchSummary, _items
 
     items = list(_items([(1, b'{"id": 1, "prompt": "x"}')], ctx(tokenizer=Broken()), set(), BatchSummary()))
     assert items[0].error == ("invalid_request", "RuntimeError: boom")

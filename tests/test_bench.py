@@ -4,8 +4,8 @@ import builtins
 import json
 
 import pytest
-
 from cli_harness import ENGINES, ROOT, invoke
+
 from paddle_mla.bench.workloads import WorkloadError, build_requests, parse_workload
 from paddle_mla.engine.request import GenerationRequest, SamplingParams
 
@@ -64,7 +64,8 @@ def test_configs_are_interleaved_and_args_checked(tmp_path, monkeypatch):
         return real_import(name, *args, **kw)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    res = invoke(["bench", "--workload", "random:num_prompts=1", "--plot", str(tmp_path / "p.png")], "fake", monkeypatch)
+    res = invoke(["bench", "--workload", "random:num_prompts=1", "--plot", str(tmp_path / "p.png")],
+                 "fake", monkeypatch)
     assert res.exit_code == 2 and "pip install 'paddle-mla[plot]'" in res.stderr
 
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 import yaml
-
 from cli_harness import DATA, ENGINES, REAL_ENGINE, ROOT, invoke, read_jsonl
+
 from paddle_mla.config import EngineConfig, load_config
 
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if not p.name.startswith("workloads"))

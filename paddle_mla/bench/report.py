@@ -88,7 +88,8 @@ def check_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'paddle-mla[plot]' (or pip install matplotlib)") from None
+        raise ImportError("--plot needs matplotlib: pip install 'paddle-mla[plot]' "
+                          "(or pip install matplotlib)") from None
 
 
 def write_plot(results: list[ConfigResult], title: str, path: str | Path) -> None:

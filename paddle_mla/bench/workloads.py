@@ -25,10 +25,10 @@ import numpy as np
 import yaml
 
 KINDS: dict[str, dict[str, float | int]] = {
-    "random": dict(num_prompts=64, input_len=128, output_len=32, range_ratio=0.0, seed=0),
-    "shared-prefix": dict(num_prompts=64, prefix_len=256, suffix_len=32, output_len=32, shared_fraction=1.0,
-                          num_prefixes=1, seed=0),
-    "long-context": dict(num_prompts=4, input_len=4096, output_len=16, range_ratio=0.0, seed=0),
+    "random": {"num_prompts": 64, "input_len": 128, "output_len": 32, "range_ratio": 0.0, "seed": 0},
+    "shared-prefix": {"num_prompts": 64, "prefix_len": 256, "suffix_len": 32, "output_len": 32,
+                      "shared_fraction": 1.0, "num_prefixes": 1, "seed": 0},
+    "long-context": {"num_prompts": 4, "input_len": 4096, "output_len": 16, "range_ratio": 0.0, "seed": 0},
 }
 
 
