@@ -194,3 +194,20 @@ class CudaGraph:
 
     def pool_handle(self):
         return None if is_paddle() else self._graph.pool()
+
+
+def empty_cache() -> None:
+    """Return cached GPU memory to the driver (after an engine is closed)."""
+    import gc
+
+    gc.collect()
+    if not gpu_available():
+        return
+    if is_paddle():
+        import paddle
+
+        paddle.device.cuda.empty_cache()
+    else:
+        import torch
+
+        torch.cuda.empty_cache()

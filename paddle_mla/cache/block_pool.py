@@ -82,6 +82,14 @@ class BlockPool:
                     self.free[block] = None
 
     # -- prefix cache -----------------------------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (benchmarks between rounds); only while no block is in use."""
+        if self.num_used:
+            return False
+        self.cached.clear()
+        self.block_key = [None] * self.num_blocks
+        return True
+
     def match_prefix(self, token_ids: list[int], keys: list[BlockKey]) -> list[int]:
         """Cached blocks for the longest cached prefix, leaving at least one token to compute
         (its logits are needed); takes a reference on each block it returns. ``keys`` is the

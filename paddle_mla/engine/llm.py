@@ -49,6 +49,16 @@ class LLM:
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
                               ignore_eos=s.ignore_eos)
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache (between benchmark rounds); False while requests are in flight."""
+        return self.pool.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Release the model, KV caches and graphs now rather than at garbage collection."""
+        self.runner = None
+        self.scheduler = None
+        runtime.empty_cache()
+
     def reset_stats(self) -> None:
         self._stats = EngineStats(num_blocks=self.pool.num_blocks)
         self._preempt_base = self.scheduler.num_preemptions

@@ -18,7 +18,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def num_sms(device_index: int = 0) -> int:
     """Multiprocessor count of the GPU (runtime-neutral: asks Triton's driver); 4 under the interpreter."""
     if interpreting():

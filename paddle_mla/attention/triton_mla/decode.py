@@ -20,8 +20,7 @@ import triton
 import triton.language as tl
 
 from paddle_mla.attention.triton_mla._util import interpreting, next_pow2, num_sms
-from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exported)
-    DecodeWorkspace, alloc_decode_workspace, build_decode_plan)
+from paddle_mla.attention.triton_mla.decode_plan import DecodeWorkspace, alloc_decode_workspace, build_decode_plan  # noqa: F401  (re-exported)
 
 LOG2E = 1.4426950408889634
 
@@ -34,6 +33,7 @@ class DecodeConfig:
     num_stages: int
     programs: int        # stage-1 programs per head group (persistent grid)
     min_tiles: int = 1   # fewest tiles per split (bounds the partial-output traffic)
+    q_in_loop: int = 0   # re-load q per KV tile (frees registers when BLOCK_H is large)
 
     @property
     def target_items(self) -> int:
@@ -41,23 +41,29 @@ class DecodeConfig:
 
 
 def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConfig:
-    """Host-known launch config from the head count (and SM count); ``override`` for tuning."""
-    sms = num_sms(device_idx)
+    """Host-known launch config from the head count (and SM count).
+
+    ``override`` (or env PADDLE_MLA_DECODE_CFG="block_n=32,num_stages=3") sets fields for tuning;
+    ``waves`` sets programs = SMs * waves / head groups unless ``programs`` is given.
+    """
     if interpreting():
-        cfg = dict(block_h=max(16, min(next_pow2(num_heads), 64)), block_n=16, num_warps=4, num_stages=1,
-                   programs=4, min_tiles=1)
+        cfg = {"block_h": max(16, min(next_pow2(num_heads), 64)), "block_n": 16, "num_warps": 4, "num_stages": 1,
+                   "min_tiles": 1, "waves": 1}
     elif num_heads <= 32:
-        bh = max(16, next_pow2(num_heads))
-        cfg = dict(block_h=bh, block_n=64, num_warps=4, num_stages=2, programs=sms, min_tiles=1)
+        cfg = {"block_h": max(16, next_pow2(num_heads)), "block_n": 64, "num_warps": 4, "num_stages": 2, "min_tiles": 1,
+                   "waves": 1}
     else:
-        groups = triton.cdiv(num_heads, 64)
-        cfg = dict(block_h=64, block_n=32, num_warps=8, num_stages=2, programs=max(sms // groups, 1), min_tiles=2)
-    env = os.environ.get("PADDLE_MLA_DECODE_CFG")  # e.g. "block_n=32,num_stages=3" (benchmarks)
+        cfg = {"block_h": 64, "block_n": 32, "num_warps": 8, "num_stages": 2, "min_tiles": 2, "waves": 1}
+    env = os.environ.get("PADDLE_MLA_DECODE_CFG")
     if env:
         for kv in env.split(","):
-            k, v = kv.split("=")
-            cfg[k.strip()] = int(v)
+            key, val = kv.split("=")
+            cfg[key.strip()] = int(val)
     cfg.update(override)
+    waves = cfg.pop("waves")
+    if "programs" not in cfg:
+        groups = triton.cdiv(num_heads, cfg["block_h"])
+        cfg["programs"] = 4 if interpreting() else max(num_sms(device_idx) * waves // groups, 1)
     return DecodeConfig(**cfg)
 
 
@@ -70,6 +76,7 @@ def _decode_stage1(
     H,
     PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr,
     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q_IN_LOOP: tl.constexpr,
 ):
     hg = tl.program_id(0)
     pid = tl.program_id(1)
@@ -93,8 +100,9 @@ def _decode_stage1(
         t1 = tl.minimum(t0 + per, tiles)
 
         q_base = Q + b * stride_qb + heads[:, None] * stride_qh
-        q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
-        q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
+        if not Q_IN_LOOP:
+            q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
+            q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_KV], dtype=tl.float32)
@@ -106,6 +114,11 @@ def _decode_stage1(
             row = KV + page * stride_kvb + (tok % PAGE) * stride_kvs
             k_c = tl.load(row[:, None] + offs_c[None, :], mask=mn[:, None] & mc[None, :], other=0.0)
             k_r = tl.load(row[:, None] + LKV + offs_r[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
+            if Q_IN_LOOP:
+                # many heads: q re-read per tile (L1/L2 hits) stays a shared-memory MMA operand
+                # instead of occupying registers next to the [BLOCK_H, LKV] fp32 accumulator
+                q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
+                q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
             s = tl.dot(q_c, tl.trans(k_c))
             s = tl.dot(q_r, tl.trans(k_r), s)
             s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
@@ -113,7 +126,7 @@ def _decode_stage1(
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(k_c.dtype), k_c)
+            acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None])  # accumulate in place: one acc tile live
             m_i = m_new
 
         safe_l = tl.where(l_i > 0, l_i, 1.0)
@@ -161,21 +174,22 @@ def _decode_stage2(
 
 
 def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, kv_lora_rank: int,
-               sm_scale: float, cfg: DecodeConfig) -> None:
+               sm_scale: float, cfg: DecodeConfig):
     """q [bs, H, kv_lora_rank + rope] -> out [bs, H, kv_lora_rank] (written in place).
 
     kv_cache [NB, page, 1, kv_lora_rank + rope]; block_tables int32 [>= bs, M]; seq_lens_k int32
     [>= bs]. The plan in ``ws`` must come from ``build_decode_plan`` with ``cfg.block_n``.
+    Returns stage 1's launch handle (``n_regs`` / ``n_spills`` for tuning), or None when bs is 0.
     """
     bs, H, Lk = q.shape
     if bs == 0:
-        return
+        return None
     Lv = kv_lora_rank
     assert Lk > Lv and kv_cache.shape[-1] == Lk and out.shape[-1] == Lv and H <= ws.num_heads and bs <= ws.max_bs
     assert q.stride(2) == 1 and kv_cache.stride(3) == 1 and out.stride(2) == 1
     po, lse = ws.partial_out, ws.partial_lse
     groups = triton.cdiv(H, cfg.block_h)
-    _decode_stage1[(groups, cfg.programs)](
+    handle = _decode_stage1[(groups, cfg.programs)](
         q, kv_cache, block_tables, seq_lens_k, ws.num_kv_splits, ws.work_req, ws.work_split, ws.num_work,
         out, po, lse,
         sm_scale * LOG2E,
@@ -184,6 +198,7 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
         H,
         PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv,
         BLOCK_KV=max(16, next_pow2(Lv)), BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        Q_IN_LOOP=bool(cfg.q_in_loop),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_dv = min(128, next_pow2(Lv))
@@ -193,3 +208,4 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
         LV=Lv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits), BLOCK_SC=min(16, next_pow2(ws.max_kv_splits)),
         BLOCK_DV=block_dv, num_warps=4,
     )
+    return handle

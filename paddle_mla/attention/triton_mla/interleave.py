@@ -1,0 +1,71 @@
+"""Chunked prefill + prefix cache: gather each request's cached latent rows from the paged cache
+and interleave them with the step's new rows, so kv_b_proj and the prefill attention see the whole
+context. Output per request: [cached (k_len - q_len rows)..., new (q_len rows)...]. A pure copy:
+bitwise equal to ``reference.read_cache_and_interleave_ref``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from paddle_mla.attention.triton_mla._util import next_pow2
+
+_BLOCK_T = 16
+_BLOCK_D = 128
+
+
+@triton.jit
+def _interleave_kernel(
+    CACHE, BT, NEW, CU_Q, CU_K, OUT,
+    total_k, bs, D,
+    stride_cb, stride_cs, stride_bt, stride_new, stride_out,
+    PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mt = t < total_k
+    md = d < D
+    # request of each token: number of cu_k[1..bs] entries <= t (a vectorised search)
+    ob = tl.arange(0, BLOCK_B)
+    ends = tl.load(CU_K + 1 + ob, mask=ob < bs, other=2147483647)
+    b = tl.sum((ends[None, :] <= t[:, None]).to(tl.int32), 1)
+    b = tl.minimum(b, bs - 1)
+    k0 = tl.load(CU_K + b, mask=mt, other=0)
+    k1 = tl.load(CU_K + b + 1, mask=mt, other=0)
+    q0 = tl.load(CU_Q + b, mask=mt, other=0)
+    q1 = tl.load(CU_Q + b + 1, mask=mt, other=0)
+    i = t - k0
+    n_cached = (k1 - k0) - (q1 - q0)
+    cached = mt & (i < n_cached)
+    fresh = mt & (i >= n_cached)
+    page = tl.load(BT + b.to(tl.int64) * stride_bt + i // PAGE, mask=cached, other=0).to(tl.int64)
+    src_c = CACHE + page * stride_cb + (i % PAGE) * stride_cs
+    src_n = NEW + (q0 + i - n_cached).to(tl.int64) * stride_new
+    row_c = tl.load(src_c[:, None] + d[None, :], mask=cached[:, None] & md[None, :], other=0.0)
+    row_n = tl.load(src_n[:, None] + d[None, :], mask=fresh[:, None] & md[None, :], other=0.0)
+    row = tl.where(cached[:, None], row_c, row_n.to(row_c.dtype))
+    tl.store(OUT + t.to(tl.int64)[:, None] * stride_out + d[None, :], row, mask=mt[:, None] & md[None, :])
+
+
+def read_cache_and_interleave(kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, total_k: int,
+                              out=None):
+    """kv_cache [NB, page, 1, D], block_tables int32 [B, M], new_latent [T_new, D], cu_seqlens_q/k
+    int32 [B+1] (cu_k counts the cached prefix), total_k = cu_seqlens_k[-1] known on the host.
+    Returns full_latent [total_k, D] in the cache's dtype (``out`` to reuse a buffer)."""
+    _, page, _, D = kv_cache.shape
+    bs = cu_seqlens_k.shape[0] - 1
+    if out is None:
+        out = torch.empty((total_k, D), dtype=kv_cache.dtype, device=new_latent.device)
+    if total_k == 0 or bs <= 0:
+        return out
+    assert (new_latent.numel() == 0 or new_latent.stride(1) == 1) and kv_cache.stride(3) == 1 and out.stride(1) == 1
+    grid = (triton.cdiv(total_k, _BLOCK_T), triton.cdiv(D, _BLOCK_D))
+    _interleave_kernel[grid](
+        kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, out,
+        total_k, bs, D,
+        kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0), new_latent.stride(0), out.stride(0),
+        PAGE=page, BLOCK_T=_BLOCK_T, BLOCK_D=_BLOCK_D, BLOCK_B=next_pow2(max(bs, 2)),
+    )
+    return out

@@ -1,0 +1,108 @@
+"""Plain-tensor references of the Triton MLA kernels: the oracle for their tests and the building
+blocks of the ``native`` backend. Output sizes come from host-known arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_latent_cache_ref(latent, kv_cache, slot_mapping):
+    """kv_cache[slot // page, slot % page, 0] = latent[t] for slot >= 0 (in place; returns kv_cache).
+
+    The one reference that selects by a device mask (the skipped rows), which syncs on a GPU.
+    """
+    nb, page, _, d = kv_cache.shape
+    flat = kv_cache.view(nb * page, d)
+    slots = slot_mapping.to(torch.int64)
+    keep = slots >= 0
+    flat[slots[keep]] = latent[keep].to(kv_cache.dtype)
+    return kv_cache
+
+
+def decode_splits_ref(seq_lens_k, block_n: int, target_items: int, max_kv_splits: int, min_tiles: int = 1):
+    """num_kv_splits int32 [B] as ``decode_plan._plan_kernel`` computes it."""
+    lens = seq_lens_k.to(torch.int64)
+    tiles = (lens + block_n - 1) // block_n
+    total = tiles.sum()
+    tps = torch.clamp((total + target_items - 1) // target_items, min=min_tiles)
+    splits = torch.clamp((tiles + tps - 1) // tps, min=1, max=max_kv_splits)
+    per = torch.clamp((tiles + splits - 1) // splits, min=1)
+    splits = torch.clamp((tiles + per - 1) // per, min=1)
+    return splits.to(torch.int32)
+
+
+def _gather_pages(kv_cache, block_tables):
+    """[B, M * page, D] latent rows of each request in logical order (-1 pages read block 0)."""
+    nb, page, _, d = kv_cache.shape
+    bt = block_tables.to(torch.int64).clamp(min=0)
+    b, m = bt.shape
+    return kv_cache.view(nb, page, d)[bt].reshape(b, m * page, d)
+
+
+def mla_decode_ref(q, kv_cache, block_tables, seq_lens_k, kv_lora_rank: int, sm_scale: float):
+    """Absorbed MLA decode: q [B, H, Lk] over each request's first seq_lens_k cached latent rows.
+
+    Returns [B, H, kv_lora_rank] in q's dtype, fp32 math; zero-length rows are zeros.
+    """
+    kv = _gather_pages(kv_cache, block_tables).to(torch.float32)            # [B, N, Lk]
+    n = kv.shape[1]
+    s = torch.matmul(q.to(torch.float32), kv.transpose(1, 2)) * sm_scale     # [B, H, N]
+    pos = torch.arange(n, device=q.device)
+    valid = pos[None, :] < seq_lens_k.to(torch.int64)[:, None]               # [B, N]
+    s = torch.where(valid[:, None, :], s, torch.full_like(s, float("-inf")))
+    m = torch.amax(s, -1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    denom = p.sum(-1, keepdim=True)
+    out = torch.matmul(p, kv[:, :, :kv_lora_rank]) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return out.to(q.dtype)
+
+
+def read_cache_and_interleave_ref(kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, total_k: int):
+    """full_latent [total_k, D]: per request its cached rows (k_len - q_len of them) then its new rows."""
+    nb, page, _, d = kv_cache.shape
+    cu_q = cu_seqlens_q.to(torch.int64)
+    cu_k = cu_seqlens_k.to(torch.int64)
+    t = torch.arange(total_k, dtype=torch.int64, device=new_latent.device)
+    b = torch.searchsorted(cu_k[1:].contiguous(), t, right=True)
+    i = t - cu_k[b]
+    n_cached = (cu_k[b + 1] - cu_k[b]) - (cu_q[b + 1] - cu_q[b])
+    cached = i < n_cached
+    bt = block_tables.to(torch.int64)
+    col = torch.where(cached, i // page, torch.zeros_like(i))
+    slot = bt[b, col].clamp(min=0) * page + i % page
+    from_cache = kv_cache.view(nb * page, d)[torch.where(cached, slot, torch.zeros_like(slot))]
+    new_row = torch.where(cached, torch.zeros_like(i), cu_q[b] + i - n_cached)
+    if new_latent.shape[0] > 0:
+        from_new = new_latent[new_row.clamp(max=new_latent.shape[0] - 1)]
+    else:
+        from_new = torch.zeros_like(from_cache)
+    return torch.where(cached[:, None], from_cache, from_new.to(kv_cache.dtype))
+
+
+def prefill_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, sm_scale: float):
+    """Varlen causal attention over [cached + new] keys; q [Tq, H, Dqk], k [Tk, H, Dqk], v [Tk, H, Dv].
+
+    Query i of request b sits at position k_len_b - q_len_b + i and sees keys at positions <= it.
+    Dense masked form: O(Tq * Tk * H) memory, meant for tests and small batches.
+    """
+    tq, tk = q.shape[0], k.shape[0]
+    cu_q = cu_seqlens_q.to(torch.int64)
+    cu_k = cu_seqlens_k.to(torch.int64)
+    iq = torch.arange(tq, dtype=torch.int64, device=q.device)
+    ik = torch.arange(tk, dtype=torch.int64, device=q.device)
+    bq = torch.searchsorted(cu_q[1:].contiguous(), iq, right=True)
+    bk = torch.searchsorted(cu_k[1:].contiguous(), ik, right=True)
+    qpos = (cu_k[bq + 1] - cu_k[bq]) - (cu_q[bq + 1] - cu_q[bq]) + iq - cu_q[bq]
+    kpos = ik - cu_k[bk]
+    allowed = (bq[:, None] == bk[None, :]) & (kpos[None, :] <= qpos[:, None])    # [Tq, Tk]
+    s = torch.einsum("qhd,khd->hqk", q.to(torch.float32), k.to(torch.float32)) * sm_scale
+    s = torch.where(allowed[None], s, torch.full_like(s, float("-inf")))
+    m = torch.amax(s, -1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    denom = p.sum(-1, keepdim=True)
+    p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
+    out = torch.einsum("hqk,khd->qhd", p, v.to(torch.float32))
+    return out.to(q.dtype)
