@@ -1,11 +1,12 @@
 """Absorbed-MLA decode over the paged latent cache: split-KV, two stages.
 
-Stage 1: a persistent grid (head_groups, G). Each program takes (request, split) work items from
-the GPU-built plan (``decode_plan``) and, for BLOCK_H heads of that request at once, walks the
-split's KV tiles through the block table: S = q_nope K_c^T + q_pe K_pe^T, fp32 online softmax
-(exp2), acc += P V with V = the same K_c tile (the latent is read once for all heads of the head
-group). A request with one split writes its output directly; others write normalised partials and
-their LSE. Stage 2 merges the partials by LSE. Zero-length rows produce zeros.
+Stage 1: a fixed grid (head_groups, P). Program p takes the global KV tiles [p*Q, (p+1)*Q) of
+the GPU-built plan (``decode_plan``), crossing request boundaries, so the work is balanced to the
+tile. For each request it touches, it processes BLOCK_H heads at once and walks its tiles through
+the block table: S = q_nope K_c^T + q_pe K_pe^T, fp32 online softmax (exp2), acc += P V with V =
+the same K_c tile in shared memory (the latent is read once per head group). A request touched by
+one program writes its output directly; others write normalised fp32 partials and their LSE, and
+stage 2 merges them by LSE (and writes zeros for zero-length rows).
 
 No allocation and no host sync per call: workspaces come from ``alloc_decode_workspace``.
 """
@@ -47,13 +48,15 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
     ``waves`` sets programs = SMs * waves / head groups unless ``programs`` is given.
     """
     if interpreting():
-        cfg = {"block_h": max(16, min(next_pow2(num_heads), 64)), "block_n": 16, "num_warps": 4, "num_stages": 1,
-                   "min_tiles": 1, "waves": 1}
+        cfg = {"block_h": max(16, min(next_pow2(num_heads), 64)), "block_n": 16, "num_warps": 4,
+               "num_stages": 1, "min_tiles": 1, "waves": 1}
     elif num_heads <= 32:
-        cfg = {"block_h": max(16, next_pow2(num_heads)), "block_n": 64, "num_warps": 4, "num_stages": 2, "min_tiles": 1,
-                   "waves": 1}
+        # memory-bound: small tiles, deep pipeline, 2 programs per SM (H100 sweep, .notes/triton_perf.md)
+        cfg = {"block_h": max(16, next_pow2(num_heads)), "block_n": 32, "num_warps": 4, "num_stages": 3,
+               "min_tiles": 1, "waves": 2}
     else:
-        cfg = {"block_h": 64, "block_n": 32, "num_warps": 8, "num_stages": 2, "min_tiles": 2, "waves": 1}
+        # near the ridge: 64 heads x 64 tokens per wgmma step, one program per SM per head group
+        cfg = {"block_h": 64, "block_n": 64, "num_warps": 8, "num_stages": 2, "min_tiles": 2, "waves": 1}
     env = os.environ.get("PADDLE_MLA_DECODE_CFG")
     if env:
         for kv in env.split(","):
@@ -69,19 +72,20 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
 
 @triton.jit
 def _decode_stage1(
-    Q, KV, BT, SEQ, NSPLIT, WREQ, WSPLIT, NWORK, O, PO, PLSE,
+    Q, KV, BT, SEQ, NSPLIT, CU_T, TPP, O, PO, PLSE,
     sm_scale_log2,
     stride_qb, stride_qh, stride_kvb, stride_kvs, stride_bt,
     stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_lb, stride_lh,
-    H,
-    PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr,
+    H, bs,
+    PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     Q_IN_LOOP: tl.constexpr,
 ):
     hg = tl.program_id(0)
     pid = tl.program_id(1)
-    nprog = tl.num_programs(1)
-    n_work = tl.load(NWORK)
+    q_tiles = tl.load(TPP)
+    p_start = pid * q_tiles
+    p_end = tl.minimum(p_start + q_tiles, tl.load(CU_T + bs))
     heads = hg * BLOCK_H + tl.arange(0, BLOCK_H)
     mh = heads < H
     offs_c = tl.arange(0, BLOCK_KV)
@@ -89,60 +93,67 @@ def _decode_stage1(
     offs_r = tl.arange(0, BLOCK_R)
     mr = offs_r < LR
     offs_n = tl.arange(0, BLOCK_N)
-    for w in range(pid, n_work, nprog):
-        b = tl.load(WREQ + w).to(tl.int64)
-        split = tl.load(WSPLIT + w)
+    # requests overlapping this program's tiles [p_start, p_end): b_first .. b_last
+    ob = tl.arange(0, BLOCK_B)
+    starts = tl.load(CU_T + ob, mask=ob < bs, other=2147483647)
+    ends = tl.load(CU_T + 1 + ob, mask=ob < bs, other=2147483647)
+    b_first = tl.sum((ends <= p_start).to(tl.int32), 0)
+    b_stop = tl.sum((starts < p_end).to(tl.int32), 0)
+    one64 = tl.full((), 1, tl.int64)
+    for b32 in range(b_first, b_stop):
+        b = b32 * one64  # int64 row offsets (a plain int under the interpreter)
+        c0 = tl.load(CU_T + b)
         seq_len = tl.load(SEQ + b)
         n_split = tl.load(NSPLIT + b)
-        tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
-        per = tl.maximum((tiles + n_split - 1) // n_split, 1)
-        t0 = split * per
-        t1 = tl.minimum(t0 + per, tiles)
+        split = pid - c0 // q_tiles
+        t0 = tl.maximum(c0, p_start) - c0
+        t1 = tl.minimum(tl.load(CU_T + b + 1), p_end) - c0
 
-        q_base = Q + b * stride_qb + heads[:, None] * stride_qh
-        if not Q_IN_LOOP:
-            q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
-            q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_KV], dtype=tl.float32)
-        bt_row = BT + b * stride_bt
-        for t in range(t0, t1):
-            tok = t * BLOCK_N + offs_n
-            mn = tok < seq_len
-            page = tl.load(bt_row + tok // PAGE, mask=mn, other=0).to(tl.int64)
-            row = KV + page * stride_kvb + (tok % PAGE) * stride_kvs
-            k_c = tl.load(row[:, None] + offs_c[None, :], mask=mn[:, None] & mc[None, :], other=0.0)
-            k_r = tl.load(row[:, None] + LKV + offs_r[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
-            if Q_IN_LOOP:
-                # many heads: q re-read per tile (L1/L2 hits) stays a shared-memory MMA operand
-                # instead of occupying registers next to the [BLOCK_H, LKV] fp32 accumulator
+        if t1 > t0:  # zero-length rows are left to stage 2
+            q_base = Q + b * stride_qb + heads[:, None] * stride_qh
+            if not Q_IN_LOOP:
                 q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
                 q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
-            s = tl.dot(q_c, tl.trans(k_c))
-            s = tl.dot(q_r, tl.trans(k_r), s)
-            s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None])  # accumulate in place: one acc tile live
-            m_i = m_new
+            m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_H, BLOCK_KV], dtype=tl.float32)
+            bt_row = BT + b * stride_bt
+            for t in range(t0, t1):
+                tok = t * BLOCK_N + offs_n
+                mn = tok < seq_len
+                page = tl.load(bt_row + tok // PAGE, mask=mn, other=0).to(tl.int64)
+                row = KV + page * stride_kvb + (tok % PAGE) * stride_kvs
+                k_c = tl.load(row[:, None] + offs_c[None, :], mask=mn[:, None] & mc[None, :], other=0.0)
+                k_r = tl.load(row[:, None] + LKV + offs_r[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
+                if Q_IN_LOOP:
+                    # many heads: q re-read per tile (L1/L2 hits) stays a shared-memory MMA operand
+                    # instead of occupying registers next to the [BLOCK_H, LKV] fp32 accumulator
+                    q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
+                    q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
+                s = tl.dot(q_c, tl.trans(k_c))
+                s = tl.dot(q_r, tl.trans(k_r), s)
+                s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None])  # accumulate in place: one acc tile live
+                m_i = m_new
 
-        safe_l = tl.where(l_i > 0, l_i, 1.0)
-        out = acc / safe_l[:, None]
-        if n_split == 1:
-            o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + offs_c[None, :]
-            tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mh[:, None] & mc[None, :])
-        else:
-            po_ptr = PO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_c[None, :]
-            tl.store(po_ptr, out, mask=mh[:, None] & mc[None, :])
-            tl.store(PLSE + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(safe_l), mask=mh)
+            safe_l = tl.where(l_i > 0, l_i, 1.0)
+            out = acc / safe_l[:, None]
+            if n_split == 1:
+                o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + offs_c[None, :]
+                tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mh[:, None] & mc[None, :])
+            else:
+                po_ptr = PO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_c[None, :]
+                tl.store(po_ptr, out, mask=mh[:, None] & mc[None, :])
+                tl.store(PLSE + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(safe_l), mask=mh)
 
 
 @triton.jit
 def _decode_stage2(
-    PO, PLSE, NSPLIT, O,
+    PO, PLSE, NSPLIT, SEQ, O,
     stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
     LV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SC: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -152,7 +163,9 @@ def _decode_stage2(
     offs_d = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     md = offs_d < LV
     n_split = tl.load(NSPLIT + b)
-    if n_split > 1:
+    if tl.load(SEQ + b) == 0:
+        tl.store(O + b * stride_ob + h * stride_oh + offs_d, tl.zeros([BLOCK_DV], dtype=O.dtype.element_ty), mask=md)
+    elif n_split > 1:
         offs_s = tl.arange(0, BLOCK_S)
         lse_all = tl.load(PLSE + b * stride_lb + h * stride_lh + offs_s, mask=offs_s < n_split,
                           other=float("-inf"))
@@ -190,20 +203,20 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
     po, lse = ws.partial_out, ws.partial_lse
     groups = triton.cdiv(H, cfg.block_h)
     handle = _decode_stage1[(groups, cfg.programs)](
-        q, kv_cache, block_tables, seq_lens_k, ws.num_kv_splits, ws.work_req, ws.work_split, ws.num_work,
+        q, kv_cache, block_tables, seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.tiles_per_prog,
         out, po, lse,
         sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
         out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), lse.stride(0), lse.stride(1),
-        H,
-        PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv,
+        H, bs,
+        PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv, BLOCK_B=ws.block_b,
         BLOCK_KV=max(16, next_pow2(Lv)), BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         Q_IN_LOOP=bool(cfg.q_in_loop),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_dv = min(128, next_pow2(Lv))
     _decode_stage2[(bs, H, triton.cdiv(Lv, block_dv))](
-        po, lse, ws.num_kv_splits, out,
+        po, lse, ws.num_kv_splits, seq_lens_k, out,
         po.stride(0), po.stride(1), po.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
         LV=Lv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits), BLOCK_SC=min(16, next_pow2(ws.max_kv_splits)),
         BLOCK_DV=block_dv, num_warps=4,

@@ -1,14 +1,15 @@
 """Per-step decode plan, computed on the GPU into preallocated buffers (no host sync).
 
 The decode kernel reads the block table directly (page-granular), so no token-level
-``kv_indices`` / ``kv_indptr`` are built. What it needs is the split-KV work list:
+``kv_indices`` / ``kv_indptr`` are built. Work is balanced by KV tiles (BLOCK_N tokens), not by
+requests: with T tiles in the batch and P stage-1 programs, program p takes the global tiles
+[p*Q, (p+1)*Q) with Q = max(cdiv(T, P), min_tiles, cdiv(max tiles of a request, max_splits - 1)),
+crossing request boundaries. A request's splits are the programs that touch it, so every split is
+non-empty and there are at most max_kv_splits of them. Written per step:
 
-  num_kv_splits[b]  splits of request b (>= 1; a zero-length row gets 1 and yields zeros)
-  work_req[w], work_split[w], num_work[0]   the flattened (request, split) work items
-
-Splits: tiles of BLOCK_N tokens; ``tiles_per_split = max(cdiv(sum tiles, target_items),
-MIN_TILES)`` so the whole batch makes about ``target_items`` work items (enough to fill the
-SMs), then each request's splits are evened out so that none is empty.
+  num_kv_splits[b]   programs touching request b (1 for a zero-length row, which yields zeros)
+  cu_tiles[b]        exclusive prefix sum of the requests' tile counts; cu_tiles[bs] = T
+  tiles_per_prog[0]  Q
 """
 
 from __future__ import annotations
@@ -32,23 +33,26 @@ class DecodeWorkspace:
     v_dim: int
     max_kv_splits: int
     num_kv_splits: Any   # int32 [max_bs]
-    work_req: Any        # int32 [max_bs * max_kv_splits]
-    work_split: Any      # int32 [max_bs * max_kv_splits]
-    num_work: Any        # int32 [1]
+    cu_tiles: Any        # int32 [max_bs + 1]
+    tiles_per_prog: Any  # int32 [1]
     partial_out: Any     # fp32 [max_bs, H, max_kv_splits, v_dim]
     partial_lse: Any     # fp32 [max_bs, H, max_kv_splits] (log2 domain)
+
+    @property
+    def block_b(self) -> int:
+        return next_pow2(max(self.max_bs + 1, 16))
 
 
 def alloc_decode_workspace(max_bs: int, num_heads: int, v_dim: int, max_kv_splits: int,
                            device: str) -> DecodeWorkspace:
-    n = max_bs * max_kv_splits
+    if max_kv_splits < 2:
+        raise ValueError("max_kv_splits must be >= 2 (a request may straddle two programs)")
     i32, f32 = torch.int32, torch.float32
     return DecodeWorkspace(
         max_bs=max_bs, num_heads=num_heads, v_dim=v_dim, max_kv_splits=max_kv_splits,
         num_kv_splits=torch.ones(max_bs, dtype=i32, device=device),
-        work_req=torch.zeros(n, dtype=i32, device=device),
-        work_split=torch.zeros(n, dtype=i32, device=device),
-        num_work=torch.zeros(1, dtype=i32, device=device),
+        cu_tiles=torch.zeros(max_bs + 1, dtype=i32, device=device),
+        tiles_per_prog=torch.ones(1, dtype=i32, device=device),
         partial_out=torch.empty((max_bs, num_heads, max_kv_splits, v_dim), dtype=f32, device=device),
         partial_lse=torch.empty((max_bs, num_heads, max_kv_splits), dtype=f32, device=device),
     )
@@ -56,8 +60,8 @@ def alloc_decode_workspace(max_bs: int, num_heads: int, v_dim: int, max_kv_split
 
 @triton.jit
 def _plan_kernel(
-    seq_lens, num_splits_out, work_req, work_split, num_work_out,
-    bs, target_items,
+    seq_lens, num_splits_out, cu_tiles_out, tiles_per_prog_out,
+    bs, programs,
     MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK_B)
@@ -65,31 +69,30 @@ def _plan_kernel(
     lens = tl.load(seq_lens + offs, mask=valid, other=0)
     tiles = (lens + BLOCK_N - 1) // BLOCK_N
     total = tl.sum(tiles, axis=0)
-    tps = tl.maximum((total + target_items - 1) // target_items, MIN_TILES)
-    splits = tl.minimum(tl.maximum((tiles + tps - 1) // tps, 1), MAX_SPLITS)
-    # even out: no split of a request is left empty
-    per = tl.maximum((tiles + splits - 1) // splits, 1)
-    splits = tl.maximum((tiles + per - 1) // per, 1)
-    splits = tl.where(valid, splits, 0)
+    longest = tl.max(tiles, axis=0)
+    q = tl.maximum((total + programs - 1) // programs, MIN_TILES)
+    q = tl.maximum(q, (longest + MAX_SPLITS - 2) // (MAX_SPLITS - 1))
+    q = tl.maximum(q, 1)
+    start = tl.cumsum(tiles, axis=0) - tiles
+    first = start // q
+    last = (start + tiles - 1) // q
+    splits = tl.where(tiles > 0, last - first + 1, 1)
     tl.store(num_splits_out + offs, splits, mask=valid)
-    start = tl.cumsum(splits, axis=0) - splits
-    for s in range(MAX_SPLITS):
-        m = valid & (s < splits)
-        tl.store(work_req + start + s, offs, mask=m)
-        tl.store(work_split + start + s, tl.zeros_like(offs) + s, mask=m)
-    tl.store(num_work_out, tl.sum(splits, axis=0))
+    tl.store(cu_tiles_out + offs, start, mask=valid)
+    tl.store(cu_tiles_out + bs, total)
+    tl.store(tiles_per_prog_out, q)
 
 
 def build_decode_plan(seq_lens_k, bs: int, ws: DecodeWorkspace, block_n: int, target_items: int,
                       min_tiles: int = 1) -> None:
-    """Fill ws.num_kv_splits[:bs] and the work list from seq_lens_k int32 [>= bs] (device).
+    """Fill the plan in ``ws`` from seq_lens_k int32 [>= bs] (device), once per step.
 
-    ``block_n`` and ``target_items`` come from ``decode.decode_config`` (host-known); once per step.
+    ``block_n`` and ``target_items`` (= stage-1 programs per head group) come from
+    ``decode.decode_config``; the decode call must use the same config.
     """
     assert 0 <= bs <= ws.max_bs
     _plan_kernel[(1,)](
-        seq_lens_k, ws.num_kv_splits, ws.work_req, ws.work_split, ws.num_work,
+        seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.tiles_per_prog,
         bs, max(int(target_items), 1),
-        MAX_SPLITS=ws.max_kv_splits, BLOCK_N=block_n, MIN_TILES=min_tiles,
-        BLOCK_B=next_pow2(max(ws.max_bs, 16)),
+        MAX_SPLITS=ws.max_kv_splits, BLOCK_N=block_n, MIN_TILES=min_tiles, BLOCK_B=ws.block_b,
     )

@@ -20,16 +20,18 @@ def write_latent_cache_ref(latent, kv_cache, slot_mapping):
     return kv_cache
 
 
-def decode_splits_ref(seq_lens_k, block_n: int, target_items: int, max_kv_splits: int, min_tiles: int = 1):
-    """num_kv_splits int32 [B] as ``decode_plan._plan_kernel`` computes it."""
+def decode_plan_ref(seq_lens_k, block_n: int, programs: int, max_kv_splits: int, min_tiles: int = 1):
+    """(num_kv_splits int32 [B], cu_tiles int32 [B+1], tiles_per_prog) as ``decode_plan`` builds them."""
     lens = seq_lens_k.to(torch.int64)
     tiles = (lens + block_n - 1) // block_n
     total = tiles.sum()
-    tps = torch.clamp((total + target_items - 1) // target_items, min=min_tiles)
-    splits = torch.clamp((tiles + tps - 1) // tps, min=1, max=max_kv_splits)
-    per = torch.clamp((tiles + splits - 1) // splits, min=1)
-    splits = torch.clamp((tiles + per - 1) // per, min=1)
-    return splits.to(torch.int32)
+    q = torch.clamp((total + programs - 1) // programs, min=min_tiles)
+    q = torch.maximum(q, (torch.amax(tiles) + max_kv_splits - 2) // (max_kv_splits - 1)).clamp(min=1)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64, device=lens.device), torch.cumsum(tiles, 0)])
+    start = cu[:-1]
+    last = (start + tiles - 1) // q
+    splits = torch.where(tiles > 0, last - start // q + 1, torch.ones_like(tiles))
+    return splits.to(torch.int32), cu.to(torch.int32), q.to(torch.int32)
 
 
 def _gather_pages(kv_cache, block_tables):

@@ -1,0 +1,162 @@
+"""Triton MLA kernels vs their plain-tensor references, TINY shapes, float32.
+
+Runs under TRITON_INTERPRET=1 with the torch runtime on CPU (the interpreter has no bfloat16 and
+takes only PyTorch tensors), or on a GPU. Skipped by the ``triton`` marker where Triton cannot
+launch. bf16 at realistic shapes: tests/test_triton_kernels_gpu.py.
+"""
+
+import numpy as np
+import pytest
+
+from paddle_mla import runtime
+
+pytestmark = pytest.mark.triton
+
+DEV = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
+# float32 tl.dot is exact-ish in the interpreter, tf32 on a GPU
+TOL = 2e-4 if DEV == "cpu" else 3e-2
+
+
+@pytest.fixture(scope="module")
+def k():
+    from paddle_mla.attention.triton_mla import cache_write, decode, interleave, prefill, reference
+    from paddle_mla.tensor_api import torch
+
+    class K:
+        pass
+
+    ns = K()
+    ns.torch, ns.ref, ns.cw, ns.dec, ns.il, ns.pf = torch, reference, cache_write, decode, interleave, prefill
+    return ns
+
+
+def _tables(rng, seq_lens, page, extra_blocks=3):
+    """Block tables in random physical order, -1 padded; returns (tables int32 [B, M], num_blocks)."""
+    need = [max(1, -(-int(s) // page)) for s in seq_lens]
+    m = max(need) + 1
+    nb = sum(need) + extra_blocks
+    perm = rng.permutation(nb)
+    bt = np.full((len(seq_lens), m), -1, dtype=np.int32)
+    pos = 0
+    for i, n in enumerate(need):
+        bt[i, :n] = perm[pos:pos + n]
+        pos += n
+    return bt, nb
+
+
+def _t(k, a, dtype=None):
+    x = k.torch.from_numpy(np.ascontiguousarray(a)).to(DEV)
+    return x if dtype is None else x.to(dtype)
+
+
+def test_write_latent_cache_skips_negative_slots(k):
+    torch = k.torch
+    rng = np.random.default_rng(0)
+    nb, page, d = 4, 16, 40
+    cache = torch.randn(nb, page, 1, d, device=DEV)
+    expect = cache.clone()
+    slots = np.array([0, 17, -1, 63, 5, -1, 32], dtype=np.int64)
+    lat = _t(k, rng.standard_normal((len(slots), d)).astype(np.float32))
+    k.cw.write_latent_cache(lat, cache, _t(k, slots))
+    k.ref.write_latent_cache_ref(lat, expect, _t(k, slots))
+    assert torch.equal(cache, expect)
+    assert torch.equal(cache[0, 0, 0], lat[0]) and torch.equal(cache[1, 1, 0], lat[1])
+
+
+@pytest.mark.parametrize("seq_lens", [[0], [5], [3, 17, 64, 5, 0, 0], [1000, 1, 0, 40]])
+def test_decode_plan_matches_reference(k, seq_lens):
+    torch = k.torch
+    bs, max_bs, max_splits = len(seq_lens), 8, 4
+    ws = k.dec.alloc_decode_workspace(max_bs, 4, 32, max_splits, DEV)
+    lens = _t(k, np.array(seq_lens + [7] * (max_bs - bs), dtype=np.int32))
+    for programs in (1, 5, 64):
+        k.dec.build_decode_plan(lens, bs, ws, block_n=16, target_items=programs)
+        splits, cu, q = k.ref.decode_plan_ref(lens[:bs], 16, programs, max_splits)
+        assert torch.equal(ws.num_kv_splits[:bs], splits)
+        assert torch.equal(ws.cu_tiles[:bs + 1], cu)
+        assert int(ws.tiles_per_prog[0]) == int(q)
+        assert 1 <= int(splits.min()) and int(splits.max()) <= max_splits
+
+
+def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed):
+    torch = k.torch
+    rng = np.random.default_rng(seed)
+    bt, nb = _tables(rng, seq_lens, page)
+    bs, lk = len(seq_lens), lora + rope
+    cache = _t(k, rng.standard_normal((nb, page, 1, lk)).astype(np.float32))
+    q = _t(k, rng.standard_normal((bs, heads, lk)).astype(np.float32))
+    lens = _t(k, np.array(seq_lens, dtype=np.int32))
+    tables = _t(k, bt)
+    scale = lk ** -0.5
+    cfg = k.dec.decode_config(heads, programs=target)
+    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, 16, DEV)
+    k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+    out = torch.full((bs, heads, lora), float("nan"), device=DEV)
+    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, scale, cfg)
+    expect = k.ref.mla_decode_ref(q, cache, tables, lens, lora, scale)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
+    return out, ws
+
+
+@pytest.mark.parametrize("seq_lens", [[1], [3, 17, 64, 5], [40, 0, 16, 33], [0, 0], [20, 0, 0]])
+def test_mla_decode_matches_reference(k, seq_lens):
+    out, _ = _decode_case(k, seq_lens, heads=4, lora=32, rope=16, page=16, target=3, seed=len(seq_lens))
+    for b, n in enumerate(seq_lens):
+        if n == 0:
+            assert k.torch.equal(out[b], k.torch.zeros_like(out[b]))
+
+
+def test_mla_decode_many_splits_and_odd_dims(k):
+    # 48 + 8: padded non-power-of-two dims; target 16 forces many splits per request (stage 2 merge)
+    _, ws = _decode_case(k, [70, 3], heads=3, lora=48, rope=8, page=16, target=16, seed=7)
+    assert int(ws.num_kv_splits[0]) > 1
+
+
+@pytest.mark.parametrize("case", ["no_cache", "all_cached", "mixed", "zeros"])
+def test_read_cache_and_interleave_bitwise(k, case):
+    torch = k.torch
+    rng = np.random.default_rng(11)
+    q_lens, c_lens = {
+        "no_cache": ([5, 3], [0, 0]),
+        "all_cached": ([0, 0, 0], [17, 4, 32]),
+        "mixed": ([4, 1, 0, 7], [20, 0, 9, 16]),
+        "zeros": ([0, 2, 0], [0, 0, 0]),
+    }[case]
+    k_lens = [a + b for a, b in zip(q_lens, c_lens)]
+    page, d = 16, 40
+    bt, nb = _tables(rng, k_lens, page)
+    cache = _t(k, rng.standard_normal((nb, page, 1, d)).astype(np.float32))
+    new = _t(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
+    cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+    cu_k = _t(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
+    total = int(sum(k_lens))
+    got = k.il.read_cache_and_interleave(cache, _t(k, bt), new, cu_q, cu_k, total)
+    expect = k.ref.read_cache_and_interleave_ref(cache, _t(k, bt), new, cu_q, cu_k, total)
+    assert got.shape == (total, d) and torch.equal(got, expect)
+    # the new rows land after each request's cached rows, unchanged
+    o = 0
+    for b in range(len(q_lens)):
+        qs = sum(q_lens[:b])
+        assert torch.equal(got[o + c_lens[b]:o + k_lens[b]], new[qs:qs + q_lens[b]])
+        o += k_lens[b]
+
+
+@pytest.mark.parametrize("dqk,dv", [(48, 32), (24, 20)])
+def test_prefill_with_cached_prefix(k, dqk, dv):
+    torch = k.torch
+    rng = np.random.default_rng(dqk)
+    q_lens, c_lens = [5, 1, 0, 20], [0, 9, 4, 13]
+    k_lens = [a + b for a, b in zip(q_lens, c_lens)]
+    h = 2
+    q = _t(k, rng.standard_normal((sum(q_lens), h, dqk)).astype(np.float32))
+    kk = _t(k, rng.standard_normal((sum(k_lens), h, dqk)).astype(np.float32))
+    v = _t(k, rng.standard_normal((sum(k_lens), h, dv)).astype(np.float32))
+    cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+    cu_k = _t(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
+    scale = dqk ** -0.5
+    got = k.pf.prefill_attention(q, kk, v, cu_q, cu_k, max(q_lens), scale)
+    expect = k.ref.prefill_ref(q, kk, v, cu_q, cu_k, scale)
+    torch.testing.assert_close(got, expect, atol=TOL, rtol=TOL)
+    # a request with no cache is plain causal attention: its first token sees only itself
+    torch.testing.assert_close(got[0], v[0], atol=TOL, rtol=TOL)

@@ -1,0 +1,206 @@
+"""Benchmark: paddle_mla's Triton MLA decode vs SGLang's Triton decode kernel, same process, same data.
+
+bf16, d = kv_lora 512 + rope 64 = 576, dv = 512, 64-token pages in random block order. Times are
+``triton.testing.do_bench`` medians (it flushes L2 between runs) of the per-layer kernels (stage 1 +
+stage 2); the per-step plan kernel is timed separately. GB/s counts unique bytes (KV + Q + O);
+TFLOPS = b*h*s*2*(576+512)/t. SGLang (``decode_attention_fwd``, grouped) is taken at its best over
+split counts {1,2,4,...,64}, from ./third_party/sglang_decode (tools/fetch_sglang_kernel.sh).
+
+  PYTHONPATH=. python tools/bench_mla_decode.py [--b 1,16,64,128] [--h 16,128] [--s 1024,4096,16384,32768]
+      [--variants "block_n=32;block_n=64,num_stages=3"] [--json out.json]
+Writes JSON to $OUT/bench_mla_decode.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+from paddle_mla import runtime
+
+runtime.select("torch")  # triton.testing and CUDA events: the benchmark runs on PyTorch
+
+import torch
+import triton
+
+from paddle_mla.attention.triton_mla import decode
+
+LORA, ROPE, PAGE = 512, 64, 64
+D = LORA + ROPE
+SG_SPLITS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def load_sglang():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "third_party", "sglang_decode")
+    if not os.path.exists(os.path.join(path, "decode_attention.py")):
+        return None, "missing (run tools/fetch_sglang_kernel.sh)"
+    sys.path.insert(0, path)
+    try:
+        import decode_attention as sg
+    except Exception as e:  # noqa: BLE001  (reported in the table, not fatal)
+        return None, f"import failed: {e!r}"
+    return sg.decode_attention_fwd, open(os.path.join(path, "SOURCE.txt")).read().strip()
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3  # µs
+
+
+def copy_bandwidth():
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    t = bench(lambda: y.copy_(x))
+    return 2 * x.numel() / (t * 1e-6) / 1e9
+
+
+def make_case(b, h, s, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages = s // PAGE
+    nb = b * pages
+    cache = torch.randn(nb, PAGE, 1, D, device="cuda", generator=g).to(torch.bfloat16)
+    tables = torch.randperm(nb, device="cuda", generator=g).to(torch.int32).view(b, pages)
+    q = torch.randn(b, h, D, device="cuda", generator=g).to(torch.bfloat16)
+    lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    return cache, tables, q, lens
+
+
+def run_ours(case, h, cfg_override):
+    cache, tables, q, lens = case
+    b = q.shape[0]
+    cfg = decode.decode_config(h, **cfg_override)
+    ws = decode.alloc_decode_workspace(b, h, LORA, 64, "cuda")
+    out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+    t_plan = bench(lambda: decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles))
+    fn = lambda: decode.mla_decode(q, cache, tables, lens, out, ws, LORA, 192 ** -0.5, cfg)
+    handle = fn()
+    splits = ws.num_kv_splits[:b].float().mean().item()
+    regs = (getattr(handle, "n_regs", None), getattr(handle, "n_spills", None))
+    t = bench(fn)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()  # how the engine runs decode: one replay per step
+    with torch.cuda.graph(graph):
+        fn()
+    t_graph = bench(graph.replay)
+    return t, t_plan, out.clone(), splits, cfg, regs, t_graph
+
+
+def run_sglang(sg_fwd, case, h):
+    cache, tables, q, _ = case
+    b, s = q.shape[0], tables.shape[1] * PAGE
+    tok = torch.arange(s, device="cuda")
+    kv_indices = (tables[:, tok // PAGE].to(torch.int64) * PAGE + tok % PAGE).to(torch.int32).flatten()
+    kv_indptr = torch.arange(b + 1, device="cuda", dtype=torch.int32) * s
+    kbuf = cache.view(-1, 1, D)
+    vbuf = kbuf[..., :LORA]
+    o = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    best = (float("inf"), None, None)
+    for ns in SG_SPLITS:
+        if ns > 1 and s // ns < 64:
+            continue
+        logits = torch.empty(b, h, ns, LORA, dtype=torch.float32, device="cuda")
+        lse = torch.empty(b, h, ns, dtype=torch.float32, device="cuda")
+        nsplit = torch.full((b,), ns, dtype=torch.int32, device="cuda")
+
+        def fn(logits=logits, lse=lse, nsplit=nsplit, ns=ns):
+            sg_fwd(q, kbuf, vbuf, o, kv_indptr, kv_indices, logits, lse, nsplit, ns, 192 ** -0.5)
+
+        t = bench(fn)
+        if t < best[0]:
+            best = (t, ns, o.clone())
+    return best
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def parse_variants(text):
+    out = [{}]  # the default config first: the table reports it
+    for v in (text or "").split(";"):
+        v = v.strip()
+        if v:
+            out.append({kv.split("=")[0].strip(): int(kv.split("=")[1]) for kv in v.split(",")})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--b", default="1,16,64,128")
+    ap.add_argument("--h", default="16,128")
+    ap.add_argument("--s", default="1024,4096,16384,32768")
+    ap.add_argument("--variants", default="", help="';'-separated decode_config overrides, timed besides the default")
+    ap.add_argument("--no-sglang", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    ints = lambda x: [int(v) for v in x.split(",") if v]
+    variants = parse_variants(args.variants)
+    sg_fwd, sg_src = (None, "skipped") if args.no_sglang else load_sglang()
+    props = torch.cuda.get_device_properties(0)
+    copy_gbs = copy_bandwidth()
+    meta = {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
+                "torch": torch.__version__, "triton": triton.__version__, "copy_gbs": copy_gbs, "sglang": sg_src,
+                "command": " ".join(sys.argv)}
+    print(f"# {props.name}, {meta['date']}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"# device copy bandwidth (read+write): {copy_gbs:.0f} GB/s; SGLang: {sg_src}")
+    rows = []
+    for h in ints(args.h):
+        for b in ints(args.b):
+            for s in ints(args.s):
+                if b * s * D * 2 > 12e9:
+                    continue
+                case = make_case(b, h, s)
+                uniq = b * s * D * 2 + b * h * D * 2 + b * h * LORA * 2
+                flops = b * h * s * 2 * (D + LORA)
+                res, failed = [], {}
+                for v in variants:
+                    try:
+                        res.append((*run_ours(case, h, v), v))
+                    except Exception as e:  # noqa: BLE001  (a tuning variant may not fit: report it)
+                        failed[json.dumps(v)] = repr(e)[:200]
+                if not res:
+                    print(json.dumps({"b": b, "h": h, "s": s, "failed": failed}), flush=True)
+                    continue
+                if res[0][7] != {}:  # the default config failed: nothing to report
+                    print(json.dumps({"b": b, "h": h, "s": s, "failed": failed}), flush=True)
+                    continue
+                best = min(res, key=lambda r: r[0])
+                t, t_plan, out, splits, cfg, regs, t_graph, _ = res[0]
+                row = {"b": b, "h": h, "s": s, "us": t, "gbs": uniq / (t * 1e-6) / 1e9,
+                       "tflops": flops / (t * 1e-6) / 1e12, "plan_us": t_plan, "mean_splits": splits,
+                       "cfg": cfg.__dict__, "regs_spills": regs, "graph_us": t_graph,
+                       "best_us": best[0], "best_variant": best[7],
+                       "variants": {json.dumps(r[7]): [round(r[0], 2), r[5]] for r in res}, "failed": failed}
+                if sg_fwd is not None and b * s * D >= 2**31:
+                    row["sg_note"] = "SGLang's int32 KV offsets overflow at this size (illegal address)"
+                elif sg_fwd is not None:
+                    ts, ns, osg = run_sglang(sg_fwd, case, h)
+                    row.update(sg_us=ts, sg_splits=ns, speedup=ts / t, rel_err_vs_sg=rel_err(out, osg))
+                rows.append(row)
+                del case
+                torch.cuda.empty_cache()
+                print(json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}), flush=True)
+    print()
+    print("| b | h | s | µs | graph µs | GB/s | % copy | TFLOPS | splits | SGLang µs (splits) | speedup | rel err "
+          "| best variant µs |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "sg_us" in r:
+            sg = f"{r['sg_us']:.1f} ({r['sg_splits']}) | {r['speedup']:.2f}x | {r['rel_err_vs_sg']:.1e}"
+        else:
+            sg = ("int32 overflow" if "sg_note" in r else "missing") + " | - | -"
+        print(f"| {r['b']} | {r['h']} | {r['s']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['gbs']:.0f} | "
+              f"{100 * r['gbs'] / copy_gbs:.0f}% | {r['tflops']:.0f} | {r['mean_splits']:.1f} | {sg} | "
+              f"{r['best_us']:.1f} {json.dumps(r['best_variant']) if r['best_variant'] else ''} |")
+    dest = args.json or (os.path.join(os.environ["OUT"], "bench_mla_decode.json") if os.environ.get("OUT") else None)
+    if dest:
+        with open(dest, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
