@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (PyTorch runtime): build the CUDA custom ops, run every GPU test, then the
 # quick benchmarks. Results land in $OUT (the device tool brings them back) or ./.bench_out.
-#   bash tools/gpu_check.sh            # tests + quick benchmarks
-#   QUICK=0 bash tools/gpu_check.sh    # full decode-kernel sweep
+#   bash tools/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/.bench_out}"; mkdir -p "$OUT"
@@ -23,8 +22,9 @@ echo "=== GPU tests"
 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== decode kernel benchmark"
-if [ "${QUICK:-1}" = 1 ]; then bargs="--quick"; else bargs=""; fi
-python3 tools/bench_mla_decode.py $bargs --json "$OUT/bench_mla_decode.json" 2>&1 | tee "$OUT/bench_mla_decode.md" || status=1
+python3 tools/bench_mla_decode.py --json "$OUT/bench_mla_decode.json" 2>&1 | tee "$OUT/bench_mla_decode.md" || status=1
+echo "=== metadata build time, batch 64"
+python3 tools/bench_metadata.py --batch 64 --device gpu 2>&1 | tee "$OUT/bench_metadata_gpu.md" || status=1
 echo "=== end-to-end decode benchmark"
 python3 tools/bench_e2e_decode.py --layers 4 --batch 1,16,64 --context 4096 --json "$OUT/bench_e2e.json" 2>&1 \
   | tee "$OUT/bench_e2e.md" || status=1
