@@ -7,6 +7,7 @@ launch. bf16 at realistic shapes: tests/test_triton_kernels_gpu.py.
 
 import numpy as np
 import pytest
+from triton_kernel_helpers import kernel_namespace, random_block_tables
 
 from paddle_mla import runtime
 
@@ -19,29 +20,9 @@ TOL = 2e-4 if DEV == "cpu" else 3e-2
 
 @pytest.fixture(scope="module")
 def k():
-    from paddle_mla.attention.triton_mla import cache_write, decode, interleave, prefill, reference
-    from paddle_mla.tensor_api import torch
-
-    class K:
-        pass
-
-    ns = K()
-    ns.torch, ns.ref, ns.cw, ns.dec, ns.il, ns.pf = torch, reference, cache_write, decode, interleave, prefill
-    return ns
+    return kernel_namespace(DEV)
 
 
-def _tables(rng, seq_lens, page, extra_blocks=3):
-    """Block tables in random physical order, -1 padded; returns (tables int32 [B, M], num_blocks)."""
-    need = [max(1, -(-int(s) // page)) for s in seq_lens]
-    m = max(need) + 1
-    nb = sum(need) + extra_blocks
-    perm = rng.permutation(nb)
-    bt = np.full((len(seq_lens), m), -1, dtype=np.int32)
-    pos = 0
-    for i, n in enumerate(need):
-        bt[i, :n] = perm[pos:pos + n]
-        pos += n
-    return bt, nb
 
 
 def _t(k, a, dtype=None):
@@ -81,7 +62,7 @@ def test_decode_plan_matches_reference(k, seq_lens):
 def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed):
     torch = k.torch
     rng = np.random.default_rng(seed)
-    bt, nb = _tables(rng, seq_lens, page)
+    bt, nb = random_block_tables(rng, seq_lens, page)
     bs, lk = len(seq_lens), lora + rope
     cache = _t(k, rng.standard_normal((nb, page, 1, lk)).astype(np.float32))
     q = _t(k, rng.standard_normal((bs, heads, lk)).astype(np.float32))
@@ -125,7 +106,7 @@ def test_read_cache_and_interleave_bitwise(k, case):
     }[case]
     k_lens = [a + b for a, b in zip(q_lens, c_lens)]
     page, d = 16, 40
-    bt, nb = _tables(rng, k_lens, page)
+    bt, nb = random_block_tables(rng, k_lens, page)
     cache = _t(k, rng.standard_normal((nb, page, 1, d)).astype(np.float32))
     new = _t(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
     cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))

@@ -4,6 +4,7 @@ decode step. Run by tools/gpu_check.sh on the GPU machine; skipped in CPU CI."""
 
 import numpy as np
 import pytest
+from triton_kernel_helpers import kernel_namespace, random_block_tables
 
 from paddle_mla import runtime
 
@@ -15,32 +16,13 @@ SEQ_CASES = [[64], [32, 64, 128, 48], [1024], [1, 3], [0, 5000, 17, 300]]
 
 @pytest.fixture(scope="module")
 def k():
-    from paddle_mla.attention.triton_mla import cache_write, decode, interleave, prefill, reference
-    from paddle_mla.tensor_api import torch
-
-    class K:
-        pass
-
-    ns = K()
-    ns.torch, ns.ref, ns.cw, ns.dec, ns.il, ns.pf = torch, reference, cache_write, decode, interleave, prefill
-    ns.dev = runtime.device_string("gpu")
-    return ns
+    return kernel_namespace(runtime.device_string("gpu"))
 
 
 def _up(k, a):
     return k.torch.from_numpy(np.ascontiguousarray(a)).to(k.dev)
 
 
-def _tables(rng, seq_lens, page):
-    need = [max(1, -(-int(s) // page)) for s in seq_lens]
-    nb = sum(need) + 2
-    perm = rng.permutation(nb)
-    bt = np.full((len(seq_lens), max(need) + 1), -1, dtype=np.int32)
-    pos = 0
-    for i, n in enumerate(need):
-        bt[i, :n] = perm[pos:pos + n]
-        pos += n
-    return bt, nb
 
 
 def _check_close(k, got, ref):
@@ -70,7 +52,7 @@ def _poisoned_runs(k, fn, out, runs=5):
 def test_decode_bf16(k, heads, seq_lens):
     torch = k.torch
     rng = np.random.default_rng(sum(seq_lens) + heads)
-    bt, nb = _tables(rng, seq_lens, PAGE)
+    bt, nb = random_block_tables(rng, seq_lens, PAGE, 2)
     bs = len(seq_lens)
     cache = torch.randn(nb, PAGE, 1, LORA + ROPE, device=k.dev).to(torch.bfloat16)
     q = torch.randn(bs, heads, LORA + ROPE, device=k.dev).to(torch.bfloat16)
@@ -96,7 +78,7 @@ def test_decode_cuda_graph_replay(k):
         pytest.skip("graph capture is exercised through the torch runtime here")
     rng = np.random.default_rng(5)
     bs, heads = 4, 16
-    bt, nb = _tables(rng, [4096] * bs, PAGE)
+    bt, nb = random_block_tables(rng, [4096] * bs, PAGE, 2)
     cache = torch.randn(nb, PAGE, 1, LORA + ROPE, device=k.dev).to(torch.bfloat16)
     q = torch.randn(bs, heads, LORA + ROPE, device=k.dev).to(torch.bfloat16)
     tables = _up(k, bt)
@@ -138,7 +120,7 @@ def test_read_cache_and_interleave_bf16_bitwise(k):
     rng = np.random.default_rng(3)
     q_lens, c_lens = [100, 1, 0, 300, 7], [1000, 64, 63, 0, 129]
     k_lens = [a + b for a, b in zip(q_lens, c_lens)]
-    bt, nb = _tables(rng, k_lens, PAGE)
+    bt, nb = random_block_tables(rng, k_lens, PAGE, 2)
     cache = torch.randn(nb, PAGE, 1, LORA + ROPE, device=k.dev).to(torch.bfloat16)
     new = torch.randn(sum(q_lens), LORA + ROPE, device=k.dev).to(torch.bfloat16)
     cu_q = _up(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
