@@ -12,7 +12,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 
 from paddle_mla.config import EngineConfig
-from paddle_mla.engine.request import EngineStats, GenerationRequest, RequestMetrics, RequestOutput, SamplingParams
+from paddle_mla.engine.request import (CompletionOutput, EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
+                                       SamplingParams)
 
 OFFSET = 3   # 0 pad, 1 bos, 2 eos; byte b is token b + OFFSET
 
@@ -59,7 +60,7 @@ class FakeLLM:
         now = time.perf_counter()
         metrics = RequestMetrics(arrival_time=now)
         if self.fail_over is not None and len(req.prompt_token_ids) > self.fail_over:
-            return RequestOutput(req.id, req.prompt_token_ids, [], "", "error",
+            return RequestOutput(req.id, req.prompt_token_ids, [],
                                  f"the request needs more KV blocks than the cache has ({len(req.prompt_token_ids)} "
                                  "prompt tokens)", metrics, p.seed)
         base = sum(req.prompt_token_ids) * 31 + (p.seed or 0) * (p.temperature > 0)
@@ -78,8 +79,8 @@ class FakeLLM:
         self._stats.requests += 1
         self._stats.prompt_tokens += len(req.prompt_token_ids)
         self._stats.completion_tokens += len(out)
-        return RequestOutput(req.id, req.prompt_token_ids, out, self.tokenizer.decode(out), reason, None, metrics,
-                             p.seed)
+        completion = CompletionOutput(0, out, self.tokenizer.decode(out), reason, seed=p.seed)
+        return RequestOutput(req.id, req.prompt_token_ids, [completion], None, metrics, p.seed)
 
     def stream(self, requests: Iterable[GenerationRequest]) -> Iterator[RequestOutput]:
         window: deque[GenerationRequest] = deque()

@@ -14,7 +14,7 @@ import numpy as np
 from paddle_mla import runtime
 from paddle_mla.cache.block_pool import BlockPool
 from paddle_mla.config import EngineConfig, load_config
-from paddle_mla.engine.request import (EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
+from paddle_mla.engine.request import (CompletionOutput, EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
                                        SamplingParams, Sequence)
 from paddle_mla.engine.scheduler import Scheduler, SchedulerOutput
 
@@ -198,8 +198,9 @@ class LLM:
         if seq.error is None and not seq.text:
             seq.text = self.tokenizer.decode(seq.output_token_ids)
         seq.metrics.num_cached_tokens = max(seq.num_cached_on_admit, 0)
-        return RequestOutput(id=seq.request.id, prompt_token_ids=seq.request.prompt_token_ids,
-                             token_ids=list(seq.output_token_ids), text=seq.text, finish_reason=seq.finish_reason,
+        outputs = [] if seq.error is not None else [
+            CompletionOutput(0, list(seq.output_token_ids), seq.text, seq.finish_reason, seed=seq.seed)]
+        return RequestOutput(id=seq.request.id, prompt_token_ids=seq.request.prompt_token_ids, outputs=outputs,
                              error=seq.error, metrics=seq.metrics, seed=seq.seed)
 
     def __repr__(self) -> str:

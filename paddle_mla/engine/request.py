@@ -17,7 +17,13 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = 0           # eos and stop_token_ids are masked out of the logits before this many tokens
+    n: int = 1                    # completions per request (each with its own derived seed)
+    presence_penalty: float = 0.0     # OpenAI: logits -= p * (count > 0) over the output tokens so far
+    frequency_penalty: float = 0.0    # OpenAI: logits -= f * count over the output tokens so far
+    repetition_penalty: float = 1.0   # CTRL/vLLM: over prompt + output tokens, divide positive logits, multiply negative
+    logprobs: bool = False        # return each sampled token's logprob
+    top_logprobs: int = 0         # and this many most likely alternatives per position (needs logprobs)
 
     def validate(self) -> None:
         def bad(msg: str) -> None:
@@ -68,16 +74,54 @@ class RequestMetrics:
     num_cached_tokens: int = 0     # prompt tokens served from the prefix cache (first admission)
 
 
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class TokenLogprob:
+    """One generated position: the sampled token's logprob and the ``top_logprobs`` most likely tokens.
+
+    Logprobs are the log-softmax of the model's raw logits (before penalties, temperature, top-k
+    and top-p), as vLLM returns by default."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)   # (token id, logprob), most likely first
+
+
+@dataclass
+class CompletionOutput:
+    """One of the ``n`` completions of a request."""
+
+    index: int
+    token_ids: list[int]
+    text: str | None               # None when the model folder has no tokenizer
+    finish_reason: str             # "stop" | "length"
+    logprobs: list[TokenLogprob] | None = None   # one per token when SamplingParams.logprobs
+    seed: int | None = None
+
+
 @dataclass
 class RequestOutput:
     id: Any
     prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str             # "stop" | "length" | "error"
+    outputs: list[CompletionOutput]            # n completions, by index; empty when error is set
     error: str | None
     metrics: RequestMetrics
-    seed: int | None = None
+    seed: int | None = None                    # the request's seed (completion i > 0 derives its own)
+    warnings: list[str] = field(default_factory=list)   # e.g. max_tokens capped at max_model_len
+
+    @property
+    def finish_reason(self) -> str:
+        return "error" if self.error is not None else self.outputs[0].finish_reason
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids if self.outputs else []
+
+    @property
+    def text(self) -> str | None:
+        return self.outputs[0].text if self.outputs else ""
 
 
 @dataclass
