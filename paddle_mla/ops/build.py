@@ -43,8 +43,8 @@ from paddle_mla.ops import reference
 KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu")
 BINDINGS = {"paddle": "paddle_binding.cc", "torch": "torch_binding.cc"}
 LIB_NAME = "paddle_mla_ops"
-CXX_FLAGS = ["-O3", "-std=c++17"]
-CUDA_FLAGS = ["-O3", "-std=c++17"]
+CXX_FLAGS = ["-O3"]  # the C++ standard comes from the framework (torch 2.14 headers need C++20)
+CUDA_FLAGS = ["-O3"]
 OP_NAMES = ("get_position_ids", "get_cu_seqlens", "compute_slot_mapping")
 
 
