@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import warnings
 
 RUNTIMES = ("auto", "paddle", "torch")
@@ -49,6 +50,28 @@ def _resolve_auto() -> str:
     return "paddle" if has_paddle else "torch"
 
 
+def _import_real_torch_first() -> None:
+    """Import the real torch, when installed, completely before the proxy is enabled.
+
+    Once enabled, every lookup of a module in the proxy's scope (``triton``, ``paddle_mla.*``),
+    even a bare ``importlib.util.find_spec("triton")``, runs inside
+    ``use_torch_proxy_guard(enable=False)``, whose exit moves every ``torch*`` entry out of
+    ``sys.modules`` into the proxy's cache. torch >= 2.14 probes ``find_spec("triton")`` while
+    ``torch._native.ops`` is being imported, so a real ``import torch`` started after the proxy
+    (by the user, or by transformers) loses its half-imported modules and dies with
+    ``KeyError: 'torch._native.ops.bmm_outer_product'``. A torch that is already fully imported is
+    kept in that cache and handed back to every ``import torch`` outside the scope, so the user's
+    torch stays the real one. Costs the torch import time, only when torch is installed.
+    """
+    if "torch" in sys.modules or not _installed("torch"):
+        return
+    try:
+        import torch  # noqa: F401 - the real torch: this module is outside the proxy scope
+    except Exception:  # noqa: BLE001 - a broken torch install must not break the paddle runtime
+        for mod in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
+            del sys.modules[mod]
+
+
 def select(name: str | None = None) -> str:
     """Select the runtime (idempotent). ``name`` None or 'auto' defers to ``PADDLE_MLA_RUNTIME``,
     then to detection."""
@@ -71,6 +94,7 @@ def select(name: str | None = None) -> str:
     if chosen == "paddle":
         import paddle
 
+        _import_real_torch_first()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             paddle.compat.enable_torch_proxy(scope=PROXY_SCOPE, silent=True)
