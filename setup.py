@@ -2,7 +2,8 @@
 cache folder. Installing with a runtime visible (``pip install -e . --no-build-isolation``) also
 prebuilds the ops here, once per importable runtime, so that the cache is warm; under pip's build
 isolation no runtime is importable and this step is skipped silently. A failed prebuild never fails
-the install: the ops are retried (and, failing, replaced by the reference) at first use.
+the install: like any failed build it is remembered in the cache folder and the reference runs
+(PADDLE_MLA_OPS_REBUILD=1 retries; see paddle_mla/ops/build.py).
 """
 
 import importlib.util

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -63,12 +64,33 @@ def test_fresh_cache_builds_compiled_ops_then_reuses_them(tmp_path):
     assert "paddle_mla custom ops" not in second["stderr"]  # no fallback warning
 
 
-def test_broken_compiler_falls_back_in_a_fresh_process(tmp_path):
-    """A real failing build (the compiler exits 1): one warning, reference results, exit code 0."""
-    result = run_probe(tmp_path / "broken-cache", CC="/bin/false", CXX="/bin/false")
-    assert not result["compiled"] and result["positions"] is None
-    assert result["stderr"].count("paddle_mla custom ops unavailable") == 1, result["stderr"][-3000:]
-    assert "build.log" in result["stderr"]
+def _warning_lines(stderr: str) -> list[str]:
+    """The lines the fallback warning printed (its first line, and the one under it)."""
+    lines = stderr.splitlines()
+    at = [i for i, ln in enumerate(lines) if "paddle_mla custom ops" in ln]
+    assert len(at) == 1, stderr[-3000:]
+    return lines[at[0]: at[0] + 2]
+
+
+def test_broken_compiler_falls_back_once_and_is_not_retried(tmp_path):
+    """A real failing build (the compiler exits 1): a two-line warning naming the log, reference
+    results, exit code 0. The next process remembers the failure instead of compiling again."""
+    cache = tmp_path / "broken-cache"
+    first = run_probe(cache, CC="/bin/false", CXX="/bin/false")
+    assert not first["compiled"] and first["positions"] is None
+    head, tail = _warning_lines(first["stderr"])
+    logs = list(cache.glob("*/build.log"))
+    assert len(logs) == 1 and f"log: {logs[0]}" in tail, first["stderr"][-3000:]
+    assert "PADDLE_MLA_DISABLE_CUSTOM_OPS=1" in tail and "PADDLE_MLA_OPS_REBUILD=1" in tail
+    assert len(head) < 140 and len(tail) < 100 + len(str(logs[0])), (head, tail)
+    assert (logs[0].parent / "failed.json").is_file()
+    log_after_first = logs[0].read_text()
+
+    second = run_probe(cache, CC="/bin/false", CXX="/bin/false")
+    assert not second["compiled"]
+    head, tail = _warning_lines(second["stderr"])
+    assert "earlier run" in head and f"log: {logs[0]}" in tail
+    assert logs[0].read_text() == log_after_first, "the second process ran the compiler again"
 
 
 @pytest.fixture
@@ -91,15 +113,14 @@ def _fallback_warnings(record) -> list[str]:
     return [str(w.message) for w in record if "paddle_mla custom ops" in str(w.message)]
 
 
-def test_disabled_by_env_warns_once_and_uses_reference(fresh_loader):
+def test_disabled_by_env_is_silent_and_uses_reference(fresh_loader):
     fresh_loader.setenv("PADDLE_MLA_DISABLE_CUSTOM_OPS", "1")
     fresh_loader.setattr(build, "_build_and_load", lambda: pytest.fail("built although disabled"))
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         pos, slots = _exercise_ops()
         assert metadata.implementation() == "reference"
-    msgs = _fallback_warnings(record)
-    assert len(msgs) == 1 and "PADDLE_MLA_DISABLE_CUSTOM_OPS" in msgs[0]
+    assert _fallback_warnings(record) == [], "PADDLE_MLA_DISABLE_CUSTOM_OPS=1 must silence the warning"
     assert pos.numpy().tolist() == [1, 2, 3, 2, 3, 0, 0, 0]
     assert slots.numpy().tolist() == [41, 42, 43, 122, 123, -1, -1, -1]
     assert "disabled" in build.unavailable_reason()
@@ -117,15 +138,14 @@ def test_build_error_warns_once_and_uses_reference(fresh_loader):
         warnings.simplefilter("always")
         pos, _ = _exercise_ops()
     msgs = _fallback_warnings(record)
-    assert len(msgs) == 1 and "no input files" in msgs[0] and "reference" in msgs[0]
+    assert len(msgs) == 1 and "reference" in msgs[0]
+    assert "no input files" in build.unavailable_reason()
     assert len(calls) == 1, "a failed build must not be retried on every call"
     expected = reference.get_position_ids(*(torch.tensor(v, dtype=torch.int32) for v in ([3, 2], [1, 2], [1, 2])), 8)
     np.testing.assert_array_equal(pos.numpy(), expected.numpy())
 
 
 def test_cache_key_follows_sources_and_cuda(tmp_path, monkeypatch):
-    import shutil
-
     monkeypatch.setenv("PADDLE_MLA_CACHE", str(tmp_path / "cache"))
     cpu = build.build_dir(runtime.name(), False, [])
     assert cpu.parent == tmp_path / "cache" and cpu == build.build_dir(runtime.name(), False, [])
@@ -136,3 +156,66 @@ def test_cache_key_follows_sources_and_cuda(tmp_path, monkeypatch):
         f.write("// edited\n")
     monkeypatch.setattr(build, "sources_dir", lambda: edited)
     assert build.build_dir(runtime.name(), False, []) != cpu
+
+
+def _load_as_new_process(monkeypatch) -> tuple[object, list[warnings.WarningMessage]]:
+    monkeypatch.setattr(build, "_state", build._State())
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ops = build.load_ops()
+    return ops, [w for w in record if "paddle_mla custom ops" in str(w.message)]
+
+
+def test_failed_build_is_remembered_per_key_until_forced(fresh_loader, tmp_path):
+    """The failure memo: later loads skip the compiler until PADDLE_MLA_OPS_REBUILD=1, another C++
+    compiler, or another cache key (sources, runtime version, flags) asks for a retry."""
+    fresh_loader.setenv("PADDLE_MLA_CACHE", str(tmp_path / "cache"))
+    fresh_loader.delenv("PADDLE_MLA_OPS_REBUILD", raising=False)
+    fresh_loader.delenv("PADDLE_MLA_DISABLE_CUSTOM_OPS", raising=False)
+    compiles = []
+    long_command = "c++ -MMD -MF binding.o.d " + " ".join(f"-I/usr/include/dir{i}" for i in range(60))
+
+    def failing_compile(rt, with_cuda, arch, out):
+        compiles.append(out)
+        raise RuntimeError(f"Error building extension 'paddle_mla_ops': [1/2] {long_command}\nFAILED: binding.o")
+
+    fresh_loader.setattr(build, "_compile", failing_compile)
+    ops, warned = _load_as_new_process(fresh_loader)
+    assert ops is None and len(compiles) == 1 and len(warned) == 1
+    out = compiles[0]
+    memo = json.loads((out / "failed.json").read_text())
+    assert memo["compiler"] == build.compiler_id() and "Error building extension" in memo["error"]
+    assert long_command in (out / "build.log").read_text(), "the full error belongs in the log"
+
+    # The warning as Python prints it: two short lines, the log path, no compiler command.
+    w = warned[0]
+    shown = warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line).rstrip("\n").splitlines()
+    assert len(shown) == 2, shown
+    assert f"log: {out / 'build.log'}" in shown[1] and "PADDLE_MLA_DISABLE_CUSTOM_OPS=1" in shown[1]
+    assert "-MMD" not in "\n".join(shown) and len(shown[0]) < 140
+
+    ops, warned = _load_as_new_process(fresh_loader)
+    assert ops is None and len(compiles) == 1, "a remembered failure was compiled again"
+    assert len(warned) == 1 and "earlier run" in str(warned[0].message)
+    assert "Error building extension" in build.unavailable_reason()
+
+    fresh_loader.setenv("PADDLE_MLA_OPS_REBUILD", "1")
+    _load_as_new_process(fresh_loader)
+    assert len(compiles) == 2
+    fresh_loader.delenv("PADDLE_MLA_OPS_REBUILD")
+    _load_as_new_process(fresh_loader)
+    assert len(compiles) == 2
+
+    fresh_loader.setenv("CXX", "/bin/true")  # another compiler is worth a retry
+    _load_as_new_process(fresh_loader)
+    assert len(compiles) == 3
+    _load_as_new_process(fresh_loader)
+    assert len(compiles) == 3
+
+    edited = tmp_path / "custom_ops"  # edited sources: another cache key, so a fresh attempt
+    shutil.copytree(build.sources_dir(), edited)
+    with open(edited / "metadata_cpu.h", "a") as f:
+        f.write("// edited\n")
+    fresh_loader.setattr(build, "sources_dir", lambda: edited)
+    _load_as_new_process(fresh_loader)
+    assert len(compiles) == 4 and compiles[3] != out

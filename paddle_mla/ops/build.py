@@ -13,8 +13,14 @@ operators (PD_BUILD_OP, paddle.utils.cpp_extension), PyTorch gets torch.library 
 (torch.utils.cpp_extension). This module is the custom-op loading that ARCHITECTURE section 2
 gives to runtime.py, so it is the one other place allowed to branch on the runtime.
 
-Env: ``PADDLE_MLA_DISABLE_CUSTOM_OPS=1`` forces the reference; ``PADDLE_MLA_OPS_VERBOSE=1`` shows
-the compiler output instead of writing it to build.log in the cache folder.
+A failed build is remembered: ``failed.json`` in that folder makes later processes skip the build
+(it costs seconds each time, counted in their throughput) until the folder's key changes (sources,
+runtime version, flags) or the C++ compiler found changes. The warning is two short lines; the
+compiler output and the error are in build.log.
+
+Env: ``PADDLE_MLA_DISABLE_CUSTOM_OPS=1`` uses the reference without building or warning;
+``PADDLE_MLA_OPS_REBUILD=1`` retries a remembered failed build (so does deleting the folder);
+``PADDLE_MLA_OPS_VERBOSE=1`` shows the compiler output instead of writing it to build.log.
 """
 
 from __future__ import annotations
@@ -87,26 +93,52 @@ def unavailable_reason() -> str:
 
 
 def warn_once(key: str, message: str) -> None:
+    """One warning per process, shown as just ``message`` (no source line under it)."""
     if key not in _state.warned:
         _state.warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn_explicit(message, RuntimeWarning, filename="paddle_mla", lineno=0, module=__name__)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0")
+
+
+class BuildFailed(RuntimeError):
+    """The op build failed, now or in an earlier process (``remembered``); details in ``log``."""
+
+    def __init__(self, detail: str, log: Path, remembered: bool):
+        super().__init__(detail)
+        self.detail, self.log, self.remembered = detail, log, remembered
 
 
 def _load_or_none() -> CompiledOps | None:
-    if os.environ.get("PADDLE_MLA_DISABLE_CUSTOM_OPS", "0") not in ("", "0"):
+    if _env_flag("PADDLE_MLA_DISABLE_CUSTOM_OPS"):
         _state.reason = "disabled by PADDLE_MLA_DISABLE_CUSTOM_OPS"
-        warn_once("fallback", f"paddle_mla custom ops {_state.reason}; per-step metadata uses the plain-tensor "
-                              "reference")
         return None
     try:
         return _build_and_load()
     except Exception as exc:  # noqa: BLE001 - any build failure degrades to the reference
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _state.reason = f"build failed: {type(exc).__name__}: {first}"
-        warn_once("fallback", f"paddle_mla custom ops unavailable ({_state.reason}); per-step "
-                              "metadata uses the plain-tensor reference (slower). Set PADDLE_MLA_OPS_VERBOSE=1 "
-                              "to see the compiler output, or PADDLE_MLA_DISABLE_CUSTOM_OPS=1 to silence this.")
+        log = exc.log if isinstance(exc, BuildFailed) else None
+        detail = exc.detail if isinstance(exc, BuildFailed) else _first_line(exc)
+        when = "in an earlier run" if getattr(exc, "remembered", False) else ""
+        _state.reason = f"build failed{' ' + when if when else ''}: {detail}"
+        warn_once("fallback", fallback_warning(runtime.name(), log, when))
         return None
+
+
+def fallback_warning(rt: str, log: Path | None, when: str = "") -> str:
+    """The two lines a failed build prints: what failed; where the log is, how to retry or silence."""
+    where = f"log: {log}" if log else "no build log"
+    return (f"paddle_mla custom ops ({rt}) failed to build{' ' + when if when else ''}; "
+            "using the slower plain-tensor reference\n"
+            f"  {where}; retry: PADDLE_MLA_OPS_REBUILD=1; silence: PADDLE_MLA_DISABLE_CUSTOM_OPS=1")
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    first = f"{type(exc).__name__}: {first}"
+    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 def sources_dir() -> Path:
@@ -149,6 +181,12 @@ def _runtime_version(rt: str) -> str:
     return torch.__version__
 
 
+def compiler_id() -> str:
+    """The C++ compiler a build would use (part of the failure memo: a new compiler retries)."""
+    cxx = os.environ.get("CXX") or "c++"
+    return shutil.which(cxx) or f"{cxx} (not found)"
+
+
 def _build_and_load() -> CompiledOps:
     rt = runtime.name()
     with_cuda = wants_cuda()
@@ -157,18 +195,40 @@ def _build_and_load() -> CompiledOps:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent first uses build once; the others wait, then load
-        marker = out / "built.json"
+        marker, failed, log = out / "built.json", out / "failed.json", out / "build.log"
         start = time.perf_counter()
         cached = marker.is_file()
         lib = json.loads(marker.read_text())["library"] if cached else None
         module = None  # Paddle's op API module when the build just made (and registered) it
         if lib is None or not Path(lib).is_file():
-            lib, module = _compile(rt, with_cuda, arch, out)
+            _raise_if_failed_before(failed, log)
+            try:
+                lib, module = _compile(rt, with_cuda, arch, out)
+            except Exception as exc:
+                detail = _first_line(exc)
+                with open(log, "a") as f:
+                    f.write(f"\npaddle_mla: build failed: {exc}\n")
+                failed.write_text(json.dumps({"error": detail, "compiler": compiler_id(), "log": str(log)}))
+                raise BuildFailed(detail, log, remembered=False) from exc
+            failed.unlink(missing_ok=True)
             marker.write_text(json.dumps({"library": lib, "seconds": round(time.perf_counter() - start, 2)}))
             cached = False
         ops = _bind(rt, lib, module)
     seconds = 0.0 if cached else time.perf_counter() - start
     return CompiledOps(**ops, runtime=rt, with_cuda=with_cuda, build_dir=str(out), build_seconds=seconds)
+
+
+def _raise_if_failed_before(failed: Path, log: Path) -> None:
+    """A build that failed in an earlier process is not retried (PADDLE_MLA_OPS_REBUILD=1 forces it)."""
+    if not failed.is_file() or _env_flag("PADDLE_MLA_OPS_REBUILD"):
+        return
+    try:
+        memo = json.loads(failed.read_text())
+    except (OSError, ValueError):
+        return  # unreadable memo: retry
+    if memo.get("compiler") != compiler_id():
+        return  # another compiler now: worth a retry
+    raise BuildFailed(memo.get("error", "see the log"), log, remembered=True)
 
 
 def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str, Any]:
@@ -177,7 +237,7 @@ def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str,
     src = sources_dir()
     sources = [str(src / BINDINGS[rt])] + ([str(src / "metadata_kernels.cu")] if with_cuda else [])
     defines = ["-DPADDLE_MLA_WITH_CUDA"] if with_cuda else []
-    verbose = os.environ.get("PADDLE_MLA_OPS_VERBOSE", "0") not in ("", "0")
+    verbose = _env_flag("PADDLE_MLA_OPS_VERBOSE")
     with _output_to(None if verbose else out / "build.log"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if rt == "paddle":
@@ -218,8 +278,6 @@ def _output_to(log: Path | None):
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
-    except Exception as exc:
-        raise RuntimeError(f"{exc}; compiler output in {log}") from exc
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
