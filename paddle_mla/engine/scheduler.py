@@ -161,8 +161,11 @@ class Scheduler:
                 seq.token_ids(), seq.block_ids, seq.num_computed_tokens, seq.block_keys, seq.num_registered_blocks)
 
     def finish(self, seq: Sequence) -> None:
+        """A finished sequence, or a waiting or running one dropped because its request failed."""
         if seq in self.running:
             self.running.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
         self.pool.release(seq.block_ids)
         seq.block_ids = []
         seq.status = Status.FINISHED
