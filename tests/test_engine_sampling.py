@@ -205,3 +205,15 @@ def test_one_device_read_per_step(llm, monkeypatch):
             for i in range(4)]
     llm.generate(reqs, use_tqdm=False)
     assert len(reads) == llm.stats().steps > 0
+
+
+def test_n_completions_share_the_cached_prompt():
+    """With prefix caching, completions 1.. wait for completion 0's prompt and reuse its full blocks:
+    same completions as without caching, and every sibling hits the prompt's full blocks."""
+    prompt = list(range(20, 45))          # 25 tokens: 3 full blocks of 8
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
+    plain = make_llm().generate([GenerationRequest(0, prompt, params)], use_tqdm=False)[0]
+    cached_llm = make_llm(cache={"enable_prefix_caching": True})
+    cached = cached_llm.generate([GenerationRequest(0, prompt, params)], use_tqdm=False)[0]
+    assert [c.token_ids for c in cached.outputs] == [c.token_ids for c in plain.outputs]
+    assert cached_llm.stats().cached_prompt_tokens == 2 * 24

@@ -43,6 +43,7 @@ class _Pending:
     seqs: list[Sequence]
     remaining: int
     warnings: list[str]
+    deferred: list[Sequence] = dataclasses.field(default_factory=list)   # not yet given to the scheduler
 
 
 class LLM:
@@ -164,10 +165,13 @@ class LLM:
         n = req.params.n
         seqs = [Sequence(request=req, index=index, seed=completion_seed(seed, i), metrics=metrics, completion=i)
                 for i in range(n)]
-        self._pending[index] = _Pending(seqs, n, warnings)
+        # With prefix caching, completions 1.. wait until completion 0 has computed (and cached) the
+        # prompt, so they reuse its full blocks instead of computing the prompt n times.
+        share = n > 1 and self.config.cache.enable_prefix_caching
+        self._pending[index] = _Pending(seqs, n, warnings, deferred=seqs[1:] if share else [])
         self._stats.requests += 1
         self._stats.prompt_tokens += len(req.prompt_token_ids) * n   # each completion runs the prompt
-        for seq in seqs:
+        for seq in seqs[:1] if share else seqs:
             self.scheduler.add(seq)
 
     def _check(self, req: GenerationRequest) -> str | None:
@@ -218,6 +222,8 @@ class LLM:
                 if seq.metrics.first_token_time is None:
                     seq.metrics.first_token_time = now
                 seq.metrics.token_times.append(now)
+                if seq.completion == 0:
+                    self._admit_deferred(seq)
                 if self._stopped(seq, token):
                     seq.metrics.finish_time = now
                     self.scheduler.finish(seq)
@@ -245,6 +251,13 @@ class LLM:
             seq.finish_reason = "length"
             return True
         return False
+
+    def _admit_deferred(self, first: Sequence) -> None:
+        """Completion 0 sampled, so its prompt blocks are cached: queue its siblings, first in line."""
+        pending = self._pending.get(first.index)
+        if pending is not None and pending.deferred:
+            self.scheduler.add(*pending.deferred, front=True)
+            pending.deferred = []
 
     def _completed(self, seq: Sequence, finished: dict[int, RequestOutput]) -> None:
         pending = self._pending.get(seq.index)

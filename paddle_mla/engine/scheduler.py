@@ -47,8 +47,12 @@ class Scheduler:
         self.num_preemptions = 0
         self.cached_prompt_tokens = 0   # prefix-cache hits at first admission (recomputes not counted)
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add(self, *seqs: Sequence, front: bool = False) -> None:
+        """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
+        if front:
+            self.waiting.extendleft(reversed(seqs))
+        else:
+            self.waiting.extend(seqs)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
