@@ -43,7 +43,7 @@ class SamplingBatch:
 
     @property
     def max_top(self) -> int:
-        return int(self.num_top.max()) if len(self.num_top) else 0
+        return min(int(self.num_top.max()), self.vocab_size) if len(self.num_top) else 0
 
 
 def build_sampling_batch(seqs: list[Sequence], eos_token_ids, vocab_size: int) -> SamplingBatch:
