@@ -1,12 +1,15 @@
 """The LLM facade: ``LLM(config).generate(prompts)`` and the streaming ``LLM(config).stream(requests)``.
 
-The loop is nano-vllm's: schedule -> run -> update. This module imports no tensor library at
-import time; the constructor selects the runtime named by the config and then loads the runner.
+The loop is nano-vllm's: schedule -> run -> update. A request with ``n`` completions runs as n
+engine sequences and is output once, when all n finished. This module imports no tensor library
+at import time; the constructor selects the runtime named by the config and then loads the runner.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -15,8 +18,32 @@ from paddle_mla import runtime
 from paddle_mla.cache.block_pool import BlockPool
 from paddle_mla.config import EngineConfig, load_config
 from paddle_mla.engine.request import (CompletionOutput, EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
-                                       SamplingParams, Sequence)
+                                       SamplingParams, Sequence, Status)
 from paddle_mla.engine.scheduler import Scheduler, SchedulerOutput
+
+
+_MASK64 = 2**64 - 1
+
+
+def completion_seed(seed: int, index: int) -> int:
+    """Seed of completion ``index`` of a request seeded ``seed``: the seed itself for completion 0,
+    a splitmix64 hash of (seed, index) below 2**63 for the others, so seeded runs reproduce."""
+    if index == 0:
+        return seed
+    z = (seed + index * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & (2**63 - 1)
+
+
+@dataclass
+class _Pending:
+    """A request in flight: its n sequences, how many are still running, and its warnings."""
+
+    seqs: list[Sequence]
+    remaining: int
+    warnings: list[str]
+    deferred: list[Sequence] = dataclasses.field(default_factory=list)   # not yet given to the scheduler
 
 
 class LLM:
@@ -39,6 +66,8 @@ class LLM:
         self.scheduler = Scheduler(config.scheduler, self.pool, self.max_model_len)
         eos = set(self.runner.arch.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         self.eos_token_ids = eos
+        self.runner.eos_token_ids = frozenset(eos)
+        self._pending: dict[int, _Pending] = {}
         self._seed_rng = np.random.default_rng(config.seed)
         self._next_index = 0
         self.reset_stats()
@@ -126,15 +155,24 @@ class LLM:
         index = self._next_index
         self._next_index += 1
         seed = req.params.seed if req.params.seed is not None else int(self._seed_rng.integers(2**31))
-        seq = Sequence(request=req, index=index, seed=seed, metrics=RequestMetrics(arrival_time=time.perf_counter()))
+        metrics = RequestMetrics(arrival_time=time.perf_counter())
         problem = self._check(req)
         if problem:
-            seq.finish_reason, seq.error = "error", problem
-            finished[index] = self._output(seq)
+            finished[index] = RequestOutput(id=req.id, prompt_token_ids=req.prompt_token_ids, outputs=[],
+                                            error=problem, metrics=metrics, seed=seed)
             return
+        req, warnings = self._cap_length(req)
+        n = req.params.n
+        seqs = [Sequence(request=req, index=index, seed=completion_seed(seed, i), metrics=metrics, completion=i)
+                for i in range(n)]
+        # With prefix caching, completions 1.. wait until completion 0 has computed (and cached) the
+        # prompt, so they reuse its full blocks instead of computing the prompt n times.
+        share = n > 1 and self.config.cache.enable_prefix_caching
+        self._pending[index] = _Pending(seqs, n, warnings, deferred=seqs[1:] if share else [])
         self._stats.requests += 1
-        self._stats.prompt_tokens += seq.prompt_len
-        self.scheduler.add(seq)
+        self._stats.prompt_tokens += len(req.prompt_token_ids) * n   # each completion runs the prompt
+        for seq in seqs[:1] if share else seqs:
+            self.scheduler.add(seq)
 
     def _check(self, req: GenerationRequest) -> str | None:
         try:
@@ -152,38 +190,58 @@ class LLM:
             return f"prompt_token_ids holds {bad[0]!r}, outside the vocabulary [0, {vocab})"
         return None
 
+    def _cap_length(self, req: GenerationRequest) -> tuple[GenerationRequest, list[str]]:
+        """Cut max_tokens (and min_tokens) to what max_model_len leaves after the prompt, with a warning.
+        The params are copied: callers may share one SamplingParams between requests."""
+        p, n_prompt = req.params, len(req.prompt_token_ids)
+        room = self.max_model_len - n_prompt
+        if p.max_tokens <= room:
+            return req, []
+        warnings = [f"max_tokens {p.max_tokens} capped to {room} (max_model_len {self.max_model_len} - "
+                    f"{n_prompt} prompt tokens)"]
+        if p.min_tokens > room:
+            warnings.append(f"min_tokens {p.min_tokens} capped to {room}")
+        params = dataclasses.replace(p, max_tokens=room, min_tokens=min(p.min_tokens, room))
+        return dataclasses.replace(req, params=params), warnings
+
     def _step(self, finished: dict[int, RequestOutput]) -> None:
         out: SchedulerOutput = self.scheduler.schedule()
+        if out.scheduled:
+            step = self.runner.execute(out)
+            self.scheduler.finish_step(out)
+            self._stats.steps += 1
+            now = time.perf_counter()
+            for s, token, logprob in zip(out.scheduled, step.token_ids.tolist(), step.logprobs):
+                seq = s.seq
+                if not s.samples:
+                    continue
+                seq.output_token_ids.append(token)
+                if logprob is not None:
+                    seq.logprobs.append(logprob)
+                self._stats.completion_tokens += 1
+                if seq.metrics.first_token_time is None:
+                    seq.metrics.first_token_time = now
+                seq.metrics.token_times.append(now)
+                if seq.completion == 0:
+                    self._admit_deferred(seq)
+                if self._stopped(seq, token):
+                    seq.metrics.finish_time = now
+                    self.scheduler.finish(seq)
+                    self._completed(seq, finished)
+        # After the step's tokens: a failed sequence fails its whole request, and its siblings
+        # (maybe scheduled in this very step) are dropped from the scheduler.
         for seq in out.failed:
-            finished[seq.index] = self._output(seq)
-        if not out.scheduled:
-            return
-        sampled = self.runner.execute(out)
-        self.scheduler.finish_step(out)
-        self._stats.steps += 1
-        now = time.perf_counter()
-        for s, token in zip(out.scheduled, sampled.tolist()):
-            seq = s.seq
-            if not s.samples:
-                continue
-            seq.output_token_ids.append(int(token))
-            self._stats.completion_tokens += 1
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            seq.metrics.token_times.append(now)
-            if self._stopped(seq, int(token)):
-                seq.metrics.finish_time = now
-                self.scheduler.finish(seq)
-                finished[seq.index] = self._output(seq)
+            self._failed(seq, finished)
 
     def _stopped(self, seq: Sequence, token: int) -> bool:
         p = seq.params
         n = len(seq.output_token_ids)
-        if n > p.min_tokens:   # eos / stop ids / stop strings count only after min_tokens tokens
+        # Before min_tokens the sampler masks eos and stop ids; stop strings are not checked (as vLLM).
+        if n >= p.min_tokens:
             if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
                 seq.finish_reason = "stop"
                 return True
-            if p.stop:
+            if p.stop and self.tokenizer is not None:
                 text = self.tokenizer.decode(seq.output_token_ids)
                 cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
                 if cut >= 0:
@@ -194,14 +252,48 @@ class LLM:
             return True
         return False
 
-    def _output(self, seq: Sequence) -> RequestOutput:
-        if seq.error is None and not seq.text:
-            seq.text = self.tokenizer.decode(seq.output_token_ids)
-        seq.metrics.num_cached_tokens = max(seq.num_cached_on_admit, 0)
-        outputs = [] if seq.error is not None else [
-            CompletionOutput(0, list(seq.output_token_ids), seq.text, seq.finish_reason, seed=seq.seed)]
-        return RequestOutput(id=seq.request.id, prompt_token_ids=seq.request.prompt_token_ids, outputs=outputs,
-                             error=seq.error, metrics=seq.metrics, seed=seq.seed)
+    def _admit_deferred(self, first: Sequence) -> None:
+        """Completion 0 sampled, so its prompt blocks are cached: queue its siblings, first in line."""
+        pending = self._pending.get(first.index)
+        if pending is not None and pending.deferred:
+            self.scheduler.add(*pending.deferred, front=True)
+            pending.deferred = []
+
+    def _completed(self, seq: Sequence, finished: dict[int, RequestOutput]) -> None:
+        pending = self._pending.get(seq.index)
+        if pending is None:      # its request already failed
+            return
+        pending.remaining -= 1
+        if pending.remaining == 0:
+            del self._pending[seq.index]
+            finished[seq.index] = self._output(pending)
+
+    def _failed(self, seq: Sequence, finished: dict[int, RequestOutput]) -> None:
+        pending = self._pending.pop(seq.index, None)
+        if pending is None:
+            return
+        for sibling in pending.seqs:
+            if sibling is not seq and sibling.status is not Status.FINISHED:
+                self.scheduler.finish(sibling)
+        req = seq.request
+        finished[seq.index] = RequestOutput(id=req.id, prompt_token_ids=req.prompt_token_ids, outputs=[],
+                                            error=seq.error, metrics=seq.metrics, seed=pending.seqs[0].seed,
+                                            warnings=pending.warnings)
+
+    def _output(self, pending: _Pending) -> RequestOutput:
+        first = pending.seqs[0]
+        outputs = []
+        for seq in pending.seqs:
+            text = seq.text
+            if text is None and self.tokenizer is not None:
+                text = self.tokenizer.decode(seq.output_token_ids)
+            outputs.append(CompletionOutput(seq.completion, list(seq.output_token_ids), text, seq.finish_reason,
+                                            logprobs=list(seq.logprobs) if seq.params.logprobs else None,
+                                            seed=seq.seed))
+        first.metrics.num_cached_tokens = max(first.num_cached_on_admit, 0)
+        req = first.request
+        return RequestOutput(id=req.id, prompt_token_ids=req.prompt_token_ids, outputs=outputs, error=None,
+                             metrics=first.metrics, seed=first.seed, warnings=pending.warnings)
 
     def __repr__(self) -> str:
         return f"LLM(model={self.model_dir!r}, runtime={runtime.name()!r}, backend={self.config.attention.backend!r})"

@@ -2,12 +2,12 @@
 
 One step: host arrays from the SchedulerOutput -> ``ForwardMeta.build`` once -> ``backend.prepare``
 once -> ``model.forward`` (every layer reads the same meta) -> logits of the sampling rows ->
-sampler -> the single device-to-host read of the sampled tokens.
+sampler -> the single device-to-host read of the sampled tokens and their logprobs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,8 +22,16 @@ from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E4
 from paddle_mla.cache.kv_cache import allocate_latent_caches, auto_num_blocks, bytes_per_block  # noqa: E402
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
+from paddle_mla.engine.request import TokenLogprob  # noqa: E402
+from paddle_mla.engine.sampling_batch import build_sampling_batch, unpack  # noqa: E402
 from paddle_mla.engine.scheduler import SchedulerOutput  # noqa: E402
 from paddle_mla.models import load_model  # noqa: E402
+
+
+@dataclass
+class StepResult:
+    token_ids: np.ndarray                      # int64 [scheduled rows]: the sampled token, -1 where none
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)   # per scheduled row
 
 
 @dataclass
@@ -81,6 +89,7 @@ class ModelRunner:
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype)
         self.model.set_backend(self.backend)
+        self.eos_token_ids = frozenset(arch.eos_token_ids)   # masked by min_tokens; the LLM adds the tokenizer's
         self.graphs = None
         if self.use_cuda_graph():
             from paddle_mla.engine.cuda_graph import DecodeGraphs
@@ -126,23 +135,18 @@ class ModelRunner:
         last_token = (np.cumsum(batch.num_new, dtype=np.int64) - 1)[rows]
         return self.model.compute_logits(hidden[torch.from_numpy(last_token).to(self.device)])
 
-    def execute(self, out: SchedulerOutput) -> np.ndarray:
-        """Run one step; returns the sampled token of each scheduled row (-1 where none)."""
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        """Run one step: the sampled token (and logprobs where asked) of each scheduled row."""
         batch = self.step_batch(out)
         rows = np.flatnonzero(batch.sample_mask)
-        result = np.full(len(out.scheduled), -1, dtype=np.int64)
+        result = StepResult(np.full(len(out.scheduled), -1, dtype=np.int64), [None] * len(out.scheduled))
         logits = self.forward_step(batch)
         if len(rows) == 0:
             return result
-        seqs = [out.scheduled[r].seq for r in rows]
-        params = [s.params for s in seqs]
-        token_ids = sampler.sample(
-            logits,
-            temperature=np.array([p.temperature for p in params], dtype=np.float64),
-            top_k=np.array([p.top_k for p in params], dtype=np.int64),
-            top_p=np.array([p.top_p for p in params], dtype=np.float64),
-            seeds=np.array([s.seed for s in seqs], dtype=np.int64),
-            steps=np.array([len(s.output_token_ids) for s in seqs], dtype=np.int64),
-        )
-        result[rows] = np.asarray(token_ids.tolist(), dtype=np.int64)   # the one read of the step
+        sb = build_sampling_batch([out.scheduled[r].seq for r in rows], self.eos_token_ids, logits.shape[-1])
+        host = sampler.read_to_host(sampler.sample_step(logits, sb))   # the one read of the step
+        token_ids, logprobs = unpack(host, sb)
+        result.token_ids[rows] = token_ids
+        for r, lp in zip(rows.tolist(), logprobs):
+            result.logprobs[r] = lp
         return result

@@ -7,6 +7,18 @@ from enum import Enum
 from typing import Any
 
 
+MAX_TOP_LOGPROBS = 20
+MAX_N = 128
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value   # not NaN
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 0.0      # 0 means greedy
@@ -51,6 +63,20 @@ class SamplingParams:
             bad(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
         if not isinstance(self.ignore_eos, bool):
             bad(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            bad(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                bad(f"{name} must be a number in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty < float("inf"):
+            bad(f"repetition_penalty must be a number > 0 (1 means none), got {self.repetition_penalty!r}")
+        if not isinstance(self.logprobs, bool):
+            bad(f"logprobs must be true or false, got {self.logprobs!r}")
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            bad(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        if self.top_logprobs and not self.logprobs:
+            bad("top_logprobs needs logprobs: true")
 
     @property
     def greedy(self) -> bool:
@@ -73,8 +99,6 @@ class RequestMetrics:
     finish_time: float | None = None
     num_cached_tokens: int = 0     # prompt tokens served from the prefix cache (first admission)
 
-
-MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
@@ -147,15 +171,17 @@ class Status(Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)    # compared by identity: the n sequences of one request share most fields
 class Sequence:
-    """Engine-side state of one request."""
+    """Engine-side state of one completion of a request (a request with n completions has n)."""
 
     request: GenerationRequest
-    index: int                      # position in the input stream (output order)
+    index: int                      # the request's position in the input stream (output order)
     seed: int
-    metrics: RequestMetrics
+    metrics: RequestMetrics         # shared by the n sequences of a request
+    completion: int = 0             # which of the request's n completions this is
     output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # one per output token when params.logprobs
     block_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0    # tokens whose KV is in the cache
     num_cached_on_admit: int = -1   # prefix-cache hit of the first admission (-1: not admitted yet)
@@ -164,7 +190,7 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     error: str | None = None
-    text: str = ""
+    text: str | None = None         # set when a stop string cut the text; else decoded at the end
 
     @property
     def params(self) -> SamplingParams:

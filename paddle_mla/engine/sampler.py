@@ -1,9 +1,15 @@
-"""Token sampler: greedy, temperature, top-k, top-p, and a seed per request.
+"""Token sampler on the device: logit processing (penalties, min_tokens masks), greedy /
+temperature / top-k / top-p sampling with a seed per row, and logprobs, packed for ONE read.
 
-Random rows use the Gumbel-max trick with counter-based noise: the noise of request r at its n-th
-token depends only on (seed_r, n, token id), never on the batch it shares or on a global generator
-state. So a seeded request gives the same tokens alone or in any batch, after preemption too.
-All math is in plain tensor ops (portable across the runtimes); nothing is read back here.
+Order per row, as vLLM applies it: logprobs are taken from the raw logits; then the min_tokens
+mask (eos and stop ids to -inf) and the penalties (repetition over prompt + output, frequency and
+presence over the output); greedy rows take the argmax of these processed logits; random rows
+divide by the temperature, keep the top-k / top-p set and draw with the Gumbel-max trick.
+
+The noise is counter-based: the noise of request r at its n-th token depends only on
+(seed_r, n, token id), never on the batch it shares or on a global generator state. So a seeded
+request gives the same tokens alone or in any batch, after preemption too.
+All math is in plain tensor ops (portable across the runtimes); ``read_to_host`` is the only read.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from paddle_mla import runtime as _runtime
 _runtime.require_selected(__name__)
 
 import torch  # noqa: E402
+
+from paddle_mla.engine.sampling_batch import SamplingBatch  # noqa: E402
 
 _M = 2**31              # hash state stays in [0, 2**31) so int64 products never overflow
 _MUL = 0x45D9F3B        # odd 27-bit multiplier of a 32-bit integer finalizer
@@ -26,6 +34,10 @@ def _mix(h):
     return h ^ (h >> 16)
 
 
+def _up(a: np.ndarray, dtype, device):
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device).to(dtype)
+
+
 def uniform_noise(seeds, steps, vocab_size: int):
     """u in (0, 1), float32 [B, V], a pure function of (seed, step, token id)."""
     base = _mix((seeds % _M) ^ _mix(steps % _M))
@@ -34,38 +46,115 @@ def uniform_noise(seeds, steps, vocab_size: int):
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 2**23)
 
 
+def apply_min_tokens(logits, batch: SamplingBatch):
+    """-inf at the stop ids of the rows that have not yet generated min_tokens tokens."""
+    if len(batch.mask_index) == 0:
+        return logits
+    idx = _up(batch.mask_index, torch.int64, logits.device)
+    mask = torch.zeros(logits.numel(), dtype=logits.dtype, device=logits.device)
+    mask = mask.scatter_(0, idx, torch.full((len(batch.mask_index),), float("-inf"), dtype=logits.dtype,
+                                            device=logits.device))
+    return logits + mask.reshape(logits.shape)
+
+
+def apply_penalties(logits, batch: SamplingBatch):
+    """vLLM's apply_penalties: positive logits of seen tokens divided by the repetition penalty,
+    negative ones multiplied; then logits -= frequency * count + presence * (count > 0) over the output."""
+    if not batch.any_penalty:
+        return logits
+    device, shape = logits.device, logits.shape
+    idx = _up(batch.count_index, torch.int64, device)
+    is_out = _up(batch.count_is_output, torch.float32, device)
+    out_counts = torch.zeros(logits.numel(), dtype=torch.float32, device=device)
+    out_counts = out_counts.scatter_add_(0, idx, is_out).reshape(shape)
+    x = logits
+    if (batch.repetition != 1.0).any():
+        seen = torch.zeros(logits.numel(), dtype=torch.float32, device=device)
+        seen = seen.scatter_add_(0, idx, torch.ones_like(is_out)).reshape(shape) > 0
+        rep = _up(batch.repetition, torch.float32, device).unsqueeze(1).expand(shape)
+        factor = torch.where(seen, rep, torch.ones_like(x))
+        x = torch.where(x > 0, x / factor, x * factor)
+    if (batch.frequency != 0).any() or (batch.presence != 0).any():
+        freq = _up(batch.frequency, torch.float32, device).unsqueeze(1)
+        pres = _up(batch.presence, torch.float32, device).unsqueeze(1)
+        x = x - freq * out_counts - pres * (out_counts > 0).to(torch.float32)
+    return x
+
+
+def process_logits(logits, batch: SamplingBatch):
+    """Raw logits -> the logits that greedy rows take the argmax of (new tensor; input untouched)."""
+    return apply_penalties(apply_min_tokens(logits, batch), batch)
+
+
+def mask_top_k_top_p(x, top_k: np.ndarray, top_p: np.ndarray):
+    """-inf outside each row's top-k set and outside the smallest prefix whose mass reaches top_p.
+    ``top_k`` holds the vocabulary size where no top-k applies."""
+    device, vocab = x.device, x.shape[-1]
+    need_k = bool((top_k < vocab).any())
+    need_p = bool((top_p < 1.0).any())
+    if not (need_k or need_p):
+        return x
+    order = torch.argsort(x, dim=-1, descending=True)
+    sorted_x = torch.gather(x, 1, order)
+    neg_inf = torch.full_like(sorted_x, float("-inf"))
+    if need_k:
+        rank = torch.arange(vocab, dtype=torch.int64, device=device).unsqueeze(0)
+        sorted_x = torch.where(rank < _up(top_k, torch.int64, device).unsqueeze(1), sorted_x, neg_inf)
+    if need_p:
+        probs = torch.softmax(sorted_x, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs
+        sorted_x = torch.where(before > _up(top_p.astype(np.float32), torch.float32, device).unsqueeze(1),
+                               neg_inf, sorted_x)
+    return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+
 def sample(logits, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
            seeds: np.ndarray, steps: np.ndarray):
-    """logits float32 [B, V] -> token ids int64 [B] (device). Host arrays are per row."""
+    """Processed logits float32 [B, V] -> token ids int64 [B] (device). Host arrays are per row;
+    top_k 0 or -1 (or >= V) means all tokens."""
     greedy_ids = torch.argmax(logits, dim=-1)
     random_rows = temperature > 0
     if not random_rows.any():
         return greedy_ids
     device = logits.device
     vocab = logits.shape[-1]
-
-    def up(a, dtype):
-        return torch.from_numpy(np.ascontiguousarray(a)).to(device).to(dtype)
-
-    temps = up(np.where(random_rows, temperature, 1.0).astype(np.float32), torch.float32)
-    x = logits / temps.unsqueeze(1)
+    temps = _up(np.where(random_rows, temperature, 1.0).astype(np.float32), torch.float32, device)
     k = np.where((top_k > 0) & (top_k < vocab), top_k, vocab).astype(np.int64)
-    need_k = bool((k < vocab).any())
-    need_p = bool((top_p < 1.0).any())
-    if need_k or need_p:
-        order = torch.argsort(x, dim=-1, descending=True)
-        sorted_x = torch.gather(x, 1, order)
-        neg_inf = torch.full_like(sorted_x, float("-inf"))
-        if need_k:
-            rank = torch.arange(vocab, dtype=torch.int64, device=device).unsqueeze(0)
-            sorted_x = torch.where(rank < up(k, torch.int64).unsqueeze(1), sorted_x, neg_inf)
-        if need_p:
-            probs = torch.softmax(sorted_x, dim=-1)
-            before = torch.cumsum(probs, dim=-1) - probs
-            sorted_x = torch.where(before > up(top_p.astype(np.float32), torch.float32).unsqueeze(1),
-                                   neg_inf, sorted_x)
-        x = torch.empty_like(x).scatter_(1, order, sorted_x)
-    u = uniform_noise(up(seeds.astype(np.int64), torch.int64), up(steps.astype(np.int64), torch.int64), vocab)
+    x = mask_top_k_top_p(logits / temps.unsqueeze(1), k, np.asarray(top_p, dtype=np.float64))
+    u = uniform_noise(_up(seeds.astype(np.int64), torch.int64, device), _up(steps.astype(np.int64), torch.int64,
+                                                                           device), vocab)
     gumbel = -torch.log(-torch.log(u))
     sampled = torch.argmax(x + gumbel, dim=-1)
-    return torch.where(up(random_rows, torch.bool), sampled, greedy_ids)
+    return torch.where(_up(random_rows, torch.bool, device), sampled, greedy_ids)
+
+
+def log_softmax(x):
+    return x - torch.logsumexp(x, dim=-1, keepdim=True)
+
+
+def sample_step(logits, batch: SamplingBatch):
+    """Raw logits [B, V] -> one float64 tensor to read: B sampled ids, then per logprob row
+    [sampled logprob, max_top ids, max_top logprobs] (see ``sampling_batch.unpack``).
+    Only the logprob rows pay for the log-softmax and the top-N."""
+    logits = logits.to(torch.float32)
+    processed = process_logits(logits, batch)
+    ids = sample(processed, batch.temperature, batch.top_k, batch.top_p, batch.seeds, batch.steps)
+    parts = [ids.to(torch.float64)]
+    num_lp = len(batch.logprob_rows)
+    if num_lp:
+        raw, lp_ids = logits, ids
+        if num_lp < batch.num_rows:
+            rows = _up(batch.logprob_rows, torch.int64, logits.device)
+            raw, lp_ids = logits[rows], ids[rows]
+        lp = log_softmax(raw)     # vLLM's raw logprobs: before penalties, temperature, top-k/top-p
+        cols = [torch.gather(lp, 1, lp_ids.unsqueeze(1)).to(torch.float64)]
+        if batch.max_top:
+            top_lp, top_ids = torch.topk(lp, batch.max_top, dim=-1)
+            cols += [top_ids.to(torch.float64), top_lp.to(torch.float64)]   # float64 holds any id exactly
+        parts.append(torch.cat(cols, dim=1).reshape(-1))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def read_to_host(packed) -> np.ndarray:
+    """The one device-to-host read of a step (tests count calls of this function)."""
+    return packed.cpu().numpy()

@@ -47,8 +47,12 @@ class Scheduler:
         self.num_preemptions = 0
         self.cached_prompt_tokens = 0   # prefix-cache hits at first admission (recomputes not counted)
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add(self, *seqs: Sequence, front: bool = False) -> None:
+        """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
+        if front:
+            self.waiting.extendleft(reversed(seqs))
+        else:
+            self.waiting.extend(seqs)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -161,8 +165,11 @@ class Scheduler:
                 seq.token_ids(), seq.block_ids, seq.num_computed_tokens, seq.block_keys, seq.num_registered_blocks)
 
     def finish(self, seq: Sequence) -> None:
+        """A finished sequence, or a waiting or running one dropped because its request failed."""
         if seq in self.running:
             self.running.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
         self.pool.release(seq.block_ids)
         seq.block_ids = []
         seq.status = Status.FINISHED
