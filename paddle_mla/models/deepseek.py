@@ -159,7 +159,7 @@ class CausalLM:
         self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
         if self.lm_head is None:
             raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
-        self.moe_exec = MoEExec(device, dtype, arch.moe)
+        self.moe_exec = MoEExec(device, dtype)
         self.layers = [DecoderLayer(arch, weights, i, self.moe_exec) for i in range(arch.num_layers)]
         self.rope = Rope(arch.rope, device)
         self.backend = None
@@ -168,7 +168,9 @@ class CausalLM:
         """Size the fused MoE buffers for calls of up to ``max_num_tokens`` tokens (once, at start-up)."""
         moe = next((layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)), None)
         if moe is not None:
-            self.moe_exec.reserve(max_num_tokens, moe.inter_size, self.arch.hidden_size)
+            s = self.arch.moe
+            self.moe_exec.reserve(max_num_tokens, s.num_experts_per_tok, s.n_routed_experts, moe.inter_size,
+                                  self.arch.hidden_size)
 
     def set_backend(self, backend) -> None:
         self.backend = backend

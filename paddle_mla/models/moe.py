@@ -42,20 +42,20 @@ def select_moe_impl(device_kind: str) -> str:
 class MoEExec:
     """How a model's MoE layers run: the implementation and the one workspace they share."""
 
-    def __init__(self, device: str, dtype: Any, spec: MoESpec | None):
-        self.device, self.dtype, self.spec = device, dtype, spec
+    def __init__(self, device: str, dtype: Any):
+        self.device, self.dtype = device, dtype
         self.impl = select_moe_impl("cpu" if device == "cpu" else "gpu")
         self.workspace = None
 
-    def reserve(self, max_tokens: int, inter: int, hidden: int, chunk_tokens: int = 8192) -> None:
+    def reserve(self, max_tokens: int, top_k: int, num_experts: int, inter: int, hidden: int,
+                chunk_tokens: int = 8192) -> None:
         """Size the fused MoE workspace once, at start-up (no-op for the reference)."""
-        spec = self.spec
         if self.impl != "triton":
             return
         from paddle_mla.models.fused_moe.kernels import MoEWorkspace   # imports Triton
 
-        self.workspace = MoEWorkspace(max_tokens, spec.num_experts_per_tok, spec.n_routed_experts, inter, hidden,
-                                      self.dtype, self.device, chunk_tokens=chunk_tokens)
+        self.workspace = MoEWorkspace(max_tokens, top_k, num_experts, inter, hidden, self.dtype, self.device,
+                                      chunk_tokens=chunk_tokens)
 
     def run(self, x, w_gate, w_up, w_down, topk_ids, topk_weights):
         if self.impl == "reference":
@@ -63,7 +63,7 @@ class MoEExec:
         from paddle_mla.models.fused_moe.kernels import fused_moe
 
         if self.workspace is None:   # tools that skip the engine's start-up: one chunk-sized workspace
-            self.reserve(8192, w_gate.shape[1], x.shape[1])
+            self.reserve(8192, topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1], x.shape[1])
         return fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, self.workspace)
 
 

@@ -26,6 +26,42 @@ def dequant_block_fp8(w_q, w_scale, block: int = 128):
     return w_q.to(torch.float32) * s
 
 
+def quant_block_fp8_reference(w, block: int = 128):
+    """float [E, N, K] -> (float8_e4m3fn [E, N, K], fp32 scales [E, ceil(N/block), ceil(K/block)]),
+    one scale per block x block tile: amax / 448 (floored at 1e-10). Builds FP8 test weights."""
+    E, N, K = w.shape
+    nb, kb = -(-N // block), -(-K // block)
+    wp = torch.zeros(E, nb * block, kb * block, dtype=torch.float32, device=w.device)
+    wp[:, :N, :K] = w.to(torch.float32)
+    tiles = wp.view(E, nb, block, kb, block)
+    scale = torch.clamp(torch.amax(torch.amax(tiles.abs(), 4), 2) / FP8_MAX, min=1e-10)        # [E, nb, kb]
+    q = tiles / scale.unsqueeze(2).unsqueeze(4)
+    q = torch.clamp(q, -FP8_MAX, FP8_MAX).view(E, nb * block, kb * block)[:, :N, :K]
+    return q.contiguous().to(torch.float8_e4m3fn), scale
+
+
+def act_quant_reference(x, group: int = 128):
+    """Per-token-group e4m3 quantization: x [M, K] (K % group == 0) -> (q [M, K] e4m3, scale [M, K/group] fp32),
+    scale = max(amax(|group|) / 448, 1e-10), q = clamp(x / scale, -448, 448) (what the fused MoE expects
+    of its ``act_quant``)."""
+    M, K = x.shape
+    g = x.to(torch.float32).view(M, K // group, group)
+    scale = torch.clamp(torch.amax(g.abs(), -1) / FP8_MAX, min=1e-10)
+    q = torch.clamp(g / scale.unsqueeze(-1), -FP8_MAX, FP8_MAX).view(M, K)
+    return q.to(torch.float8_e4m3fn), scale
+
+
+def act_qdq_reference(x, group: int = 128):
+    """Quantize-dequantize per token group (what a w8a8 kernel sees), in x's dtype; K padded to the group."""
+    M, K = x.shape
+    kp = -(-K // group) * group
+    xp = torch.zeros(M, kp, dtype=torch.float32, device=x.device)
+    xp[:, :K] = x.to(torch.float32)
+    q, scale = act_quant_reference(xp, group)
+    deq = q.to(torch.float32).view(M, kp // group, group) * scale.unsqueeze(-1)
+    return deq.view(M, kp)[:, :K].to(x.dtype)
+
+
 def routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, act_qdq=None):
     """x [T, K]; w_gate/w_up [E, N, K]; w_down [E, K, N]; topk_ids [T, top_k] int; topk_weights [T, top_k].
 
