@@ -117,3 +117,21 @@ class TestFusedKernels:
             assert ex.impl == impl
             outs[impl] = ex.run(*case).cpu().numpy()
         np.testing.assert_allclose(outs["triton"], outs["reference"], atol=2e-4, rtol=2e-4)
+
+
+def test_launch_config_reads_json_nearest_m(tmp_path, monkeypatch):
+    import json
+
+    from paddle_mla.models.fused_moe import launch_config as lc
+
+    cfg = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, GROUP_M=4, num_warps=4, num_stages=3)
+    table = {"1": dict(cfg, BLOCK_M=16), "256": cfg}
+    (tmp_path / lc.config_file_name(8, 96, 80, "bf16", "Fake GPU")).write_text(json.dumps(table))
+    monkeypatch.setattr(lc, "CONFIG_DIR", tmp_path)
+    lc.load_configs.cache_clear()
+    try:
+        assert lc.get_config(3, 8, 96, 80, 2, "bf16", "Fake GPU")["BLOCK_M"] == 16
+        assert lc.get_config(200, 8, 96, 80, 2, "bf16", "Fake GPU") == cfg
+        assert lc.get_config(200, 8, 96, 80, 2, "bf16", "Other GPU") == lc.default_config(200, 8, 2, "bf16")
+    finally:
+        lc.load_configs.cache_clear()
