@@ -84,7 +84,7 @@ def _fp8_case(M, pattern, e, top_k, n, k, seed):
 def test_fp8_matches_dequantized_reference(M, pattern):
     got, ref = _fp8_case(M, pattern, E, TOP_K, N, K, seed=M)
     err = _rel(got, ref)
-    assert err < 2e-2, f"fp8 E={E} top{TOP_K} N={N} K={K} M={M} {pattern}: rel err {err:.2e} vs the dequantized reference"
+    assert err < 2e-2, f"fp8 E={E} top{TOP_K} N={N} K={K} M={M} {pattern}: rel err {err:.2e} vs dequantized reference"
 
 
 def test_fp8_v3_dims():
@@ -97,7 +97,7 @@ def test_fp8_v3_dims():
 @pytest.mark.parametrize("cfg", [
     dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=2),
     dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4),
-    dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, GROUP_M=16, num_warps=8, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, GROUP_M=16, num_warps=8, num_stages=2),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)])
 def test_configs_and_chunks_bf16(cfg):
     case = _case(2048, "random", seed=9, dtype=torch.bfloat16)

@@ -62,16 +62,25 @@ def act_quant_fn():
 
 @dataclass
 class Weights:
-    w_gate: object
-    w_up: object
+    """Gate and up are views of one [E, 2N, K] tensor (SGLang's w13 layout; ours takes the views),
+    so the V3 bf16 weights exist once (22.5 GB)."""
+    w13: object
     w_down: object
-    s_gate: object = None
-    s_up: object = None
+    s13: object = None
     s_down: object = None
 
     @property
     def fp8(self) -> bool:
-        return self.s_gate is not None
+        return self.s13 is not None
+
+    @property
+    def N(self) -> int:
+        return self.w13.shape[1] // 2
+
+    w_gate = property(lambda self: self.w13[:, :self.N])
+    w_up = property(lambda self: self.w13[:, self.N:])
+    s_gate = property(lambda self: None if self.s13 is None else self.s13[:, :self.s13.shape[1] // 2])
+    s_up = property(lambda self: None if self.s13 is None else self.s13[:, self.s13.shape[1] // 2:])
 
 
 def make_weights(shape: Shape, fp8: bool, seed: int = 0) -> Weights:
@@ -79,19 +88,18 @@ def make_weights(shape: Shape, fp8: bool, seed: int = 0) -> Weights:
     E, N, K = shape.E, shape.N, shape.K
 
     def w(rows, cols):
-        if not fp8:
-            return torch.randn(E, rows, cols, device=Env.device, dtype=Env.dtype) * 0.02
-        q = torch.empty(E, rows, cols, device=Env.device, dtype=torch.float8_e4m3fn)
+        out = torch.empty(E, rows, cols, device=Env.device, dtype=torch.float8_e4m3fn if fp8 else Env.dtype)
         for e in range(0, E, 16):     # bounded temporaries at V3 sizes
-            q[e:e + 16] = (torch.randn(min(16, E - e), rows, cols, device=Env.device) * 64).clamp(-448, 448)
-        return q
+            r = torch.randn(min(16, E - e), rows, cols, device=Env.device)
+            out[e:e + 16] = (r * 64).clamp(-448, 448) if fp8 else r * 0.02
+        return out
 
     def s(rows, cols):
         return torch.rand(E, triton.cdiv(rows, 128), triton.cdiv(cols, 128), device=Env.device) * 4e-4 + 1e-4
 
     if not fp8:
-        return Weights(w(N, K), w(N, K), w(K, N))
-    return Weights(w(N, K), w(N, K), w(K, N), s(N, K), s(N, K), s(K, N))
+        return Weights(w(2 * N, K), w(K, N))
+    return Weights(w(2 * N, K), w(K, N), s(2 * N, K), s(K, N))
 
 
 def make_inputs(shape: Shape, M: int, seed: int = 0):
@@ -183,10 +191,7 @@ class SGLangMoE:
 
         self.kern, cfgmod = sg
         self.shape, self.M, self.fp8 = shape, M, wts.fp8
-        self.w13 = torch.cat([wts.w_gate, wts.w_up], 1)            # [E, 2N, K], gate first
-        self.w2 = wts.w_down
-        self.s13 = torch.cat([wts.s_gate, wts.s_up], 1) if wts.fp8 else None
-        self.s2 = wts.s_down
+        self.w13, self.w2, self.s13, self.s2 = wts.w13, wts.w_down, wts.s13, wts.s_down   # [E, 2N, K], gate first
         self.block_shape = [128, 128] if wts.fp8 else None
         self.config = cfgmod.try_get_optimal_moe_config(self.w13.shape, self.w2.shape, shape.top_k,
                                                         "fp8_w8a8" if wts.fp8 else None, M,
@@ -203,8 +208,9 @@ class SGLangMoE:
 
         k, cfg, tk, N = self.kern, self.config, self.shape.top_k, self.shape.N
         sorted_ids, expert_ids, total = moe_align(ids, self.align, cfg["BLOCK_SIZE_M"])
-        common = dict(compute_type=tl.float16 if Env.smoke else tl.bfloat16, use_fp8_w8a8=self.fp8, use_int8_w8a8=False, use_int8_w8a16=False,
-                      use_int4_w4a16=False, per_channel_quant=False, block_shape=self.block_shape)
+        common = dict(compute_type=tl.float16 if Env.smoke else tl.bfloat16, use_fp8_w8a8=self.fp8,
+                      use_int8_w8a8=False, use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=False,
+                      block_shape=self.block_shape)
         k.invoke_fused_moe_kernel(x, self.w13, None, self.c1, None, self.s13, None, weights, ids, sorted_ids,
                                   expert_ids, total, False, tk, cfg, **common)
         rows = self.M * tk

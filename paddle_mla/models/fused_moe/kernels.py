@@ -63,6 +63,8 @@ class MoEWorkspace:
 def _launch_gemm(a, b, b2, c, a_scale, b_scale, b2_scale, c_scale, topk_weights, sorted_ids, expert_ids, total,
                  num_pairs, a_row_div, gated, mul_routed, cfg):
     E, N, K = b.shape
+    if gated and (b2.stride() != b.stride() or (b_scale is not None and b2_scale.stride() != b_scale.stride())):
+        raise ValueError(f"fused_moe: gate and up weights (and scales) must share strides: {b.stride()} vs {b2.stride()}")
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     grid = (triton.cdiv(sorted_ids.numel(), bm) * triton.cdiv(N, bn),)
     scaled = b_scale is not None
@@ -83,14 +85,27 @@ def _launch_gemm(a, b, b2, c, a_scale, b_scale, b2_scale, c_scale, topk_weights,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
-def _fit_config(cfg: dict, fp8: bool, gated: bool) -> dict:
+SMEM_BUDGET = 200 * 1024    # bytes of pipelined tiles a config may use (H100/H200 allow 227 KiB per block)
+
+
+def _fit_config(cfg: dict, fp8: bool, gated: bool, elt: int) -> dict:
     """Constraints of the kernel: FP8 K tiles divide the 128-wide scale groups; the gate+up GEMM
-    quantizes its output per 128 columns, so its BLOCK_N is 128."""
+    quantizes its output per 128 columns, so its BLOCK_N is 128. Then fewer pipeline stages (and
+    at last a narrower K tile) until the A and B tiles fit in shared memory (fp32 tiles, two B
+    tiles when gated): a heuristic config must not fail with OutOfResources."""
     cfg = dict(cfg)
     if fp8:
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], FP8_GROUP)
         if gated:
             cfg["BLOCK_N"] = FP8_GROUP
+
+    def smem(c):
+        return c["num_stages"] * (c["BLOCK_M"] * c["BLOCK_K"] + (2 if gated else 1) * c["BLOCK_K"] * c["BLOCK_N"]) * elt
+
+    while smem(cfg) > SMEM_BUDGET and cfg["num_stages"] > 2:
+        cfg["num_stages"] -= 1
+    while smem(cfg) > SMEM_BUDGET and cfg["BLOCK_K"] > 32:
+        cfg["BLOCK_K"] //= 2
     return cfg
 
 
@@ -111,6 +126,7 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
                          f"does not fit this call (top_k {top_k}, E {E}, N {N}, K {K}, {x.dtype}, fp8 {fp8})")
     out = torch.empty_like(x)
     dtype_name = "fp8_w8a8" if fp8 else _DTYPE_NAMES[x.dtype]
+    elt = 1 if fp8 else x.element_size()
     ids_all = topk_ids.to(torch.int32).contiguous()
     w_all = topk_weights.to(torch.float32).contiguous()
     for start in range(0, M, workspace.chunk):
@@ -127,10 +143,11 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
             xc, a_scale = act_quant(xc)
         _launch_gemm(xc, w_gate, w_up, inter, a_scale, w_gate_scale, w_up_scale, inter_scale, None, sorted_ids,
                      expert_ids, total, num_pairs, top_k, gated=True, mul_routed=False,
-                     cfg=_fit_config(cfg, fp8, True))
+                     cfg=_fit_config(cfg, fp8, True, elt))
         down = workspace.down_out[:num_pairs]
         _launch_gemm(inter, w_down, None, down, inter_scale, w_down_scale, None, None, weights, sorted_ids,
-                     expert_ids, total, num_pairs, 1, gated=False, mul_routed=True, cfg=_fit_config(cfg, fp8, False))
+                     expert_ids, total, num_pairs, 1, gated=False, mul_routed=True,
+                     cfg=_fit_config(cfg, fp8, False, elt))
         bk = min(1024, triton.next_power_of_2(K))
         sum_topk_kernel[(m, triton.cdiv(K, bk))](down, out[start:start + m], K, TOP_K=top_k, BLOCK_K=bk)
     return out
