@@ -88,8 +88,8 @@ def test_fp8_matches_dequantized_reference(M, pattern):
 
 
 def test_fp8_v3_dims():
-    """V3 expert dims (N=2048, K=7168), top-8, 16 experts (the reference dequantizes to fp32)."""
-    got, ref = _fp8_case(83, "random", 16, 8, 2048, 7168, seed=1)
+    """V3 expert dims (N=2048, K=7168), top-4 of 8 experts (the reference dequantizes to fp32)."""
+    got, ref = _fp8_case(83, "random", 8, 4, 2048, 7168, seed=1)
     err = _rel(got, ref)
     assert err < 2e-2, f"fp8 V3 dims M=83: rel err {err:.2e}"
 
