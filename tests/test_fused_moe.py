@@ -56,11 +56,12 @@ class TestFusedKernels:
 
     @pytest.mark.parametrize("block_m", [16, 64])
     @pytest.mark.parametrize("pattern", ["random", "two_full_rest_empty", "one_token_per_expert_skew"])
-    def test_align(self, pattern, block_m):
+    @pytest.mark.parametrize("M,e,top_k", [(83, E, TOP_K), (200, 160, 4)])   # 160 experts: many label programs
+    def test_align(self, pattern, block_m, M, e, top_k):
         from paddle_mla.models.fused_moe.align import AlignBuffers, moe_align
 
-        M = 83
-        _, _, _, _, ids, _ = _case(M, pattern)
+        ids = _t(routing(pattern, M, e, top_k, seed=M)[0])
+        E, TOP_K = e, top_k
         buf = AlignBuffers(M * TOP_K, E, DEV)
         sorted_ids, expert_ids, total = moe_align(ids, buf, block_m)
         s, ex, tot = sorted_ids.cpu().numpy(), expert_ids.cpu().numpy(), int(total.cpu().numpy()[0])

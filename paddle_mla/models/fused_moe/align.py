@@ -2,8 +2,8 @@
 
 Three small Triton kernels, no host sync, fixed-size outputs (so it runs inside a CUDA graph):
   1. count:   atomic histogram of the expert ids;
-  2. offsets: one program: padded counts, their exclusive cumsum (each expert's first slot), the
-              padded total, and the expert of every BLOCK_M block;
+  2. offsets: padded counts, their exclusive cumsum (each expert's first slot), the padded total,
+              and the expert of every BLOCK_M block (programs over the blocks);
   3. scatter: each pair takes the next slot of its expert with an atomic increment.
 Slots inside an expert are in arbitrary order; that changes which rows share a GEMM tile, not any
 row's result (rows of a tile are independent, the top-k sum runs later in a fixed order).
@@ -33,22 +33,25 @@ def _count_kernel(ids_ptr, counts_ptr, num_pairs, BLOCK: tl.constexpr):
 @triton.jit
 def _offsets_kernel(counts_ptr, cursor_ptr, expert_ids_ptr, total_ptr, num_experts, max_blocks,
                     BLOCK_M: tl.constexpr, E_P2: tl.constexpr, BLOCK_B: tl.constexpr):
+    # every program recomputes the (cheap) padded cumsum and labels its BLOCK_B blocks; program 0
+    # also writes each expert's first slot (the scatter cursor) and the padded total
     e = tl.arange(0, E_P2)
     emask = e < num_experts
     cnt = tl.load(counts_ptr + e, mask=emask, other=0)
     padded = (cnt + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     end = tl.cumsum(padded, 0)
-    tl.store(cursor_ptr + e, end - padded, mask=emask)
     total = tl.sum(padded, 0)
-    tl.store(total_ptr, total)
+    pid = tl.program_id(0)
+    if pid == 0:
+        tl.store(cursor_ptr + e, end - padded, mask=emask)
+        tl.store(total_ptr, total)
     # the expert of block b is the number of experts whose padded run ends at or before b * BLOCK_M
     end_valid = tl.where(emask, end, 2147483647)
-    for b0 in range(0, max_blocks, BLOCK_B):
-        b = b0 + tl.arange(0, BLOCK_B)
-        row = b * BLOCK_M
-        owner = tl.sum((end_valid[None, :] <= row[:, None]).to(tl.int32), 1)
-        owner = tl.where(row < total, owner, -1)
-        tl.store(expert_ids_ptr + b, owner, mask=b < max_blocks)
+    b = pid * BLOCK_B + tl.arange(0, BLOCK_B)
+    row = b * BLOCK_M
+    owner = tl.sum((end_valid[None, :] <= row[:, None]).to(tl.int32), 1)
+    owner = tl.where(row < total, owner, -1)
+    tl.store(expert_ids_ptr + b, owner, mask=b < max_blocks)
 
 
 @triton.jit
@@ -100,7 +103,8 @@ def moe_align(topk_ids, buf: AlignBuffers, block_m: int):
     BLOCK = 256
     grid = (triton.cdiv(num_pairs, BLOCK),)
     _count_kernel[grid](ids, buf.counts, num_pairs, BLOCK=BLOCK)
-    _offsets_kernel[(1,)](buf.counts, buf.cursor, expert_ids, buf.total, E, blocks, BLOCK_M=bm,
-                          E_P2=triton.next_power_of_2(E), BLOCK_B=64 if E <= 128 else 16)
+    bb = 64 if E <= 128 else 16
+    _offsets_kernel[(triton.cdiv(blocks, bb),)](buf.counts, buf.cursor, expert_ids, buf.total, E, blocks, BLOCK_M=bm,
+                                               E_P2=triton.next_power_of_2(E), BLOCK_B=bb)
     _scatter_kernel[grid](ids, buf.cursor, sorted_ids, num_pairs, BLOCK=BLOCK)
     return sorted_ids, expert_ids, buf.total
