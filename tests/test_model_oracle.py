@@ -42,6 +42,16 @@ CONFIGS = {
     "v2_group_limited_qlora": ("deepseek_v2", dict(
         q_lora_rank=20, rope_parameters=_DEFAULT_ROPE, topk_method="group_limited_greedy", n_group=4, topk_group=2,
         routed_scaling_factor=2.0)),
+    # real routing widths (V2: 64 experts, top-6, group-limited; V3: 32 experts, top-8, noaux_tc):
+    # many experts get no token, some get several, so the routed path's grouping is exercised
+    "v2_64experts_top6_group_limited": ("deepseek_v2", dict(
+        q_lora_rank=None, rope_parameters=_DEFAULT_ROPE, topk_method="group_limited_greedy", n_group=8, topk_group=3,
+        n_routed_experts=64, num_experts_per_tok=6, norm_topk_prob=False, routed_scaling_factor=1.0,
+        moe_intermediate_size=12)),
+    "v3_32experts_top8_noaux": ("deepseek_v3", dict(
+        q_lora_rank=20, rope_parameters=_DEFAULT_ROPE, n_group=4, topk_group=2, n_routed_experts=32,
+        num_experts_per_tok=8, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,
+        moe_intermediate_size=12)),
 }
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla.models.arch import ModelArch, RopeSpec, yarn_get_mscale
+from paddle_mla.models.moe import MoE, MoEExec
 
 
 def rms_norm(x, weight, eps: float):
@@ -133,83 +134,17 @@ class DenseMLP:
         return linear(F.silu(linear(x, self.gate)) * linear(x, self.up), self.down)
 
 
-class MoE:
-    """Routed experts (+ shared experts) with the checkpoint's routing rule.
-
-    Known limitation: every expert runs densely over all tokens, weighted by a [T, E] combine matrix
-    (zero for unselected experts). That keeps the host out of the loop (no nonzero / boolean
-    indexing / .item()) and is exact, but costs E/top_k times the FLOPs: fine for tiny models,
-    not for real DeepSeek sizes (those need a grouped-GEMM / fused MoE kernel).
-    """
-
-    def __init__(self, arch: ModelArch, w: dict[str, Any], p: str):
-        self.spec = arch.moe
-        self.gate_w = w[p + "gate.weight"]                         # fp32 [E, hidden]
-        self.bias = w.get(p + "gate.e_score_correction_bias")      # fp32 [E] or None
-        self.w_gate, self.w_up, self.w_down = w[p + "experts.gate"], w[p + "experts.up"], w[p + "experts.down"]
-        self.shared = DenseMLP(w, p + "shared_experts.") if (p + "shared_experts.gate_proj.weight") in w else None
-
-    def route(self, x):
-        """-> combine weights [T, E] float32."""
-        s = self.spec
-        E = s.n_routed_experts
-        logits = F.linear(x.to(torch.float32), self.gate_w.to(torch.float32))
-        if s.scoring_func == "softmax":
-            scores = torch.softmax(logits, dim=-1)
-        elif s.scoring_func == "sigmoid":
-            scores = logits.sigmoid()
-        else:
-            raise ValueError(f"unsupported scoring_func {s.scoring_func!r}")
-        T = scores.shape[0]
-        if s.topk_method == "greedy":
-            choice, fill = scores, 0.0
-        elif s.topk_method in ("group_limited_greedy", "noaux_tc"):
-            if s.topk_method == "noaux_tc":
-                choice = scores + self.bias.unsqueeze(0) if self.bias is not None else scores
-                grouped = choice.view(T, s.n_group, E // s.n_group)
-                group_scores = torch.topk(grouped, 2, dim=-1)[0].sum(-1)
-                fill = float("-inf")
-            else:
-                choice = scores
-                group_scores = torch.amax(choice.view(T, s.n_group, E // s.n_group), -1)
-                fill = 0.0
-            group_idx = torch.topk(group_scores, s.topk_group, dim=-1)[1]
-            group_mask = F.one_hot(group_idx, s.n_group).sum(1) > 0                     # [T, G]
-            score_mask = group_mask.unsqueeze(-1).expand(T, s.n_group, E // s.n_group).reshape(T, E)
-            choice = torch.where(score_mask, choice, torch.full_like(choice, fill))
-        else:
-            raise ValueError(f"unsupported topk_method {s.topk_method!r}")
-        idx = torch.topk(choice, s.num_experts_per_tok, dim=-1)[1]
-        weights = scores.gather(1, idx)
-        if s.scale_after_norm:   # V3: normalise (optionally), then always scale
-            if s.norm_topk_prob:
-                weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-            weights = weights * s.routed_scaling_factor
-        elif s.norm_topk_prob and s.num_experts_per_tok > 1:   # V2's own code: normalise instead of scaling
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        else:
-            weights = weights * s.routed_scaling_factor
-        return (F.one_hot(idx, E).to(torch.float32) * weights.unsqueeze(-1)).sum(1)
-
-    def forward(self, x):
-        combine = self.route(x)                                                        # [T, E]
-        xe = x.unsqueeze(0)                                                            # [1, T, h]
-        h = F.silu(torch.matmul(xe, self.w_gate.transpose(1, 2))) * torch.matmul(xe, self.w_up.transpose(1, 2))
-        y = torch.matmul(h, self.w_down.transpose(1, 2))                               # [E, T, h]
-        out = (y.to(torch.float32) * combine.transpose(0, 1).unsqueeze(-1)).sum(0).to(x.dtype)
-        if self.shared is not None:
-            out = out + self.shared.forward(x)
-        return out
-
-
 class DecoderLayer:
-    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int):
+    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, moe_exec: MoEExec):
         p = f"model.layers.{i}."
         self.eps = arch.rms_norm_eps
         self.in_norm = w[p + "input_layernorm.weight"]
         self.post_norm = w[p + "post_attention_layernorm.weight"]
         self.attn = MLAAttention(arch, w, p)
-        self.mlp = MoE(arch, w, p + "mlp.") if arch.moe and arch.moe.is_moe_layer(i) else DenseMLP(w, p + "mlp.")
+        if arch.moe and arch.moe.is_moe_layer(i):
+            self.mlp = MoE(arch, w, p + "mlp.", moe_exec, DenseMLP)
+        else:
+            self.mlp = DenseMLP(w, p + "mlp.")
 
     def forward(self, h, cos, sin, rope, backend, kv_cache, meta):
         h = h + self.attn.forward(rms_norm(h, self.in_norm, self.eps), cos, sin, rope, backend, kv_cache, meta)
@@ -224,9 +159,18 @@ class CausalLM:
         self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
         if self.lm_head is None:
             raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
-        self.layers = [DecoderLayer(arch, weights, i) for i in range(arch.num_layers)]
+        self.moe_exec = MoEExec(device, dtype)
+        self.layers = [DecoderLayer(arch, weights, i, self.moe_exec) for i in range(arch.num_layers)]
         self.rope = Rope(arch.rope, device)
         self.backend = None
+
+    def reserve_moe_workspace(self, max_num_tokens: int) -> None:
+        """Size the fused MoE buffers for calls of up to ``max_num_tokens`` tokens (once, at start-up)."""
+        moe = next((layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)), None)
+        if moe is not None:
+            s = self.arch.moe
+            self.moe_exec.reserve(max_num_tokens, s.num_experts_per_tok, s.n_routed_experts, moe.inter_size,
+                                  self.arch.hidden_size)
 
     def set_backend(self, backend) -> None:
         self.backend = backend

@@ -1,0 +1,132 @@
+"""DeepSeek MoE layer: the checkpoint's routing rule, then routed experts (+ shared experts).
+
+Only the selected (token, expert) pairs are computed. Two implementations of the same algorithm:
+  - ``triton``: the fused MoE (models/fused_moe/kernels.py), no host sync, CUDA-graph safe; the
+    workspace is sized once (``MoEExec.reserve``, from scheduler.max_num_batched_tokens);
+  - ``reference``: plain tensors, pairs grouped by expert on the host (fused_moe/reference.py);
+    what CPU and the ``native`` path run, and the oracle of the kernels.
+``auto`` (default) picks triton when the layer's tensors are on a GPU that Triton can drive; env
+``PADDLE_MLA_MOE=reference|triton|auto`` overrides it (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from paddle_mla import runtime
+from paddle_mla.models.arch import ModelArch, MoESpec
+from paddle_mla.models.fused_moe.reference import routed_moe_reference
+
+MOE_IMPLS = ("auto", "reference", "triton")
+
+
+def select_moe_impl(device_kind: str) -> str:
+    """'reference' or 'triton' for tensors on ``device_kind`` ('cpu' | 'gpu'), honouring PADDLE_MLA_MOE."""
+    want = os.environ.get("PADDLE_MLA_MOE", "auto").lower()
+    if want not in MOE_IMPLS:
+        raise ValueError(f"PADDLE_MLA_MOE must be one of {', '.join(MOE_IMPLS)}, got {want!r}")
+    ok, why = runtime.supports_triton_on(device_kind)
+    if want == "triton":
+        if not ok:
+            raise RuntimeError(f"PADDLE_MLA_MOE=triton cannot run on {device_kind}: {why}")
+        return "triton"
+    if want == "reference":
+        return "reference"
+    return "triton" if (device_kind == "gpu" and ok) else "reference"
+
+
+class MoEExec:
+    """How a model's MoE layers run: the implementation and the one workspace they share."""
+
+    def __init__(self, device: str, dtype: Any):
+        self.device, self.dtype = device, dtype
+        self.impl = select_moe_impl("cpu" if device == "cpu" else "gpu")
+        self.workspace = None
+
+    def reserve(self, max_tokens: int, top_k: int, num_experts: int, inter: int, hidden: int,
+                chunk_tokens: int = 8192) -> None:
+        """Size the fused MoE workspace once, at start-up (no-op for the reference)."""
+        if self.impl != "triton":
+            return
+        from paddle_mla.models.fused_moe.kernels import MoEWorkspace   # imports Triton
+
+        self.workspace = MoEWorkspace(max_tokens, top_k, num_experts, inter, hidden, self.dtype, self.device,
+                                      chunk_tokens=chunk_tokens)
+
+    def run(self, x, w_gate, w_up, w_down, topk_ids, topk_weights):
+        if self.impl == "reference":
+            return routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights)
+        from paddle_mla.models.fused_moe.kernels import fused_moe
+
+        if self.workspace is None:   # tools that skip the engine's start-up: one chunk-sized workspace
+            self.reserve(8192, topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1], x.shape[1])
+        return fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, self.workspace)
+
+
+def route(spec: MoESpec, x, gate_w, bias=None):
+    """DeepSeek routing -> (topk_ids [T, top_k] int64, topk_weights [T, top_k] float32), as transformers computes it."""
+    E = spec.n_routed_experts
+    logits = F.linear(x.to(torch.float32), gate_w.to(torch.float32))
+    if spec.scoring_func == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif spec.scoring_func == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        raise ValueError(f"unsupported scoring_func {spec.scoring_func!r}")
+    T = scores.shape[0]
+    if spec.topk_method == "greedy":
+        choice = scores
+    elif spec.topk_method in ("group_limited_greedy", "noaux_tc"):
+        if spec.topk_method == "noaux_tc":
+            choice = scores + bias.unsqueeze(0) if bias is not None else scores
+            grouped = choice.view(T, spec.n_group, E // spec.n_group)
+            group_scores = torch.topk(grouped, 2, dim=-1)[0].sum(-1)
+            fill = float("-inf")
+        else:
+            choice = scores
+            group_scores = torch.amax(choice.view(T, spec.n_group, E // spec.n_group), -1)
+            fill = 0.0
+        group_idx = torch.topk(group_scores, spec.topk_group, dim=-1)[1]
+        group_mask = F.one_hot(group_idx, spec.n_group).sum(1) > 0                          # [T, G]
+        score_mask = group_mask.unsqueeze(-1).expand(T, spec.n_group, E // spec.n_group).reshape(T, E)
+        choice = torch.where(score_mask, choice, torch.full_like(choice, fill))
+    else:
+        raise ValueError(f"unsupported topk_method {spec.topk_method!r}")
+    idx = torch.topk(choice, spec.num_experts_per_tok, dim=-1)[1]
+    weights = scores.gather(1, idx)
+    if spec.scale_after_norm:   # V3: normalise (optionally), then always scale
+        if spec.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        weights = weights * spec.routed_scaling_factor
+    elif spec.norm_topk_prob and spec.num_experts_per_tok > 1:   # V2's own code: normalise instead of scaling
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    else:
+        weights = weights * spec.routed_scaling_factor
+    return idx, weights
+
+
+class MoE:
+    """Routed experts (+ shared experts); ``shared_mlp`` is the DenseMLP class (kept in deepseek.py)."""
+
+    def __init__(self, arch: ModelArch, w: dict[str, Any], p: str, exec_: MoEExec, shared_mlp):
+        self.spec = arch.moe
+        self.exec = exec_
+        self.gate_w = w[p + "gate.weight"]                         # fp32 [E, hidden]
+        self.bias = w.get(p + "gate.e_score_correction_bias")      # fp32 [E] or None
+        self.w_gate, self.w_up, self.w_down = w[p + "experts.gate"], w[p + "experts.up"], w[p + "experts.down"]
+        self.shared = shared_mlp(w, p + "shared_experts.") if (p + "shared_experts.gate_proj.weight") in w else None
+
+    @property
+    def inter_size(self) -> int:
+        return self.w_gate.shape[1]
+
+    def forward(self, x):
+        topk_ids, topk_weights = route(self.spec, x, self.gate_w, self.bias)
+        out = self.exec.run(x, self.w_gate, self.w_up, self.w_down, topk_ids, topk_weights)
+        if self.shared is not None:
+            out = out + self.shared.forward(x)
+        return out

@@ -1,0 +1,107 @@
+"""Chooses fused MoE launch configs per token count on this GPU and writes them as JSON data.
+
+For one shape (E, top-k, N, K) and dtype (bf16 | fp8_w8a8), each M of the list times the whole
+fused MoE (align + both GEMMs + sum; CUDA-graph replay medians) over a config space and keeps the
+fastest config whose output matches the heuristic default's (relative error < 1e-2; configs that
+fail to compile, e.g. out of shared memory, are skipped). The table goes to
+paddle_mla/models/fused_moe/configs/E=..,N=..,K=..,dtype=..,device=<GPU>.json, which
+launch_config.get_config reads (nearest M). Commit the file.
+
+  python3 tools/tune_fused_moe.py --shape v2lite --dtype bf16 [--m 1,16,64,...] [--space small|full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+from fused_moe_bench_lib import SHAPES, Env, Shape, act_quant_fn, bench_us, device_name, make_inputs, make_weights
+
+import torch  # noqa: I001
+
+from paddle_mla.models.fused_moe.kernels import MoEWorkspace, fused_moe  # noqa: E402
+from paddle_mla.models.fused_moe.launch_config import CONFIG_DIR, config_file_name, default_config  # noqa: E402
+
+DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def space(kind: str, M: int, shape: Shape, fp8: bool):
+    rows = M * shape.top_k / shape.E
+    bms = [b for b in (16, 32, 64, 128) if b <= max(16, 2 * rows)] or [16]
+    if kind == "small":
+        grid = dict(BLOCK_M=bms, BLOCK_N=[64, 128], BLOCK_K=[64, 128], GROUP_M=[1, 16], num_warps=[4, 8],
+                    num_stages=[3, 4])
+    else:
+        grid = dict(BLOCK_M=bms, BLOCK_N=[32, 64, 128, 256], BLOCK_K=[64, 128, 256], GROUP_M=[1, 8, 16, 32],
+                    num_warps=[4, 8], num_stages=[2, 3, 4, 5])
+    if fp8:          # K tiles divide the 128-wide scale groups
+        grid["BLOCK_K"] = [128] if kind == "small" else [64, 128]
+    keys = list(grid)
+    seen = set()
+    for values in itertools.product(*(grid[k] for k in keys)):
+        cfg = dict(zip(keys, values))
+        sig = tuple(cfg.values())
+        if sig not in seen:
+            seen.add(sig)
+            yield cfg
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--dtype", choices=("bf16", "fp8_w8a8"), default="bf16")
+    ap.add_argument("--m", default=None, help="comma-separated token counts")
+    ap.add_argument("--space", choices=("small", "full"), default="small")
+    ap.add_argument("--budget-s", type=float, default=120.0, help="time limit per M (the best so far is kept)")
+    ap.add_argument("--out", default=None, help="JSON path (default: the package's configs/ folder)")
+    ap.add_argument("--smoke", action="store_true", help="check this tool on CPU (TRITON_INTERPRET=1, fp16)")
+    args = ap.parse_args()
+    if args.smoke:
+        Env.set_smoke()
+    shape, fp8 = SHAPES[args.shape], args.dtype == "fp8_w8a8"
+    ms = tuple(int(m) for m in args.m.split(",")) if args.m else DEFAULT_M
+    wts = make_weights(shape, fp8)
+    quant, _ = act_quant_fn()
+    ws = MoEWorkspace(max(ms), shape.top_k, shape.E, shape.N, shape.K, Env.dtype, Env.device, fp8=fp8)
+    extra = dict(w_gate_scale=wts.s_gate, w_up_scale=wts.s_up, w_down_scale=wts.s_down, act_quant=quant) if fp8 else {}
+    device = device_name()
+    table = {}
+    for M in ms:
+        x, ids, w = make_inputs(shape, M)
+
+        def run(cfg):
+            return fused_moe(x, wts.w_gate, wts.w_up, wts.w_down, ids, w, ws, config=cfg, **extra)
+
+        base_cfg = default_config(M, shape.E, shape.top_k, args.dtype)
+        base = run(base_cfg).float()
+        best, best_us, tried, t0 = base_cfg, bench_us(lambda: run(base_cfg)), 0, time.time()
+        for cfg in space(args.space, M, shape, fp8):
+            if time.time() - t0 > args.budget_s:
+                print(f"  M={M}: budget reached after {tried} configs")
+                break
+            tried += 1
+            try:
+                out = run(cfg).float()
+                err = float((out - base).norm() / base.norm().clamp_min(1e-30))
+                if err > 1e-2:
+                    print(f"  M={M}: {cfg} disagrees with the default config (rel err {err:.1e}); skipped")
+                    continue
+                us = bench_us(lambda: run(cfg), use_graph=True)
+            except Exception as e:  # noqa: BLE001  (out of shared memory and the like)
+                print(f"  M={M}: {cfg} failed: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            if us < best_us:
+                best, best_us = cfg, us
+        print(f"M={M}: {best_us:.1f} µs with {best} ({tried} configs tried)", flush=True)
+        table[str(M)] = best
+    path = args.out or str(CONFIG_DIR / config_file_name(shape.E, shape.N, shape.K, args.dtype, device))
+    with open(path, "w") as fh:
+        json.dump(table, fh, indent=1)
+        fh.write("\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
