@@ -24,6 +24,18 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def _paddle_is_cpu_build() -> bool:
+    """True when the installed Paddle is a CPU-only build, read from its version file without
+    importing it (importing Paddle takes seconds and prints warnings)."""
+    spec = importlib.util.find_spec("paddle")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        version_file = os.path.join(folder, "version", "__init__.py")
+        if os.path.exists(version_file):
+            with open(version_file, encoding="utf-8") as f:
+                return any(line.replace(" ", "").startswith("cuda_version='False'") for line in f)
+    return False
+
+
 def _paddle_sees_gpu() -> bool:
     import paddle
 
@@ -46,7 +58,7 @@ def _resolve_auto() -> str:
     # on CPU torch, which runs the tiny model about 3.8x faster than Paddle's proxy does.
     if has_torch and _torch_sees_gpu():
         return "torch"
-    if has_paddle and _paddle_sees_gpu():
+    if has_paddle and not _paddle_is_cpu_build() and _paddle_sees_gpu():
         return "paddle"
     return "torch" if has_torch else "paddle"
 
