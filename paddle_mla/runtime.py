@@ -83,7 +83,11 @@ def select(name: str | None = None) -> str:
         extra = "paddle" if chosen == "paddle" else "torch"
         raise RuntimeError(f"runtime {chosen!r} is not installed: pip install 'paddle-mla[{extra}]'")
     if chosen == "paddle":
-        import paddle
+        with warnings.catch_warnings():
+            # importing Paddle warns "No ccache found" (about its own extension builds, irrelevant
+            # here), which would otherwise precede the CLI's first line saying what runs
+            warnings.filterwarnings("ignore", message="No ccache found")
+            import paddle
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
