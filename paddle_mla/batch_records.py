@@ -19,6 +19,9 @@ OpenAI batch lines (``custom_id`` / ``body``) are answered as OpenAI's Batch API
      "body": <text_completion | chat.completion>}, "error": null}
     {"id": "batch_req_...", "custom_id", "response": null, "error": {"code", "message"}, "line"}
 
+OpenAI bodies spell a token without a tokenizer as ``"token_id:N"`` everywhere (their
+``text`` / ``content`` is then null).
+
 Error records of plain lines: {"id", "error": {"type", "message"}, "line"}. ``warnings`` (e.g.
 max_tokens cut at max_model_len) is added to either kind when the engine gave any.
 """
@@ -138,7 +141,7 @@ def openai_body(out: Any, fmt: LineFormat, tokens: TokenText, model: str, key: s
     """A text_completion or chat.completion object (OpenAI's field names)."""
     choices = []
     for c in out.outputs:
-        text = c.text if c.text is not None else None
+        text = c.text
         choice: dict[str, Any] = {"index": c.index}
         if fmt.chat:
             choice["message"] = {"role": "assistant", "content": text}
