@@ -3,6 +3,8 @@ model or tensor library is loaded (ARCHITECTURE section 5)."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,9 +34,35 @@ BACKEND_CAPS: dict[str, BackendCaps] = {
 }
 
 
-def check_backend(cfg: EngineConfig) -> list[str]:
-    """Errors for a backend/feature combination the backend does not support, naming alternatives."""
-    name = cfg.attention.backend
+def resolve_backend(name: str, device_kind: str) -> str:
+    """``auto`` -> ``triton_mla`` on a GPU when triton is importable, else ``native``; other names as given."""
+    if name != "auto":
+        return name
+    if device_kind == "gpu" and importlib.util.find_spec("triton") is not None:
+        return "triton_mla"
+    return "native"
+
+
+def resolved_config(cfg: EngineConfig, device_kind: str) -> EngineConfig:
+    """A copy of ``cfg`` with the backend and device resolved for ``device_kind`` (cpu | gpu),
+    checked against the capability table (``ConfigError`` listing the problems)."""
+    from paddle_mla.config import ConfigError
+
+    backend = resolve_backend(cfg.attention.backend, device_kind)
+    out = dataclasses.replace(cfg, device=device_kind,
+                              attention=dataclasses.replace(cfg.attention, backend=backend))
+    errors = check_backend(out)
+    if errors:
+        source = f"attention.backend auto resolved to {backend!r} on {device_kind}: " \
+            if cfg.attention.backend == "auto" else ""
+        raise ConfigError([source + e for e in errors])
+    return out
+
+
+def check_backend(cfg: EngineConfig, name: str | None = None) -> list[str]:
+    """Errors for a backend/feature combination the backend does not support, naming alternatives
+    (``name``: the backend to check, default the config's)."""
+    name = name or cfg.attention.backend
     caps = BACKEND_CAPS[name]
     errors: list[str] = []
     ready = [n for n, c in BACKEND_CAPS.items() if c.implemented]

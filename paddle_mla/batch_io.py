@@ -7,7 +7,8 @@ Output is append-only, one ``write`` per line, flushed per line, fsynced every f
 the end. A record's *key* says which input line it answers, so ``--resume`` can skip finished
 lines:
 
-- a line with an id (``id`` or ``custom_id``) is keyed by that id;
+- a line with an id (``id`` or ``custom_id``; an OpenAI record's own ``id`` is its batch_req id,
+  not the key) is keyed by that id;
 - a line without an id, with an unreadable id, or whose id repeats an earlier one (the
   ``duplicate_id`` error) is keyed by its line number; its record carries ``"line": N``.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from paddle_mla.batch_parse import id_key
+from paddle_mla.batch_records import is_error_record, is_output_record, record_error_kind, record_ident
 
 _BLANK = b" \t\r\n\f\v"
 
@@ -55,35 +57,11 @@ def input_key(ident: Any, line_no: int, duplicate: bool) -> str:
 
 def record_key(record: dict[str, Any]) -> str | None:
     """The key of an output record (see the module doc); None when it has neither id nor line."""
-    ident = record.get("id", record.get("custom_id"))
-    error = record.get("error")
-    duplicate = isinstance(error, dict) and error.get("type") == "duplicate_id"
-    if ident is not None and not duplicate:
+    ident = record_ident(record)
+    if ident is not None and record_error_kind(record) != "duplicate_id":
         return "id:" + id_key(ident)
     line = record.get("line")
     return line_key(line) if isinstance(line, int) else None
-
-
-def ok_record(id_field: str, ident: Any, line_no: int, out: Any) -> dict[str, Any]:
-    rec: dict[str, Any] = {id_field: ident}
-    if ident is None:
-        rec["line"] = line_no
-    rec.update(
-        text=out.text,
-        token_ids=list(out.token_ids),
-        finish_reason=out.finish_reason,
-        usage={
-            "prompt_tokens": len(out.prompt_token_ids),
-            "completion_tokens": len(out.token_ids),
-            "cached_tokens": out.metrics.num_cached_tokens,
-        },
-        seed=getattr(out, "seed", None),
-    )
-    return rec
-
-
-def error_record(id_field: str, ident: Any, line_no: int, kind: str, message: str) -> dict[str, Any]:
-    return {id_field: ident, "error": {"type": kind, "message": message}, "line": line_no}
 
 
 @dataclass
@@ -123,7 +101,7 @@ def prepare_resume(path: str | Path) -> ResumeState:
                 bad_line = bad_line or line_no
                 continue
             key = record_key(record)
-            if key is None or not ("error" in record or "finish_reason" in record):
+            if key is None or not is_output_record(record):
                 raise ResumeError(f"{p}:{line_no} is not a paddle-mla generate output record; "
                                   "refusing to append to it (check --output)")
             if bad_line:
@@ -131,7 +109,7 @@ def prepare_resume(path: str | Path) -> ResumeState:
                                   "repair or remove it, then resume")
             state.done.add(key)
             state.lines += 1
-            state.errors += "error" in record
+            state.errors += is_error_record(record)
             good_end += len(raw)
         size = f.seek(0, os.SEEK_END)
         if size > good_end:

@@ -6,12 +6,17 @@ Accepted forms (one JSON object per line)::
     {"id": "b", "messages": [{"role": "user", "content": "Hi"}]}
     {"id": "c", "prompt_token_ids": [1, 2, 3]}
     {"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": {"prompt": "..", "model": ".."}}
+    {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [..]}}
 
 Exactly one of prompt / messages / prompt_token_ids. Sampling fields: see ``SAMPLING_FIELDS``; a
-JSON null means "use the config default". Length policy (as vLLM): a prompt of max_model_len
-tokens or more is an error; otherwise max_tokens is capped at max_model_len - prompt length (the
-output then ends with finish_reason "length"). A request without a seed gets one derived from the
-config seed and its line number, so reruns and resumed runs sample the same tokens.
+JSON null means "use the config default". ``logprobs``: on plain lines true/false or an integer k
+(logprobs with k alternatives, as OpenAI completions), with ``top_logprobs: k`` beside true; in an
+OpenAI body, as OpenAI has it: chat ``logprobs: true`` + ``top_logprobs: k``, completions
+``logprobs: k``. Length policy (as vLLM): a prompt of max_model_len tokens or more is an error; a
+longer max_tokens is cut by the engine, which says so in the output's warnings. A request without
+a seed gets one derived from the config seed and its line number, so reruns and resumed runs
+sample the same tokens. A model without a tokenizer runs only ``prompt_token_ids`` lines without
+stop strings (the others get a ``no_tokenizer`` error).
 
 This module imports no tensor library: the caller passes the engine's tokenizer, the default
 SamplingParams and the GenerationRequest class.
@@ -28,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from paddle_mla.tokenizer import NoTokenizerError
+
 PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids")
 # field -> (type check, description used in messages)
 _INT = (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
@@ -36,14 +43,24 @@ _BOOL = (lambda v: isinstance(v, bool), "true or false")
 _STOP = (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
          "a string or a list of strings")
 _IDS = (lambda v: isinstance(v, list) and all(_INT[0](t) for t in v), "a list of integers")
+_LOGPROBS = (lambda v: _BOOL[0](v) or _INT[0](v), "true, false or an integer (alternatives per token)")
 SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_tokens": _INT, "temperature": _NUM, "top_p": _NUM, "top_k": _INT, "seed": _INT,
     "stop": _STOP, "stop_token_ids": _IDS, "ignore_eos": _BOOL, "min_tokens": _INT,
+    "n": _INT, "presence_penalty": _NUM, "frequency_penalty": _NUM, "repetition_penalty": _NUM,
+    "logprobs": _LOGPROBS, "top_logprobs": _INT,
 }
 PLAIN_FIELDS = ("id", *PROMPT_FIELDS, *SAMPLING_FIELDS)
 OPENAI_FIELDS = ("custom_id", "method", "url", "body")
-BODY_FIELDS = ("model", *PROMPT_FIELDS, *SAMPLING_FIELDS)
+COMPLETIONS_URL, CHAT_URL = "/v1/completions", "/v1/chat/completions"
+# OpenAI's own spelling per endpoint: completions take ``logprobs: k``, chat ``logprobs: bool`` + ``top_logprobs``
+BODY_FIELDS = {
+    COMPLETIONS_URL: tuple(f for f in ("model", *PROMPT_FIELDS, *SAMPLING_FIELDS)
+                           if f not in ("messages", "top_logprobs")),
+    CHAT_URL: tuple(f for f in ("model", *PROMPT_FIELDS, *SAMPLING_FIELDS) if f not in ("prompt", "prompt_token_ids")),
+}
 MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
+MAX_TOP_LOGPROBS = 20                 # as engine.request.MAX_TOP_LOGPROBS (this module imports no engine code)
 
 
 class LineError(Exception):
@@ -64,6 +81,15 @@ class Context:
     default_params: Any            # SamplingParams from the config's sampling section
     request_cls: type              # GenerationRequest
     base_seed: int = 0
+
+
+@dataclass
+class LineFormat:
+    """How a line's answer is written: plain or OpenAI batch, completion or chat shape."""
+
+    openai: bool
+    chat: bool                     # messages (chat.completion / chat logprobs) vs prompt (text_completion)
+    model: str | None = None       # the OpenAI body's "model", echoed in its response
 
 
 @dataclass
@@ -113,7 +139,7 @@ def split_line(raw: bytes) -> Parsed:
 
 
 def _body(parsed: Parsed) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The request fields of a line and the names valid there."""
+    """The request fields of a line and the names valid there (OpenAI lines: checked envelope)."""
     if parsed.id_field == "id":
         return parsed.fields, PLAIN_FIELDS
     for name in parsed.fields:
@@ -122,7 +148,70 @@ def _body(parsed: Parsed) -> tuple[dict[str, Any], tuple[str, ...]]:
     body = parsed.fields.get("body")
     if not isinstance(body, dict):
         raise LineError("invalid_request", "'body' must be a JSON object holding the request")
-    return body, BODY_FIELDS
+    method = parsed.fields.get("method", "POST")
+    if method != "POST":
+        raise LineError("invalid_request", f"'method' must be \"POST\", got {json.dumps(method)}")
+    url = parsed.fields.get("url")
+    if url not in BODY_FIELDS:
+        raise LineError("invalid_request", f"url {json.dumps(url)} is not supported; use {COMPLETIONS_URL!r} "
+                        f"or {CHAT_URL!r}")
+    if url == COMPLETIONS_URL and body.get("messages") is not None:
+        raise LineError("invalid_request", f"'messages' go to {CHAT_URL!r}; {COMPLETIONS_URL!r} takes 'prompt'")
+    if url == CHAT_URL and body.get("messages") is None and any(body.get(f) is not None for f in PROMPT_FIELDS):
+        raise LineError("invalid_request", f"{CHAT_URL!r} takes 'messages'; prompts go to {COMPLETIONS_URL!r}")
+    return body, BODY_FIELDS[url]
+
+
+def line_format(parsed: Parsed) -> LineFormat:
+    """The output shape of a line that passed ``build_request``."""
+    if parsed.id_field == "id":
+        return LineFormat(openai=False, chat=parsed.fields.get("messages") is not None)
+    body = parsed.fields["body"]
+    model = body.get("model")
+    return LineFormat(openai=True, chat=parsed.fields["url"] == CHAT_URL, model=model if isinstance(model, str) else None)
+
+
+def _logprob_params(fields: dict[str, Any], valid: tuple[str, ...]) -> dict[str, Any]:
+    """``logprobs`` / ``top_logprobs`` -> SamplingParams(logprobs, top_logprobs) updates."""
+    lp, top = fields.get("logprobs"), fields.get("top_logprobs")
+    openai_chat = valid is BODY_FIELDS[CHAT_URL]
+    openai_completions = valid is BODY_FIELDS[COMPLETIONS_URL]
+    if lp is None:
+        if top is not None:
+            raise LineError("invalid_request", "'top_logprobs' needs 'logprobs': true")
+        return {}
+    if openai_chat and not _BOOL[0](lp):
+        raise LineError("invalid_request", f"'logprobs' must be true or false on {CHAT_URL} "
+                        f"(alternatives go in 'top_logprobs'), got {json.dumps(lp)}")
+    if openai_completions and not _INT[0](lp):
+        raise LineError("invalid_request", f"'logprobs' must be an integer on {COMPLETIONS_URL} "
+                        f"(the number of alternatives per token, 0 for none), got {json.dumps(lp)}")
+    if _INT[0](lp):
+        if top is not None:
+            raise LineError("invalid_request", "give 'logprobs: k' or 'logprobs: true' with 'top_logprobs: k', not both")
+        enabled, top = True, lp
+    else:
+        enabled, top = lp, top or 0
+        if top and not enabled:
+            raise LineError("invalid_request", "'top_logprobs' needs 'logprobs': true")
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise LineError("invalid_sampling", f"alternatives per token ('top_logprobs' / integer 'logprobs') must be "
+                        f"in [0, {MAX_TOP_LOGPROBS}], got {top}")
+    return {"logprobs": enabled, "top_logprobs": top if enabled else 0}
+
+
+def _check_new_ranges(updates: dict[str, Any]) -> None:
+    """Ranges of the fields SamplingParams.validate does not check (OpenAI's and vLLM's ranges)."""
+    n = updates.get("n")
+    if n is not None and n < 1:
+        raise LineError("invalid_sampling", f"n must be an integer >= 1, got {n}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = updates.get(name)
+        if v is not None and not -2.0 <= v <= 2.0:
+            raise LineError("invalid_sampling", f"{name} must be in [-2, 2], got {v}")
+    rp = updates.get("repetition_penalty")
+    if rp is not None and rp <= 0:
+        raise LineError("invalid_sampling", f"repetition_penalty must be > 0 (1 means none), got {rp}")
 
 
 def _prompt_ids(fields: dict[str, Any], ctx: Context) -> tuple[list[int], str | None]:
@@ -140,7 +229,10 @@ def _prompt_ids(fields: dict[str, Any], ctx: Context) -> tuple[list[int], str | 
                             " (token ids go in 'prompt_token_ids')")
         if not value:
             raise LineError("invalid_request", "'prompt' is empty")
-        ids = list(ctx.tokenizer.encode(value))
+        try:
+            ids = list(ctx.tokenizer.encode(value))
+        except NoTokenizerError as exc:
+            raise LineError("no_tokenizer", str(exc)) from None
         if not ids:
             raise LineError("invalid_request", "'prompt' encodes to no tokens")
         return ids, value
@@ -154,6 +246,8 @@ def _prompt_ids(fields: dict[str, Any], ctx: Context) -> tuple[list[int], str | 
                                 f"{', '.join(MESSAGE_ROLES)}) and a string 'content', got {json.dumps(msg)[:200]}")
         try:
             ids = list(ctx.tokenizer.apply_chat_template(value))
+        except NoTokenizerError as exc:
+            raise LineError("no_tokenizer", str(exc)) from None
         except ValueError as exc:
             raise LineError("no_chat_template", f"cannot use 'messages': {exc}; send 'prompt' instead") from None
         return ids, None
@@ -174,11 +268,21 @@ def build_request(parsed: Parsed, line_no: int, ctx: Context) -> Any:
     updates: dict[str, Any] = {}
     for name, (check, desc) in SAMPLING_FIELDS.items():
         value = fields.get(name)
-        if value is None:
+        if value is None or name in ("logprobs", "top_logprobs"):
             continue
         if not check(value):
             raise LineError("invalid_request", f"'{name}' must be {desc}, got {json.dumps(value)}")
         updates[name] = [value] if name == "stop" and isinstance(value, str) else value
+    for name in ("logprobs", "top_logprobs"):
+        value = fields.get(name)
+        check, desc = SAMPLING_FIELDS[name]
+        if value is not None and not check(value):
+            raise LineError("invalid_request", f"'{name}' must be {desc}, got {json.dumps(value)}")
+    updates.update(_logprob_params(fields, valid))
+    _check_new_ranges(updates)
+    if updates.get("stop") and not getattr(ctx.tokenizer, "has_text", True):
+        raise LineError("no_tokenizer", "'stop' strings need a tokenizer, and the model folder has no "
+                        "tokenizer.json; use 'stop_token_ids'")
     ids, prompt = _prompt_ids(fields, ctx)
     limit = ctx.max_model_len
     if len(ids) >= limit:
@@ -191,8 +295,5 @@ def build_request(parsed: Parsed, line_no: int, ctx: Context) -> Any:
         params.validate()
     except ValueError as exc:
         raise LineError("invalid_sampling", str(exc)) from None
-    room = limit - len(ids)
-    if params.max_tokens > room:   # capped like vLLM: generation stops at max_model_len
-        params.max_tokens = room
-        params.min_tokens = min(params.min_tokens, room)
+    # max_tokens beyond max_model_len - prompt is cut by the engine, which warns on the output
     return ctx.request_cls(id=line_no, prompt_token_ids=ids, params=params, prompt=prompt)

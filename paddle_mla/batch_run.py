@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from paddle_mla.batch_io import OutputWriter, error_record, input_key, ok_record
-from paddle_mla.batch_parse import Context, LineError, build_request, id_key, split_line
+from paddle_mla.batch_io import OutputWriter, input_key
+from paddle_mla.batch_parse import Context, LineError, LineFormat, build_request, id_key, line_format, split_line
+from paddle_mla.batch_records import TokenText, error_record, ok_record
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Item:
     id: Any
     request: Any = None            # GenerationRequest, or None when the line failed validation
     error: tuple[str, str] | None = None
+    fmt: LineFormat | None = None  # output shape (set when the line validated)
 
 
 @dataclass
@@ -37,6 +39,7 @@ class BatchSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    warnings: int = 0              # lines whose output carries warnings (e.g. max_tokens cut)
     num_preemptions: int = 0
     peak_blocks_used: int = 0
     num_blocks: int = 0
@@ -46,6 +49,7 @@ class BatchSummary:
     output_tokens_per_s: float = 0.0
     prefix_cache_hit_rate: float = 0.0
     errors_by_type: dict[str, int] = field(default_factory=dict)
+    interrupted: bool = False      # stopped by SIGINT (the counts cover what was written)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,6 +58,7 @@ class BatchSummary:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.errors_by_type.items()))
         return (f"{self.requests} lines in {self.elapsed_s:.1f}s ({self.ok} ok, {self.errors} errors"
                 f"{': ' + kinds if kinds else ''}; {self.skipped} already done) | "
+                f"{f'{self.warnings} with warnings; ' if self.warnings else ''}"
                 f"{self.requests_per_s:.2f} req/s, {self.output_tokens_per_s:.1f} output tok/s | "
                 f"prompt {self.prompt_tokens} tok, completion {self.completion_tokens} tok, "
                 f"prefix-cache hit {100 * self.prefix_cache_hit_rate:.1f}%, preemptions {self.num_preemptions}")
@@ -108,6 +113,7 @@ def _items(lines: Iterable[tuple[int, bytes]], ctx: Context, done: set[str], sum
         else:
             try:
                 item.request = build_request(parsed, line_no, ctx)
+                item.fmt = line_format(parsed)
             except LineError as err:
                 item.error = (err.kind, err.message)
             except Exception as exc:  # noqa: BLE001  (a tokenizer failure on one odd line must not end the batch)
@@ -116,11 +122,16 @@ def _items(lines: Iterable[tuple[int, bytes]], ctx: Context, done: set[str], sum
 
 
 def run_batch(llm: Any, lines: Iterable[tuple[int, bytes]], writer: OutputWriter, *, request_cls: type,
-              done: set[str] = frozenset(), total: int | None = None, progress: bool = True) -> BatchSummary:
-    summary = BatchSummary()
+              done: set[str] = frozenset(), total: int | None = None, progress: bool = True,
+              summary: BatchSummary | None = None) -> BatchSummary:
+    """Answer every line; ``summary`` (created if not given) is filled in as lines are written and
+    finished even when the run is interrupted, so the caller can report a partial run."""
+    summary = summary if summary is not None else BatchSummary()
     errors: Counter[str] = Counter()
     ctx = Context(tokenizer=llm.tokenizer, max_model_len=llm.max_model_len, default_params=llm.default_params(),
                   request_cls=request_cls, base_seed=llm.config.seed)
+    tokens = TokenText(llm.tokenizer)
+    model = str(llm.config.model)
     bar = _Progress(total, len(done), progress)
     pending: deque[Item] = deque()
 
@@ -133,10 +144,12 @@ def run_batch(llm: Any, lines: Iterable[tuple[int, bytes]], writer: OutputWriter
             summary.errors += 1
             errors[kind] += 1
         else:
-            writer.write(ok_record(item.id_field, item.id, item.line_no, out))
+            record = ok_record(item.id_field, item.id, item.line_no, out, item.fmt, tokens, model)
+            writer.write(record)
             summary.ok += 1
+            summary.warnings += bool(out.warnings)
             summary.prompt_tokens += len(out.prompt_token_ids)
-            summary.completion_tokens += len(out.token_ids)
+            summary.completion_tokens += sum(len(c.token_ids) for c in out.outputs)
             summary.cached_tokens += out.metrics.num_cached_tokens
         summary.requests += 1
         bar.update(summary)
@@ -164,10 +177,18 @@ def run_batch(llm: Any, lines: Iterable[tuple[int, bytes]], writer: OutputWriter
             emit(item, out)
             drain_errors()
         drain_errors()
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        raise
     finally:
         bar.close()
         writer.sync()
-    summary.elapsed_s = time.perf_counter() - start
+        _finish(summary, llm, errors, time.perf_counter() - start)
+    return summary
+
+
+def _finish(summary: BatchSummary, llm: Any, errors: Counter, elapsed_s: float) -> None:
+    summary.elapsed_s = elapsed_s
     stats = llm.stats()
     summary.num_preemptions = stats.num_preemptions
     summary.peak_blocks_used = stats.peak_blocks_used
@@ -176,4 +197,3 @@ def run_batch(llm: Any, lines: Iterable[tuple[int, bytes]], writer: OutputWriter
     summary.output_tokens_per_s = summary.completion_tokens / max(summary.elapsed_s, 1e-9)
     summary.prefix_cache_hit_rate = summary.cached_tokens / summary.prompt_tokens if summary.prompt_tokens else 0.0
     summary.errors_by_type = dict(errors)
-    return summary

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import click
@@ -25,7 +22,7 @@ Exit codes:
   1    internal error (the output so far is intact: rerun with --resume)
   2    bad arguments or configuration (each error is printed)
   3    some lines were answered with an error line
-  130  interrupted (rerun with --resume)"""
+  130  interrupted by SIGINT, also during start-up (rerun with --resume; --summary is still written)"""
 
 SET_OPTION = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                           help="Override a config key, e.g. --set scheduler.max_num_seqs=8 (repeatable).")
@@ -65,11 +62,28 @@ def build_llm(cfg: EngineConfig) -> Any:
     """Select the runtime, then import the engine and build the LLM (load errors exit 2)."""
     select_runtime(cfg)
     from paddle_mla.engine.llm import LLM
+    from paddle_mla.run_info import ModelPathError
 
     try:
         return LLM(cfg)
-    except (ConfigError, FileNotFoundError, ValueError, RuntimeError) as exc:
+    except ConfigError as exc:
+        _print_config_errors(exc)
+    except ModelPathError as exc:
+        _fail(str(exc))
+    except (FileNotFoundError, ValueError, RuntimeError, KeyError) as exc:
         _fail(f"cannot load the model of this config: {exc}")
+
+
+class _Group(click.Group):
+    """SIGINT anywhere (imports, model load, a command's own work) exits 130 with one line, not
+    click's "Aborted!" and exit 1; ``generate`` handles its own SIGINT to write the summary first."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
 
 def request_class() -> type:
@@ -78,14 +92,17 @@ def request_class() -> type:
     return GenerationRequest
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="paddle-mla")
 def main() -> None:
     """Offline batch inference for Multi-head Latent Attention models (PaddlePaddle or PyTorch).
 
+    Runs local checkpoint folders only: nothing is ever downloaded.
+
     \b
     Examples:
       paddle-mla generate --input prompts.jsonl --output out.jsonl
+      python -m paddle_mla generate --model ./DeepSeek-V2-Lite --max-tokens 32 -i in.jsonl -o out.jsonl
       paddle-mla generate --config configs/triton_mla.yaml -i in.jsonl -o out.jsonl --resume
       paddle-mla bench --config configs/bench/baseline.yaml --config configs/bench/prefix.yaml \\
           --workload shared-prefix:num_prompts=32,prefix_len=256
@@ -100,36 +117,65 @@ def main() -> None:
 @click.option("-i", "--input", "input_path", default="-", show_default=True,
               help="Input JSONL file, '-' for stdin.")
 @click.option("-o", "--output", "output_path", default="-", show_default=True,
-              help="Output JSONL file, '-' for stdout.")
+              help="Output JSONL file, '-' for stdout. An existing non-empty file needs --resume or --overwrite.")
+@click.option("--model", "model", default=None, metavar="PATH",
+              help="Local checkpoint folder (shortcut for --set model=PATH; nothing is ever downloaded).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Shortcut for --set sampling.max_tokens=N.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="Shortcut for --set sampling.temperature=T.")
+@click.option("--top-p", type=float, default=None, help="Shortcut for --set sampling.top_p=P.")
+@click.option("--top-k", type=int, default=None, help="Shortcut for --set sampling.top_k=K.")
 @SET_OPTION
 @click.option("--resume", is_flag=True,
               help="Keep the finished lines of --output, cut a torn last line, and append the rest.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --output instead of refusing to.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the run summary (throughput, tokens, cache hit rate, errors) as JSON here.")
+              help="Write the run summary (what ran, throughput, tokens, cache hit rate, errors) as JSON here, "
+                   "also when interrupted.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
-def generate(config_path: str | None, input_path: str, output_path: str, overrides: tuple[str, ...],
-             resume: bool, summary_path: str | None, progress: bool) -> None:
+def generate(config_path: str | None, input_path: str, output_path: str, model: str | None, max_tokens: int | None,
+             temperature: float | None, top_p: float | None, top_k: int | None, overrides: tuple[str, ...],
+             resume: bool, overwrite: bool, summary_path: str | None, progress: bool) -> None:
     """Generate completions for a JSONL file of prompts: one output line per input line, in order.
+
+    The first stderr line says what runs: runtime, device, dtype, attention backend and model.
 
     \b
     Input lines (one JSON object each; exactly one of prompt / messages / prompt_token_ids):
       {"id": "q1", "prompt": "The capital of France is", "max_tokens": 16}
       {"id": "q2", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0.7, "seed": 1}
-      {"id": "q3", "prompt_token_ids": [1, 2, 3], "stop": ["\\n"], "ignore_eos": false}
+      {"id": "q3", "prompt_token_ids": [1, 2, 3], "stop": ["\\n"], "n": 2, "logprobs": 5}
       {"custom_id": "r1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "..."}}
+      {"custom_id": "r2", "method": "POST", "url": "/v1/chat/completions",
+       "body": {"messages": [...], "logprobs": true, "top_logprobs": 2}}
     Sampling fields: max_tokens temperature top_p top_k seed stop stop_token_ids ignore_eos
-    min_tokens (defaults from the config's sampling section).
+    min_tokens n presence_penalty frequency_penalty repetition_penalty logprobs top_logprobs
+    (defaults from the config's sampling section). logprobs: true, or an integer k = true with k
+    alternatives per token (0..20); top_logprobs: k beside logprobs: true. OpenAI bodies spell
+    them as OpenAI does (chat: logprobs true + top_logprobs; completions: logprobs k).
 
     \b
     Output lines:
       {"id": "q1", "text": "...", "token_ids": [...], "finish_reason": "stop"|"length",
        "usage": {"prompt_tokens": 6, "completion_tokens": 16, "cached_tokens": 0}, "seed": 123}
+      + "logprobs" when asked: OpenAI's completion shape {"tokens", "token_logprobs",
+        "top_logprobs": [{tok: lp}], "text_offset"} for prompt lines, its chat shape {"content":
+        [{"token", "logprob", "bytes", "top_logprobs", "token_id"}]} for messages lines
+      + "choices": [{"index", "text", "token_ids", "finish_reason", "seed", "logprobs"}] when n > 1
+        (text/token_ids/finish_reason/logprobs above are choice 0; usage counts all)
+      + "warnings": ["..."] when the line was changed, e.g. max_tokens cut at max_model_len
       {"id": "q9", "error": {"type": "invalid_request", "message": "..."}, "line": 9}
+    OpenAI batch lines come back in OpenAI's batch output format:
+      {"id": "batch_req_...", "custom_id": "r1", "response": {"status_code": 200,
+       "request_id": "...", "body": {text_completion or chat.completion object}}, "error": null}
+      {"id": "batch_req_...", "custom_id": "r9", "response": null, "error": {"code", "message"}}
     A bad line gets an error line and the run goes on. Error types: invalid_json, invalid_request,
     unknown_field, duplicate_id, prompt_too_long, invalid_sampling, no_chat_template,
-    token_out_of_range, engine_error. Blank lines are skipped. A prompt of max_model_len tokens or
-    more is an error; otherwise max_tokens is capped at max_model_len minus the prompt length.
-    Without a seed, a line gets one derived from the config seed and its line number.
+    no_tokenizer, token_out_of_range, engine_error. Blank lines are skipped. A prompt of
+    max_model_len tokens or more is an error; a longer max_tokens is cut to fit, with a warning.
+    Without a seed, a line gets one derived from the config seed and its line number. A model
+    folder without tokenizer.json runs prompt_token_ids lines (text is null); lines that need
+    text (prompt, messages, stop strings) get a no_tokenizer error.
 
     \b
     Resume: records are keyed by id (or custom_id); lines without an id, and repeated ids, are
@@ -139,54 +185,27 @@ def generate(config_path: str | None, input_path: str, output_path: str, overrid
     \b
     Examples:
       paddle-mla generate -i prompts.jsonl -o out.jsonl --summary run.json
+      paddle-mla generate --model ./DeepSeek-V2-Lite --max-tokens 32 --temperature 0.7 -i in.jsonl
       cat prompts.jsonl | paddle-mla generate --set sampling.max_tokens=32 > out.jsonl
       paddle-mla generate --config configs/prefix_caching.yaml -i big.jsonl -o out.jsonl --resume
     """
-    from paddle_mla.batch_io import OutputWriter, ResumeError, count_input_lines, iter_input, prepare_resume
-    from paddle_mla.batch_run import run_batch
+    from paddle_mla.generate_command import GenerateArgs, GenerateUsageError, run
 
-    to_stdout = output_path == "-"
-    if resume and to_stdout:
-        raise click.UsageError("--resume needs --output FILE (it appends to that file)")
-    if input_path != "-" and not Path(input_path).is_file():
-        raise click.BadParameter(f"{input_path} is not a file", param_hint="--input")
-    if not to_stdout and Path(output_path).resolve() == Path(input_path).resolve():
-        raise click.BadParameter("--output must not be the input file", param_hint="--output")
-    cfg = load_or_exit(config_path, overrides)
-    done: set[str] = set()
-    prior_errors = 0
-    if resume:
-        try:
-            state = prepare_resume(output_path)
-        except ResumeError as exc:
-            _fail(str(exc))
-        done, prior_errors = state.done, state.errors
-        if state.dropped_bytes:
-            click.echo(f"resume: cut {state.dropped_bytes} bytes of a torn or damaged tail off {output_path}", err=True)
-        click.echo(f"resume: {state.lines} lines already done in {output_path}", err=True)
-    total = count_input_lines(input_path) if progress and input_path != "-" else None
-    t0 = time.perf_counter()
-    llm = build_llm(cfg)
-    load_s = time.perf_counter() - t0
-    llm.reset_stats()
-    writer = OutputWriter(None if to_stdout else output_path, append=resume)
-    source = nullcontext(sys.stdin.buffer) if input_path == "-" else open(input_path, "rb")  # noqa: SIM115
+    shortcuts = [f"model={json.dumps(model)}"] if model is not None else []
+    for key, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
+                       ("top_k", top_k)):
+        if value is not None:
+            shortcuts.append(f"sampling.{key}={value!r}")
+    args = GenerateArgs(config_path, input_path, output_path, (*overrides, *shortcuts), resume, overwrite,
+                        summary_path, progress)
     try:
-        with source as stream:
-            summary = run_batch(llm, iter_input(stream), writer, request_cls=request_class(), done=done,
-                                total=total, progress=progress)
-    except KeyboardInterrupt:
-        click.echo("interrupted: the output so far is intact; rerun with --resume", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    finally:
-        writer.close()
-    summary.load_s = load_s
-    click.echo(summary.text(), err=True)
-    if summary_path:
-        data = summary.to_dict()
-        data.update(config=config_path, output=None if to_stdout else output_path, errors_before_resume=prior_errors)
-        Path(summary_path).write_text(json.dumps(data, indent=2) + "\n")
-    sys.exit(EXIT_LINE_ERRORS if summary.errors or prior_errors else EXIT_OK)
+        code = run(args, select_runtime, lambda cfg: build_llm(cfg), request_class,
+                   echo=lambda m: click.echo(m, err=True))
+    except ConfigError as exc:
+        _print_config_errors(exc)
+    except GenerateUsageError as exc:
+        _fail(str(exc))
+    sys.exit(code)
 
 
 @main.command(epilog="""\b
@@ -198,8 +217,10 @@ Exit codes:
 def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
     """Check config files and print each one fully resolved (defaults filled in) as YAML.
 
-    Loads no model and no tensor library: backend/feature combinations are checked from the
-    backend capability table.
+    Loads no model and no tensor library: the model path is checked (a local folder with
+    config.json, or tiny), and backend/feature combinations from the backend capability table
+    (attention.backend auto is checked as it resolves when device is cpu or gpu; with device
+    auto, once the device is known at start-up).
 
     \b
     Examples:
@@ -209,10 +230,15 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
     """
     import yaml
 
+    from paddle_mla.run_info import model_problem
+
     failed = 0
     for i, path in enumerate(configs):
         try:
             cfg = load_config(path, overrides)
+            problem = model_problem(cfg.model)
+            if problem:
+                raise ConfigError([f"'model': {problem}"])
         except ConfigError as exc:
             failed += 1
             click.echo(f"{path}: {len(exc.errors)} error{'s' * (len(exc.errors) > 1)}", err=True)

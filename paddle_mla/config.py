@@ -17,14 +17,16 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from paddle_mla.backend_caps import BACKEND_CAPS, check_backend
+from paddle_mla.backend_caps import BACKEND_CAPS, check_backend, resolve_backend
 
 AUTO = "auto"
 
 
 @dataclass
 class AttentionConfig:
-    backend: Literal["native", "triton_mla", "dsa", "append_attn"] = "native"
+    # auto: triton_mla on a GPU (when triton is importable), native on CPU; resolved by
+    # backend_caps.resolve_backend once the device is known, and validated again then
+    backend: Literal["auto", "native", "triton_mla", "dsa", "append_attn"] = AUTO
 
 
 @dataclass
@@ -165,8 +167,11 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(0.0 < s.top_p <= 1.0, f"'sampling.top_p' is {s.top_p}; allowed: (0, 1]")
     need(s.top_k >= -1, f"'sampling.top_k' is {s.top_k}; allowed: 0 or -1 (all tokens) or a positive integer")
     need(s.max_tokens >= 1, f"'sampling.max_tokens' is {s.max_tokens}; allowed: >= 1")
-    if cfg.attention.backend in BACKEND_CAPS:
-        errors.extend(check_backend(cfg))
+    backend = cfg.attention.backend
+    if backend == AUTO and cfg.device != AUTO:
+        backend = resolve_backend(backend, cfg.device)
+    if backend in BACKEND_CAPS:   # auto with device auto is checked once the device is known (before weights load)
+        errors.extend(check_backend(cfg, backend))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -1,7 +1,9 @@
 """Tokenizer of a model folder: ``tokenizer.json`` (HF tokenizers) + ``tokenizer_config.json``.
 
 Pure Python (no tensors), so it imports without a runtime. Chat prompts are rendered with the
-folder's jinja2 ``chat_template`` in a sandbox, as transformers does.
+folder's jinja2 ``chat_template`` in a sandbox, as transformers does. A folder without
+``tokenizer.json`` gets a ``TokenIdsOnly`` stand-in (``load_tokenizer``): prompts must then be
+token ids, and texts are None.
 """
 
 from __future__ import annotations
@@ -23,7 +25,71 @@ def _ids(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
+def _eos_from_configs(path: Path) -> list[int]:
+    eos: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        f = path / name
+        if f.exists():
+            for e in _ids(json.loads(f.read_text()).get("eos_token_id")):
+                if e not in eos:
+                    eos.append(e)
+    return eos
+
+
+class NoTokenizerError(ValueError):
+    """Raised for anything that needs text when the model folder has no tokenizer.json."""
+
+
+class TokenIdsOnly:
+    """Stands in for the tokenizer of a folder without ``tokenizer.json``: the vocabulary size and
+    eos ids come from ``config.json``; ``decode`` returns None (outputs carry no text)."""
+
+    has_text = False
+    chat_template = None
+    bos_token_id = None
+
+    def __init__(self, path: str | Path, vocab_size: int, eos_token_ids: list[int]):
+        self.path = Path(path)
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> TokenIdsOnly:
+        path = Path(path)
+        cfg = json.loads((path / "config.json").read_text())
+        return cls(path, int(cfg["vocab_size"]), _eos_from_configs(path))
+
+    def _missing(self, what: str) -> NoTokenizerError:
+        return NoTokenizerError(f"{what} needs a tokenizer, and the model folder {self.path} has no tokenizer.json; "
+                                "give 'prompt_token_ids' instead")
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        raise self._missing("a text prompt")
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        raise self._missing("'messages'")
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        raise self._missing("'messages'")
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> None:
+        return None
+
+    def token_text(self, token_id: int) -> None:
+        return None
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer | TokenIdsOnly:
+    """The folder's tokenizer, or a ``TokenIdsOnly`` stand-in when it has no tokenizer.json."""
+    path = Path(path)
+    if (path / "tokenizer.json").exists():
+        return Tokenizer.from_dir(path)
+    return TokenIdsOnly.from_dir(path)
+
+
 class Tokenizer:
+    has_text = True
+
     def __init__(self, tok: Any, config: dict, eos_token_ids: list[int] | None = None):
         self._tok = tok
         self.config = config
@@ -52,14 +118,7 @@ class Tokenizer:
         template_file = path / "chat_template.jinja"
         if not config.get("chat_template") and template_file.exists():
             config["chat_template"] = template_file.read_text()
-        eos: list[int] = []
-        for name in ("generation_config.json", "config.json"):
-            f = path / name
-            if f.exists():
-                for e in _ids(json.loads(f.read_text()).get("eos_token_id")):
-                    if e not in eos:
-                        eos.append(e)
-        return cls(tok, config, eos)
+        return cls(tok, config, _eos_from_configs(path))
 
     @property
     def vocab_size(self) -> int:
@@ -75,6 +134,10 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as it appears in the output (specials spelled out), for logprobs."""
+        return self._tok.decode([int(token_id)], skip_special_tokens=False)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:

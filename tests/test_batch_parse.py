@@ -5,7 +5,7 @@ import json
 import pytest
 from fake_llm import ByteTokenizer
 
-from paddle_mla.batch_parse import Context, LineError, build_request, derive_seed, split_line
+from paddle_mla.batch_parse import Context, LineError, build_request, derive_seed, line_format, split_line
 from paddle_mla.engine.request import GenerationRequest, SamplingParams
 
 
@@ -35,11 +35,17 @@ def test_plain_prompt_uses_config_defaults_and_derived_seed():
     assert build({"prompt": "hey", "seed": 3}).params.seed == 3
 
 
-def test_max_tokens_capped_at_max_model_len_like_vllm():
+def test_max_tokens_is_left_for_the_engine_to_cut_and_report():
+    """No silent cap here any more: the engine cuts max_tokens at max_model_len and puts a warning
+    on the output (item 9); the prompt length is still checked per line."""
     req = build({"prompt": "x" * 30, "max_tokens": 100, "min_tokens": 50})
-    assert req.params.max_tokens == 2 and req.params.min_tokens == 2
+    assert req.params.max_tokens == 100 and req.params.min_tokens == 50
     err = error_of({"prompt": "x" * 32})
     assert err.kind == "prompt_too_long" and "at most 31" in err.message
+
+
+def _openai(body, url="/v1/completions", **extra):
+    return {"custom_id": "r", "method": "POST", "url": url, "body": body, **extra}
 
 
 def test_openai_batch_line_ignores_model_and_checks_body_fields():
@@ -48,8 +54,90 @@ def test_openai_batch_line_ignores_model_and_checks_body_fields():
     assert parsed.id_field == "custom_id" and parsed.id == "r1"
     req = build_request(parsed, 1, ctx())
     assert req.params.stop == ["\n"]
-    err = error_of({"custom_id": "r2", "body": {"prompt": "a", "id": 3}})
+    fmt = line_format(parsed)
+    assert fmt.openai and not fmt.chat and fmt.model == "m"
+    err = error_of(_openai({"prompt": "a", "id": 3}))
     assert err.kind == "unknown_field" and "'id'" in err.message
+
+
+@pytest.mark.parametrize("line,needle", [
+    (_openai({"prompt": "a"}, url="/v1/embeddings"), '"/v1/embeddings" is not supported'),
+    ({"custom_id": "r", "method": "POST", "body": {"prompt": "a"}}, "url null is not supported"),
+    (_openai({"prompt": "a"}, method="GET"), "'method' must be"),
+    (_openai({"messages": [{"role": "user", "content": "x"}]}), "'messages' go to '/v1/chat/completions'"),
+    (_openai({"prompt": "a"}, url="/v1/chat/completions"), "takes 'messages'"),
+])
+def test_openai_url_and_method_are_checked(line, needle):
+    err = error_of(line)
+    assert err.kind == "invalid_request" and needle in err.message, err.message
+
+
+def test_openai_logprob_fields_follow_each_endpoint():
+    chat = "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    tok = ByteTokenizer(chat_template=True)
+    p = build(_openai({"messages": msgs, "logprobs": True, "top_logprobs": 3}, url=chat), tokenizer=tok).params
+    assert (p.logprobs, p.top_logprobs) == (True, 3)
+    assert "must be true or false" in error_of(_openai({"messages": msgs, "logprobs": 2}, url=chat),
+                                               tokenizer=tok).message
+    assert "needs 'logprobs': true" in error_of(_openai({"messages": msgs, "top_logprobs": 2}, url=chat),
+                                                tokenizer=tok).message
+    p = build(_openai({"prompt": "a", "logprobs": 2})).params
+    assert (p.logprobs, p.top_logprobs) == (True, 2)
+    p = build(_openai({"prompt": "a", "logprobs": 0})).params
+    assert (p.logprobs, p.top_logprobs) == (True, 0)
+    assert "must be an integer on /v1/completions" in error_of(_openai({"prompt": "a", "logprobs": True})).message
+    assert error_of(_openai({"prompt": "a", "logprobs": True, "top_logprobs": 1})).kind == "unknown_field"
+
+
+@pytest.mark.parametrize("fields,want", [
+    ({"logprobs": True}, (True, 0)),
+    ({"logprobs": True, "top_logprobs": 4}, (True, 4)),
+    ({"logprobs": 5}, (True, 5)),
+    ({"logprobs": False}, (False, 0)),
+])
+def test_plain_logprob_fields(fields, want):
+    p = build({"prompt": "a", **fields}).params
+    assert (p.logprobs, p.top_logprobs) == want
+
+
+@pytest.mark.parametrize("fields,kind,needle", [
+    ({"logprobs": 21}, "invalid_sampling", "[0, 20]"),
+    ({"logprobs": True, "top_logprobs": 21}, "invalid_sampling", "[0, 20]"),
+    ({"logprobs": 2, "top_logprobs": 2}, "invalid_request", "not both"),
+    ({"top_logprobs": 2}, "invalid_request", "needs 'logprobs': true"),
+    ({"logprobs": "yes"}, "invalid_request", "'logprobs' must be"),
+    ({"n": 0}, "invalid_sampling", "n must be"),
+    ({"n": 1.5}, "invalid_request", "'n' must be an integer"),
+    ({"presence_penalty": 3}, "invalid_sampling", "presence_penalty"),
+    ({"frequency_penalty": -2.5}, "invalid_sampling", "frequency_penalty"),
+    ({"repetition_penalty": 0}, "invalid_sampling", "repetition_penalty"),
+])
+def test_new_sampling_fields_are_checked(fields, kind, needle):
+    err = error_of({"prompt": "a", **fields})
+    assert err.kind == kind and needle in err.message, err.message
+
+
+def test_new_sampling_fields_reach_the_request():
+    p = build({"prompt": "a", "n": 3, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+               "repetition_penalty": 1.3}).params
+    assert (p.n, p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (3, 0.5, -0.5, 1.3)
+    p = build(_openai({"prompt": "a", "n": 2, "presence_penalty": 1, "repetition_penalty": 1.1})).params
+    assert (p.n, p.presence_penalty, p.repetition_penalty) == (2, 1, 1.1)
+
+
+def test_without_a_tokenizer_only_token_id_lines_run():
+    from paddle_mla.tokenizer import TokenIdsOnly
+
+    tok = TokenIdsOnly("/m", vocab_size=300, eos_token_ids=[2])
+    req = build({"prompt_token_ids": [5, 6]}, tokenizer=tok)
+    assert req.prompt_token_ids == [5, 6]
+    for line, needle in (({"prompt": "a"}, "a text prompt needs a tokenizer"),
+                         ({"messages": [{"role": "user", "content": "x"}]}, "'messages' needs a tokenizer"),
+                         ({"prompt_token_ids": [5], "stop": ["x"]}, "'stop' strings need a tokenizer")):
+        err = error_of(line, tokenizer=tok)
+        assert err.kind == "no_tokenizer" and needle in err.message and "tokenizer.json" in err.message
+    assert error_of({"prompt_token_ids": [300]}, tokenizer=tok).kind == "token_out_of_range"
 
 
 def test_unknown_field_names_closest_valid_one():

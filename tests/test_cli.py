@@ -5,7 +5,7 @@ import json
 
 import pytest
 import yaml
-from cli_harness import DATA, ENGINES, REAL_ENGINE, ROOT, invoke, read_jsonl
+from cli_harness import DATA, ENGINES, REAL_ENGINE, ROOT, engine_supports, invoke, read_jsonl
 
 from paddle_mla.config import EngineConfig, load_config
 
@@ -67,7 +67,7 @@ def test_exit_codes(engine, tmp_path, monkeypatch):
     mixed = _write(tmp_path / "mixed.jsonl", [{"id": 1, "prompt": "Hi"}, {"id": 2, "prompt": "Hi", "top_p": 7}])
     out = tmp_path / "out.jsonl"
     summary = tmp_path / "summary.json"
-    args = ["generate", "-o", str(out), "--no-progress", "--set", "sampling.max_tokens=3"]
+    args = ["generate", "-o", str(out), "--overwrite", "--no-progress", "--set", "sampling.max_tokens=3"]
     res = invoke([*args, "-i", str(good), "--summary", str(summary)], engine, monkeypatch)
     assert res.exit_code == 0, res.stderr
     recs = read_jsonl(out)
@@ -125,6 +125,18 @@ def test_bad_input_corpus(engine, tmp_path, monkeypatch):
         else:
             id_field, ident = "id", None
         assert rec[id_field] == ident, (line_no, rec)
+        if id_field == "custom_id":              # answered in OpenAI's batch output format
+            assert rec["id"].startswith("batch_req_") and set(rec) <= {"id", "custom_id", "response", "error", "line"}
+            if rec["error"] is not None:
+                assert rec["response"] is None and rec["error"]["code"] in kind.split("|"), (line_no, rec)
+                assert substring in rec["error"]["message"], (line_no, rec)
+            else:
+                assert "ok" in kind.split("|"), (line_no, rec)
+                body = rec["response"]["body"]
+                assert rec["response"]["status_code"] == 200 and body["object"] == "text_completion"
+                n = obj["body"].get("n", 1) if engine == "fake" or engine_supports("n") else 1
+                assert len(body["choices"]) == n
+            continue
         if "error" in rec:
             assert rec["error"]["type"] in kind.split("|"), (line_no, rec)
             assert substring in rec["error"]["message"], (line_no, rec)
@@ -139,7 +151,7 @@ def test_bad_input_corpus(engine, tmp_path, monkeypatch):
     assert clamped["usage"]["prompt_tokens"] + clamped["usage"]["completion_tokens"] == 64
     assert clamped["finish_reason"] == "length"
     s = json.loads((tmp_path / "s.json").read_text())
-    assert s["errors"] == sum(1 for r in recs if "error" in r) and s["ok"] + s["errors"] == len(recs)
+    assert s["errors"] == sum(1 for r in recs if r.get("error") is not None) and s["ok"] + s["errors"] == len(recs)
 
 
 @pytest.mark.skipif(not REAL_ENGINE, reason="needs the real engine")

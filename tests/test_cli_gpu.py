@@ -31,3 +31,16 @@ def test_bench_rebuilds_engines_on_gpu(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["device"] == "gpu" and doc["engines"] == "rebuild"
     assert all(c["summary"]["errors"] == 0 for c in doc["configs"])
+
+
+def test_default_config_on_a_gpu_says_triton_mla(tmp_path):
+    """attention.backend auto resolves to triton_mla on a GPU, and the first stderr line says so."""
+    summary = tmp_path / "s.json"
+    res = invoke(["generate", "--no-progress", "--max-tokens", "4", "--summary", str(summary)],
+                 input=b'{"id": 1, "prompt": "Hello"}\n')
+    assert res.exit_code == 0, res.stderr
+    first = res.stderr.splitlines()[0]
+    assert first.startswith("paddle-mla: runtime ") and ", device gpu (" in first, first
+    assert ", dtype bfloat16, backend triton_mla, model tiny (" in first, first
+    s = json.loads(summary.read_text())
+    assert (s["device"], s["backend"], s["dtype"]) == ("gpu", "triton_mla", "bfloat16") and s["device_name"]

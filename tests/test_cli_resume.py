@@ -48,7 +48,8 @@ def _lines_in(path):
 def test_sigkill_and_resume_gives_every_id_once(engine, tmp_path):
     inp = tmp_path / "in.jsonl"
     lines = _input(inp)
-    env = dict(os.environ, PADDLE_MLA_RUNTIME=runtime.name(), FAKE_LLM_DELAY_S="0.004")
+    # PYTHONPATH: this checkout's paddle_mla, whatever an editable install points at
+    env = dict(os.environ, PADDLE_MLA_RUNTIME=runtime.name(), FAKE_LLM_DELAY_S="0.004", PYTHONPATH=str(ROOT))
     # few sequences at a time, so requests finish in waves and kills land between and inside them
     base = ["generate", "-i", str(inp), "--no-progress", "--set", "sampling.max_tokens=4",
             "--set", "scheduler.max_num_seqs=4"]

@@ -79,6 +79,10 @@ def register_backend(name: str):
 
 
 def create_backend(name: str, **kwargs: Any) -> MLABackend:
+    if name == "auto":
+        from paddle_mla.backend_caps import resolve_backend
+
+        name = resolve_backend(name, "cpu" if kwargs.get("device") == "cpu" else "gpu")
     if name not in _REGISTRY:
         # Importing the module registers it; keeps unused backends (and Triton) unimported.
         import importlib

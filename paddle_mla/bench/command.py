@@ -57,23 +57,34 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
     from paddle_mla.bench.runner import run_bench
     from paddle_mla.bench.workloads import WorkloadError, parse_workload
 
+    from paddle_mla.paths import output_file_problem
+    from paddle_mla.run_info import ModelPathError, describe_run, model_problem
+
     try:
         workload = parse_workload(args.workload)
     except WorkloadError as exc:
         raise BenchUsageError(str(exc)) from None
+    problems = [output_file_problem(p, opt) for p, opt in ((args.json_path, "--json"), (args.plot_path, "--plot")) if p]
+    if args.json_path and args.plot_path and Path(args.json_path).resolve() == Path(args.plot_path).resolve():
+        problems.append("--json and --plot name the same file")
     if args.plot_path:
         try:
             check_matplotlib()
         except ImportError as exc:
-            raise BenchUsageError(str(exc)) from None
+            problems.append(str(exc))
     specs = load_specs(args.config_paths, args.overrides)
+    problems += [f"config {s.name}: {p}" for s in specs for p in [model_problem(s.config.model)] if p]
+    problems = [p for p in problems if p]
+    if problems:
+        raise BenchUsageError("; ".join(problems))
     rt = select_runtime(specs[0].config)
-    from paddle_mla import runtime
-
     try:
-        device = runtime.resolve_device(specs[0].config.device)
-    except RuntimeError as exc:
+        infos = [describe_run(spec.config)[0] for spec in specs]
+    except (ModelPathError, RuntimeError) as exc:
         raise BenchUsageError(str(exc)) from None
+    for spec, info in zip(specs, infos):      # the first line says what runs (the baseline)
+        echo(info.line() + (f" [config {spec.name}]" if len(specs) > 1 else ""))
+    device = infos[0].device
     keep = args.engines == "keep" or (args.engines == "auto" and device == "cpu")
     from paddle_mla.engine.request import GenerationRequest, SamplingParams
 
@@ -86,7 +97,7 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
         raise BenchUsageError(str(exc)) from None
     out(markdown_table(results))
     doc = bench_document(results, workload, repeats=args.repeats, warmup_requests=args.warmup_requests,
-                         engines="keep" if keep else "rebuild", runtime=rt, device=device)
+                         engines="keep" if keep else "rebuild", runs=[info.to_dict() for info in infos])
     if args.json_path:
         write_json(doc, args.json_path)
         echo(f"wrote {args.json_path}")

@@ -49,7 +49,9 @@ def markdown_table(results: list[ConfigResult]) -> str:
 
 
 def bench_document(results: list[ConfigResult], workload: Workload, *, repeats: int, warmup_requests: int,
-                   engines: str, runtime: str, device: str) -> dict[str, Any]:
+                   engines: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``runs``: per config, what ran (run_info.RunInfo.to_dict: runtime, version, device, dtype,
+    resolved backend, model and its folder)."""
     from paddle_mla import __version__
 
     def clean(d: dict[str, Any]) -> dict[str, Any]:   # NaN is not JSON
@@ -59,8 +61,10 @@ def bench_document(results: list[ConfigResult], workload: Workload, *, repeats: 
         "schema_version": SCHEMA_VERSION,
         "paddle_mla_version": __version__,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "runtime": runtime,
-        "device": device,
+        "runtime": runs[0]["runtime"],
+        "runtime_version": runs[0]["runtime_version"],
+        "device": runs[0]["device"],
+        "device_name": runs[0]["device_name"],
         "workload": workload.to_dict(),
         "repeats": repeats,
         "warmup_requests": warmup_requests,
@@ -70,11 +74,12 @@ def bench_document(results: list[ConfigResult], workload: Workload, *, repeats: 
                 "name": r.spec.name,
                 "path": r.spec.path,
                 "config": r.spec.config.to_dict(),
+                "run": run,
                 "summary": clean(r.summary),
                 "ratio_to_first": clean(r.ratio_to_first),
                 "runs": [run.public() for run in r.runs],
             }
-            for r in results
+            for r, run in zip(results, runs)
         ],
     }
 

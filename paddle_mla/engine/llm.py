@@ -50,15 +50,20 @@ class LLM:
     def __init__(self, config: EngineConfig | str | None = None, overrides: tuple[str, ...] = ()):
         if not isinstance(config, EngineConfig):
             config = load_config(config, overrides)
-        self.config = config
         runtime.select(config.runtime)
+        from paddle_mla.run_info import describe_run
+
+        # auto device/backend resolved and the resolved backend checked before any weight loads
+        # (ConfigError, ModelPathError, RuntimeError)
+        self.run_info, config = describe_run(config)
+        self.config = config
         from paddle_mla.engine.model_runner import ModelRunner
         from paddle_mla.models import ensure_tiny_model
-        from paddle_mla.tokenizer import Tokenizer
+        from paddle_mla.tokenizer import load_tokenizer
 
         model_dir = str(ensure_tiny_model()) if config.model == "tiny" else config.model
         self.model_dir = model_dir
-        self.tokenizer = Tokenizer.from_dir(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)   # TokenIdsOnly without tokenizer.json: texts are None
         self.runner = ModelRunner(config, model_dir)
         self.max_model_len = self.runner.limits.max_model_len
         self.pool = BlockPool(self.runner.limits.num_blocks, config.cache.block_size,
@@ -73,6 +78,13 @@ class LLM:
         self.reset_stats()
 
     # -- public API -------------------------------------------------------------------------
+    def describe(self) -> dict:
+        """What runs, resolved: runtime (+ version), device, dtype, backend, model and its folder."""
+        info = self.run_info
+        info.dtype = str(self.runner.dtype).rsplit(".", 1)[-1]
+        info.backend = self.runner.backend.name
+        return info.to_dict()
+
     def default_params(self) -> SamplingParams:
         s = self.config.sampling
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
