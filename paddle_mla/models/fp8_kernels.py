@@ -24,8 +24,10 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm,
     cols = tl.arange(0, BLOCK)
     mask = cols < GROUP
     x = tl.load(x_ptr + row * stride_xm + g * GROUP + cols, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / fp8_max, scale_min)
-    q = tl.clamp(x / scale, -fp8_max, fp8_max)
+    # IEEE-rounded divisions (Triton's default fp32 '/' is approximate), so the codes match the
+    # plain-tensor reference bit for bit
+    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), axis=0), fp8_max), scale_min)
+    q = tl.clamp(tl.div_rn(x, scale), -fp8_max, fp8_max)
     tl.store(q_ptr + row * stride_qm + g * GROUP + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_sm + g, scale)
 
