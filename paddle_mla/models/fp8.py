@@ -15,7 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla import runtime
-from paddle_mla.models.fp8_kernels import FP8_MAX, SCALE_MIN
+
+FP8_MAX = 448.0            # largest finite float8_e4m3fn
+INV_FP8_MAX = 1.0 / 448.0  # scales are amax * this (a multiply: the kernel reproduces it bit for bit)
+SCALE_MIN = 1e-10          # scale floor: an all-zero group quantizes to zeros, not NaN
 
 __all__ = ["FP8_MAX", "SCALE_MIN", "Fp8Weight", "dequant_blocks", "fp8_kernels_available", "linear",
            "per_token_group_quant", "per_token_group_quant_ref", "w8a8_block_matmul_ref"]
@@ -68,12 +71,13 @@ def dequant_blocks(w_q, scale_inv, block: tuple[int, int], dtype=None):
 
 
 def per_token_group_quant_ref(x, group: int = 128):
-    """x [M, K] -> (x_q e4m3 [M, K], scale fp32 [M, K/group]); scale = max(amax/448, 1e-10) per group."""
+    """x [M, K] -> (x_q e4m3 [M, K], scale fp32 [M, K/group]); scale = max(amax/448, 1e-10) per group
+    (amax * fp32(1/448): within one ulp of the division), x_q = clamp(x / scale, +-448) rounded to nearest."""
     M, K = x.shape
     if K % group:
         raise ValueError(f"per-token group quant needs K ({K}) to be a multiple of the group ({group})")
     xg = x.to(torch.float32).reshape(M, K // group, group)
-    scale = torch.clamp(torch.amax(xg.abs(), -1) / FP8_MAX, min=SCALE_MIN)
+    scale = torch.clamp(torch.amax(xg.abs(), -1) * INV_FP8_MAX, min=SCALE_MIN)
     q = torch.clamp(xg / scale.unsqueeze(-1), -FP8_MAX, FP8_MAX)
     return q.reshape(M, K).to(torch.float8_e4m3fn), scale
 

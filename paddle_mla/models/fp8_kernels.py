@@ -10,23 +10,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0          # largest finite float8_e4m3fn
-SCALE_MIN = 1e-10        # scale floor: an all-zero group quantizes to zeros, not NaN
+from paddle_mla.models.fp8 import FP8_MAX, INV_FP8_MAX, SCALE_MIN
 
 
 @triton.jit
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, groups_per_row,
-                        GROUP: tl.constexpr, BLOCK: tl.constexpr, scale_min, fp8_max):
-    """One program per (row, group): scale = max(amax/448, floor); q = clamp(x/scale) as e4m3."""
+                        GROUP: tl.constexpr, BLOCK: tl.constexpr, scale_min, inv_fp8_max, fp8_max):
+    """One program per (row, group): scale = max(amax * (1/448), floor); q = clamp(x/scale) as e4m3."""
     pid = tl.program_id(0).to(tl.int64)
     row = pid // groups_per_row
     g = pid % groups_per_row
     cols = tl.arange(0, BLOCK)
     mask = cols < GROUP
     x = tl.load(x_ptr + row * stride_xm + g * GROUP + cols, mask=mask, other=0.0).to(tl.float32)
-    # IEEE-rounded divisions (Triton's default fp32 '/' is approximate), so the codes match the
-    # plain-tensor reference bit for bit
-    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), axis=0), fp8_max), scale_min)
+    # the reference's exact arithmetic: one fp32 multiply for the scale, an IEEE-rounded division
+    # for the codes (Triton's default fp32 '/' is approximate), so the codes match bit for bit
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * inv_fp8_max, scale_min)
     q = tl.clamp(tl.div_rn(x, scale), -fp8_max, fp8_max)
     tl.store(q_ptr + row * stride_qm + g * GROUP + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_sm + g, scale)
@@ -40,7 +39,7 @@ def group_quant(x, x_q, x_s, group: int) -> None:
         return
     _group_quant_kernel[(M * gpr,)](x, x_q, x_s, K, x.stride(0), x_q.stride(0), x_s.stride(0), gpr,
                                     GROUP=group, BLOCK=triton.next_power_of_2(group), scale_min=SCALE_MIN,
-                                    fp8_max=FP8_MAX, num_warps=1 if group <= 128 else 4)
+                                    inv_fp8_max=INV_FP8_MAX, fp8_max=FP8_MAX, num_warps=1 if group <= 128 else 4)
 
 
 @triton.jit
