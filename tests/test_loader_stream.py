@@ -235,3 +235,33 @@ def test_peak_host_memory_of_a_200mb_load(tmp_path_factory, target):
     above = r["peak"] - r["base"]
     extra = above - r["model_bytes"]
     assert extra <= (8 + 16 + 32) * 2 ** 20, (above, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shards", [1, 3])
+def test_gpu_load_matches_cpu_load(tmp_path, shards):
+    """The device path (reused host buffers, several threads, cast on the device) gives the same
+    tensors as the CPU path, for bf16 and FP8 (kept and dequantized) checkpoints."""
+    from paddle_mla import runtime
+
+    dev = runtime.device_string("gpu")
+    w = _float_weights()
+    bf = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in w.items()}
+    p16 = _write(tmp_path / "bf16", bf, {k: "BF16" for k in bf}, shards=shards)
+    tensors, raw, _ = _fp8_checkpoint()
+    p8 = _write(tmp_path / "fp8", tensors, raw, shards=shards)
+    cases = [(p16, _arch(), torch.bfloat16, {}), (p16, _arch(), torch.float32, {}),
+             (p8, _arch(block=(16, 16)), torch.float32, {}),
+             (p8, _arch(block=(16, 16)), torch.bfloat16, {"keep_fp8": True, "expert_fp8": True})]
+    for path, arch, dtype, kw in cases:
+        cpu = load_weights(path, arch, dtype, "cpu", progress=False, **kw)
+        gpu = load_weights(path, arch, dtype, dev, threads=4, progress=False, **kw)
+        assert sorted(cpu) == sorted(gpu)
+        for name, c in cpu.items():
+            g = gpu[name]
+            if isinstance(c, Fp8Weight):
+                assert isinstance(g, Fp8Weight) and g.kernel and not c.kernel
+                assert torch.equal(g.weight.view(torch.uint8).cpu(), c.weight.view(torch.uint8))
+                assert torch.equal(g.scale_inv.cpu(), c.scale_inv)
+            else:
+                assert g.dtype == c.dtype and torch.equal(g.cpu(), c), name
