@@ -248,11 +248,11 @@ def test_gpu_load_matches_cpu_load(tmp_path, shards):
     w = _float_weights()
     bf = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in w.items()}
     p16 = _write(tmp_path / "bf16", bf, {k: "BF16" for k in bf}, shards=shards)
-    tensors, raw, _ = _fp8_checkpoint()
+    tensors, raw, _ = _fp8_checkpoint((32, 32))                      # GPU FP8 needs K blocks >= 32
     p8 = _write(tmp_path / "fp8", tensors, raw, shards=shards)
     cases = [(p16, _arch(), torch.bfloat16, {}), (p16, _arch(), torch.float32, {}),
-             (p8, _arch(block=(16, 16)), torch.float32, {}),
-             (p8, _arch(block=(16, 16)), torch.bfloat16, {"keep_fp8": True, "expert_fp8": True})]
+             (p8, _arch(block=(32, 32)), torch.float32, {}),
+             (p8, _arch(block=(32, 32)), torch.bfloat16, {"keep_fp8": True, "expert_fp8": True})]
     for path, arch, dtype, kw in cases:
         cpu = load_weights(path, arch, dtype, "cpu", progress=False, **kw)
         gpu = load_weights(path, arch, dtype, dev, threads=4, progress=False, **kw)

@@ -5,7 +5,9 @@ Timing: each case runs over C copies of the weight (C x weight >= 512 MB, so no 
 50 MB L2, as in a real step where every layer has its own weights), captured in one CUDA graph (no
 launch overhead, as in decode graphs); time per call = graph replay time / C, median of replays.
 FP8 time includes the activation quant kernel. GB/s counts the weight bytes (+ scales) read.
-Accuracy: mean |fp8 - ref| / mean |ref| against the dequantized weight with bf16 activations.
+Accuracy: mean |fp8 - ref| / mean |ref|, ref = both operands dequantized (same quantized
+activations, fp32 matmul: the issue's target <= 2e-2); "act quant err" is against bf16
+activations (the e4m3 rounding of the activations themselves, ~2.6% on random data).
 
   PYTHONPATH=. python tools/bench_fp8_linear.py [--m 1,16,32,64,4096] [--shapes 2048x7168,7168x2048]
       [--quick] [--json out.json]
@@ -25,7 +27,13 @@ runtime.select("torch")  # CUDA graphs and events: the benchmark runs on PyTorch
 import torch
 import torch.nn.functional as F
 
-from paddle_mla.models.fp8 import Fp8Weight, fp8_kernels_available, fp8_linear
+from paddle_mla.models.fp8 import (
+    Fp8Weight,
+    fp8_kernels_available,
+    fp8_linear,
+    per_token_group_quant_ref,
+    w8a8_block_matmul_ref,
+)
 
 # (N, K, what) of DeepSeek-V3 projections
 V3_SHAPES = [(2048, 7168, "expert gate/up (N=2048, K=7168)"), (7168, 2048, "expert down (N=7168, K=2048)"),
@@ -77,15 +85,20 @@ def run_case(n, k, m, copies):
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     fp8 = [make_fp8(w) for w in dense]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    ref = x.float() @ fp8[0].dequantize().t()
-    err = float((fp8_linear(x, fp8[0]).float() - ref).abs().mean() / ref.abs().mean())
+    y = fp8_linear(x, fp8[0]).float()
+    xq, xs = per_token_group_quant_ref(x, 128)
+    ref = w8a8_block_matmul_ref(xq, xs, fp8[0].weight, fp8[0].scale_inv, (128, 128))
+    err = float((y - ref).abs().mean() / ref.abs().mean())
+    ref_bf16_x = x.float() @ fp8[0].dequantize().t()
+    act_err = float((y - ref_bf16_x).abs().mean() / ref_bf16_x.abs().mean())
+    del ref, ref_bf16_x
     t_bf16 = graph_time_us([lambda w=w: F.linear(x, w) for w in dense])
     t_fp8 = graph_time_us([lambda w=w: fp8_linear(x, w) for w in fp8])
     del dense, fp8
     torch.cuda.empty_cache()
     bytes_bf16 = n * k * 2
     bytes_fp8 = n * k + (-(-n // 128)) * (k // 128) * 4
-    return dict(N=n, K=k, M=m, bf16_us=t_bf16, fp8_us=t_fp8, speedup=t_bf16 / t_fp8, rel_err=err,
+    return dict(N=n, K=k, M=m, bf16_us=t_bf16, fp8_us=t_fp8, speedup=t_bf16 / t_fp8, rel_err=err, act_quant_err=act_err,
                 bf16_GBps=bytes_bf16 / (t_bf16 * 1e-6) / 1e9, fp8_GBps=bytes_fp8 / (t_fp8 * 1e-6) / 1e9,
                 fp8_TFLOPS=2 * m * n * k / (t_fp8 * 1e-6) / 1e12, bf16_TFLOPS=2 * m * n * k / (t_bf16 * 1e-6) / 1e12)
 
@@ -109,8 +122,9 @@ def main():
     gpu = torch.cuda.get_device_name()
     print(f"# FP8 block-scaled linear vs bf16 F.linear — {gpu}, {datetime.date.today()}, "
           f"torch {torch.__version__}\n")
-    print("| shape | N | K | M | bf16 µs | fp8 µs | speedup | bf16 GB/s | fp8 GB/s | fp8 TFLOPS | rel err |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | N | K | M | bf16 µs | fp8 µs | speedup | bf16 GB/s | fp8 GB/s | fp8 TFLOPS | rel err "
+          "| act quant err |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = []
     for n, k, what in shapes:
         copies = max(2, -(-(512 << 20) // (n * k * 2)))
@@ -119,13 +133,14 @@ def main():
             r["shape"] = what
             rows.append(r)
             print(f"| {what} | {n} | {k} | {m} | {r['bf16_us']:.1f} | {r['fp8_us']:.1f} | {r['speedup']:.2f}x | "
-                  f"{r['bf16_GBps']:.0f} | {r['fp8_GBps']:.0f} | {r['fp8_TFLOPS']:.0f} | {r['rel_err']:.2e} |",
+                  f"{r['bf16_GBps']:.0f} | {r['fp8_GBps']:.0f} | {r['fp8_TFLOPS']:.0f} | {r['rel_err']:.2e} | "
+                  f"{r['act_quant_err']:.2e} |",
                   flush=True)
     decode = [r["speedup"] for r in rows if r["M"] <= 64]
     if decode:
         print(f"\ndecode sizes (M <= 64): fp8/bf16 speedup min {min(decode):.2f}x, "
               f"geomean {float(torch.tensor(decode).log().mean().exp()):.2f}x (target >= 1.6x)")
-    print(f"max rel err {max(r['rel_err'] for r in rows):.2e} (target <= 2e-2)")
+    print(f"max rel err vs the dequantized reference {max(r['rel_err'] for r in rows):.2e} (target <= 2e-2)")
     out = args.json or (os.path.join(os.environ["OUT"], "bench_fp8_linear.json") if os.environ.get("OUT") else "")
     if out:
         with open(out, "w") as f:

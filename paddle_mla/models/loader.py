@@ -122,10 +122,15 @@ class StreamingLoader:
     def _target(self, name: str):
         return torch.float32 if name.endswith(_FP32_SUFFIXES) else self.dtype
 
+    def _keepable(self, shape) -> bool:
+        """Whether an FP8 weight of this shape can run w8a8: whole K groups, and on the GPU a K
+        block of >= 32 (the FP8 tensor-core dot's minimum K); others are dequantized."""
+        return shape[-1] % self.block[1] == 0 and (self.on_cpu or self.block[1] % 32 == 0)
+
     def _convert(self, name: str, keep: bool, transient: bool = False):
         """The tensor on the device: model dtype, or Fp8Weight when ``keep`` and it is block-scaled FP8."""
         if self._fp8(name):
-            keep = keep and self.reader.file_of(name).shape(name)[-1] % self.block[1] == 0
+            keep = keep and self._keepable(self.reader.file_of(name).shape(name))
             t = self._raw(name, transient=transient or not keep)
             s = self._raw(name + "_scale_inv", torch.float32)    # small; never in the shared buffer
             if keep:
@@ -184,7 +189,7 @@ class StreamingLoader:
             raise ValueError(f"{key}: expert indices are not 0..{n - 1}")
         first = by_idx[0]
         shape = [n] + self.reader.file_of(first).shape(first)
-        if self._fp8(first) and self.keep_fp8 and self.expert_fp8 and shape[-1] % self.block[1] == 0:
+        if self._fp8(first) and self.keep_fp8 and self.expert_fp8 and self._keepable(shape):
             sname = first + "_scale_inv"
             w = torch.empty(shape, dtype=torch.uint8, device=self.device)
             s = torch.empty([n] + self.reader.file_of(sname).shape(sname), dtype=torch.float32, device=self.device)
