@@ -61,6 +61,10 @@ class EngineConfig:
     runtime: Literal["auto", "paddle", "torch"] = AUTO
     device: Literal["auto", "cpu", "gpu"] = AUTO
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = AUTO
+    # FP8 block-scaled checkpoints: auto keeps FP8 weights as FP8 where FP8 kernels run (a GPU,
+    # sm_89+) and dequantizes them to `dtype` elsewhere; none always dequantizes; fp8 requires the
+    # FP8 kernels (an error where they cannot run).
+    quantization: Literal["auto", "none", "fp8"] = AUTO
     seed: int = 0
     max_model_len: Union[int, Literal["auto"]] = AUTO
     cuda_graph: Union[bool, Literal["auto"]] = AUTO
@@ -167,6 +171,9 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(0.0 < s.top_p <= 1.0, f"'sampling.top_p' is {s.top_p}; allowed: (0, 1]")
     need(s.top_k >= -1, f"'sampling.top_k' is {s.top_k}; allowed: 0 or -1 (all tokens) or a positive integer")
     need(s.max_tokens >= 1, f"'sampling.max_tokens' is {s.max_tokens}; allowed: >= 1")
+    need(not (cfg.quantization == "fp8" and cfg.device == "cpu"),
+         "'quantization: fp8' needs FP8 kernels, which run only on a GPU (sm_89+: no FP8 dot on CPU); "
+         "use quantization: auto (dequantizes FP8 weights on CPU) or none, or device: gpu")
     backend = cfg.attention.backend
     if backend == AUTO and cfg.device != AUTO:
         backend = resolve_backend(backend, cfg.device)

@@ -66,11 +66,10 @@ def _quantize_blocks(w, block):
 
 
 def test_e4m3_table_matches_torch():
-    real_torch = pytest.importorskip("torch")
-    if not hasattr(real_torch, "float8_e4m3fn") or not hasattr(real_torch, "uint8"):
-        pytest.skip("no float8 in this torch")
-    codes = real_torch.arange(256, dtype=real_torch.int32).to(real_torch.uint8)
-    want = codes.view(real_torch.float8_e4m3fn).to(real_torch.float32).numpy()
+    """The numpy decode table against the tensor library's own float8_e4m3fn (either runtime: a real
+    ``import torch`` is not possible once Paddle's proxy is on)."""
+    codes = torch.from_numpy(np.arange(256, dtype=np.uint8))
+    want = codes.view(torch.float8_e4m3fn).to(torch.float32).numpy()
     np.testing.assert_array_equal(np.isnan(E4M3_TABLE), np.isnan(want))
     ok = ~np.isnan(want)
     np.testing.assert_array_equal(E4M3_TABLE[ok], want[ok])
@@ -93,18 +92,26 @@ def test_fp8_block_dequant(tmp_path, shape):
     np.testing.assert_array_equal(dequant_fp8_blocks(E4M3_TABLE[codes], scales), expect)
 
 
-def test_fp8_checkpoint_loads_like_its_dequantized_weights(tiny, tmp_path):
-    block = (16, 16)                      # small blocks so the tiny weights have many partial edge blocks
+def _fp8_checkpoint_tensors(tiny, block):
+    """The tiny model with attention projections and expert 1 of each layer in FP8 (``block`` blocks):
+    (tensors, raw dtypes, config update, the same weights dequantized)."""
     tensors = _tensors(tiny)
     fp8, deq, raw = dict(tensors), dict(tensors), {}
     for name, w in tensors.items():
-        if ".self_attn." in name and name.endswith("proj.weight") or ".experts.1." in name:
+        if ".self_attn." in name and name.endswith(("proj.weight", "mqa.weight")) or ".experts.1." in name:
             codes, scales = _quantize_blocks(w, block)
             fp8[name], fp8[name + "_scale_inv"] = codes, scales
             raw[name] = "F8_E4M3"
-            deq[name] = E4M3_TABLE[codes] * np.repeat(np.repeat(scales, 16, 0), 16, 1)[:w.shape[0], :w.shape[1]]
+            full = np.repeat(np.repeat(scales, block[0], 0), block[1], 1)[:w.shape[0], :w.shape[1]]
+            deq[name] = E4M3_TABLE[codes] * full
     qcfg = {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block),
                                     "activation_scheme": "dynamic"}}
+    return fp8, raw, qcfg, deq
+
+
+def test_fp8_checkpoint_loads_like_its_dequantized_weights(tiny, tmp_path):
+    # small blocks so the tiny weights have many partial edge blocks
+    fp8, raw, qcfg, deq = _fp8_checkpoint_tensors(tiny, (16, 16))
     a, ta = _logits(_copy_with(tiny, tmp_path / "fp8", fp8, raw, qcfg))
     b, tb = _logits(_copy_with(tiny, tmp_path / "deq", deq))
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

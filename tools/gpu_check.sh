@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine (PyTorch runtime): build the CUDA custom ops, run every GPU test, then the
 # quick benchmarks. Results land in $OUT (the device tool brings them back) or ./.bench_out.
-#   bash tools/gpu_check.sh
+#   bash tools/gpu_check.sh [--quick]     (--quick: fewer FP8 shapes; LOADER_LAYERS=27 for the full 31 GB load)
 set -uo pipefail
+QUICK=""; [ "${1:-}" = "--quick" ] && QUICK="--quick"
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/.bench_out}"; mkdir -p "$OUT"
 export PADDLE_MLA_RUNTIME=torch PYTHONUNBUFFERED=1 PADDLE_MLA_CACHE="${PADDLE_MLA_CACHE:-/tmp/paddle_mla_cache}"
@@ -31,5 +32,12 @@ python3 tools/bench_e2e_decode.py --layers 4 --batch 1,16,64 --context 4096 --js
 echo "=== fused MoE vs SGLang (quick: M 16 and 4096, V2-Lite and V3, bf16 and fp8; needs third_party/sglang_fused_moe)"
 python3 tools/bench_fused_moe.py --quick --json "$OUT/bench_fused_moe_quick.json" 2>&1 | tee "$OUT/bench_fused_moe_quick.md" \
   || status=1
+echo "=== FP8 block-scaled linear vs bf16"
+python3 tools/bench_fp8_linear.py $QUICK --json "$OUT/bench_fp8_linear.json" 2>&1 | tee "$OUT/bench_fp8_linear.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== streaming loader: V2-Lite dims, ${LOADER_LAYERS:-4} layers"
+python3 tools/bench_loader.py --layers "${LOADER_LAYERS:-4}" --json "$OUT/bench_loader.json" 2>&1 \
+  | tee "$OUT/bench_loader.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "gpu_check status: $status"
 exit $status

@@ -71,7 +71,8 @@ class ModelRunner:
         self.device_kind = _runtime.resolve_device(cfg.device)
         self.device = _runtime.device_string(self.device_kind)
         self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
-        self.model = model if model is not None else load_model(model_dir, self.dtype, self.device)
+        self.model = model if model is not None else load_model(
+            model_dir, self.dtype, self.device, quantization=cfg.quantization)
         self.model.reserve_moe_workspace(cfg.scheduler.max_num_batched_tokens)
         arch = self.model.arch
         self.arch = arch

@@ -14,16 +14,13 @@ import torch.nn.functional as F
 
 from paddle_mla.models.arch import ModelArch, RopeSpec, yarn_get_mscale
 from paddle_mla.models.moe import MoE, MoEExec
+from paddle_mla.models.fp8 import dense, linear  # noqa: F401  (linear: dense or FP8 block-scaled weights)
 
 
 def rms_norm(x, weight, eps: float):
     xf = x.to(torch.float32)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-def linear(x, w, b=None):
-    return F.linear(x, w, b)
 
 
 class Rope:
@@ -101,7 +98,9 @@ class MLAAttention:
             self.q_proj = w[p + "q_proj.weight"]
         self.kv_a_proj, self.kv_a_bias = w[p + "kv_a_proj_with_mqa.weight"], w.get(p + "kv_a_proj_with_mqa.bias")
         self.kv_a_norm = w[p + "kv_a_layernorm.weight"]
-        kv_b = w[p + "kv_b_proj.weight"].view(d.num_heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank)
+        # kv_b is split into the absorbed per-head weights the attention backends take: always dense
+        kv_b = dense(w[p + "kv_b_proj.weight"], self.kv_a_norm.dtype)
+        kv_b = kv_b.view(d.num_heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank)
         self.w_kc = kv_b[:, :d.qk_nope_head_dim, :].contiguous()                     # [H, nope, C]
         self.w_vc = kv_b[:, d.qk_nope_head_dim:, :].transpose(1, 2).contiguous()     # [H, C, v]
         self.o_proj, self.o_bias = w[p + "o_proj.weight"], w.get(p + "o_proj.bias")

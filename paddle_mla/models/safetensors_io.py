@@ -1,13 +1,20 @@
 """Reading (and writing) safetensors with numpy only, so loading is the same on both runtimes.
 
-numpy has no bfloat16 / float8, so those are decoded here to float32: bf16 by a bit shift,
-float8 e4m3fn through a 256-entry table. FP8 weights with ``<name>_scale_inv`` block scales
-(DeepSeek-V3: 128x128 blocks, partial blocks at the edges) are dequantized at load.
+Two ways in:
+- ``read_into``: a tensor's raw bytes, read with ``pread`` straight into a caller's buffer (the
+  streaming loader: no decode on the host, no staging copy; the page cache is not part of the
+  process's RSS, whereas mapped file pages would be, so a large checkpoint's peak RSS stays near
+  the tensors in flight);
+- ``get``: a memory-mapped numpy view decoded to a numpy dtype (tests and tools). numpy has no
+  bfloat16 / float8, so those become float32: bf16 by a bit shift, float8 e4m3fn through a
+  256-entry table; FP8 weights with ``<name>_scale_inv`` block scales (DeepSeek-V3: 128x128
+  blocks, partial blocks at the edges) come back dequantized.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -18,6 +25,9 @@ _NP_DTYPES = {
     "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
 }
 _RAW_DTYPES = {"BF16": np.uint16, "F8_E4M3": np.uint8}
+# numpy dtype with the stored element size, for handing raw bytes to a tensor library that
+# reinterprets them (bf16 as int16 -> bfloat16, fp8 as uint8 -> float8_e4m3fn)
+RAW_VIEW_DTYPES = {**_NP_DTYPES, "BF16": np.int16, "F8_E4M3": np.uint8}
 
 
 def _e4m3fn_table() -> np.ndarray:
@@ -61,6 +71,32 @@ class SafetensorsFile:
 
     def dtype(self, name: str) -> str:
         return self.header[name]["dtype"]
+
+    def shape(self, name: str) -> list[int]:
+        return list(self.header[name]["shape"])
+
+    def nbytes(self, name: str) -> int:
+        begin, end = self.header[name]["data_offsets"]
+        return end - begin
+
+    def read_into(self, name: str, buf: np.ndarray) -> np.ndarray:
+        """Read tensor ``name``'s raw bytes into ``buf`` (uint8, at least nbytes) with pread; returns
+        the filled prefix. Thread-safe: pread carries its own offset."""
+        begin, end = self.header[name]["data_offsets"]
+        n = end - begin
+        out = buf[:n]
+        view = memoryview(out)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            done = 0
+            while done < n:      # Linux returns at most ~2 GiB per call
+                got = os.preadv(fd, [view[done:]], self._data_start + begin + done)
+                if got <= 0:
+                    raise OSError(f"{self.path.name}: short read of {name} ({done} of {n} bytes)")
+                done += got
+        finally:
+            os.close(fd)
+        return out
 
     def get(self, name: str) -> np.ndarray:
         info = self.header[name]
@@ -108,6 +144,9 @@ class CheckpointReader:
 
     def dtype(self, name: str) -> str:
         return self._file(self._dir, self._where[name]).dtype(name)
+
+    def file_of(self, name: str) -> SafetensorsFile:
+        return self._file(self._dir, self._where[name])
 
     def get(self, name: str, block_size: tuple[int, int] = (128, 128)) -> np.ndarray:
         """The tensor as numpy; an FP8 weight with a ``_scale_inv`` companion comes back dequantized."""
