@@ -19,7 +19,8 @@ import torch  # noqa: E402
 
 from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
-from paddle_mla.cache.kv_cache import allocate_latent_caches, auto_num_blocks, bytes_per_block  # noqa: E402
+from paddle_mla.cache.kv_cache import (allocate_index_caches, allocate_latent_caches, auto_num_blocks,  # noqa: E402
+                                       bytes_per_block)
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
 from paddle_mla.engine.scheduler import SchedulerOutput  # noqa: E402
@@ -69,7 +70,8 @@ class ModelRunner:
         bs = cfg.cache.block_size
         max_model_len = resolve_max_model_len(cfg, arch.max_position_embeddings)
         elt = torch.zeros(1, dtype=self.dtype).element_size()
-        per_block = bytes_per_block(arch.num_layers, bs, arch.mla.latent_dim, elt)
+        index_dim = arch.indexer.head_dim if arch.indexer is not None else 0   # deepseek_v32 indexer keys
+        per_block = bytes_per_block(arch.num_layers, bs, arch.mla.latent_dim + index_dim, elt)
         num_blocks = cfg.cache.num_blocks
         if num_blocks == AUTO:
             num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
@@ -77,6 +79,10 @@ class ModelRunner:
         self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
         self.kv_caches = allocate_latent_caches(arch.num_layers, self.limits.num_blocks, bs, arch.mla.latent_dim,
                                                 self.dtype, self.device)
+        if index_dim:
+            self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
+                                                      self.dtype, self.device)
+            self.model.attach_index_caches(self.index_caches)
         self.backend = create_backend(cfg.attention.backend, dims=arch.mla, max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype)
