@@ -49,6 +49,11 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
     be = create_backend(backend, dims=arch.mla, max_num_seqs=len(prompts), max_model_len=max_len,
                         block_size=block_size, device=device, dtype=model.dtype)
     model.set_backend(be)
+    key_windows = None
+    if backend == "dsa":
+        from paddle_mla.attention.dsa.key_window import KeyWindows
+
+        key_windows = KeyWindows(sum(len(p) for p in prompts) + len(prompts), device)
     caches = allocate_caches(model, num_blocks, block_size, device, model.dtype)
     computed = [0] * len(prompts)
     outputs: list[list[int]] = [[] for _ in prompts]
@@ -91,7 +96,7 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
         batch = StepBatch(batch.token_ids, batch.num_new[keep], batch.num_cached[keep], tables[keep],
                           batch.is_prefill[keep], batch.sample_mask[keep])
         rows = np.flatnonzero(keep)
-        meta = ForwardMeta.build(batch, block_size, device)
+        meta = ForwardMeta.build(batch, block_size, device, key_windows)
         hidden = model.forward(meta, caches)
         logits = model.compute_logits(hidden[meta.logits_indices]).cpu().numpy()
         for j, r in enumerate(rows):

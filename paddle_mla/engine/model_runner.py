@@ -19,6 +19,7 @@ import torch  # noqa: E402
 
 from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
+from paddle_mla.backend_caps import check_model_backend  # noqa: E402
 from paddle_mla.cache.kv_cache import (allocate_index_caches, allocate_latent_caches, auto_num_blocks,  # noqa: E402
                                        bytes_per_block)
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
@@ -67,6 +68,9 @@ class ModelRunner:
         self.model = model if model is not None else load_model(model_dir, self.dtype, self.device)
         arch = self.model.arch
         self.arch = arch
+        mismatch = check_model_backend(arch.model_type, cfg.attention.backend)
+        if mismatch:
+            raise ValueError(mismatch)
         bs = cfg.cache.block_size
         max_model_len = resolve_max_model_len(cfg, arch.max_position_embeddings)
         elt = torch.zeros(1, dtype=self.dtype).element_size()
@@ -87,6 +91,11 @@ class ModelRunner:
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype)
         self.model.set_backend(self.backend)
+        self.key_windows = None
+        if self.backend.name == "dsa":   # the indexer's [ks, ke), once per step with prefill tokens
+            from paddle_mla.attention.dsa.key_window import KeyWindows
+
+            self.key_windows = KeyWindows(cfg.scheduler.max_num_batched_tokens, self.device)
         self.graphs = None
         if self.use_cuda_graph():
             from paddle_mla.engine.cuda_graph import DecodeGraphs
@@ -123,7 +132,7 @@ class ModelRunner:
 
     def forward_step(self, batch: StepBatch):
         """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
-        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device)
+        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows)
         if self.graphs is not None and self.graphs.can_run(meta):
             return self.graphs.run(meta)           # decode: every row samples
         self.backend.prepare(meta)
