@@ -68,7 +68,7 @@ def index_scores(q, w, index_cache, block_tables, batch_ids, positions, width: i
     if use_window and (ke is None or cu_seqlens_k is None):
         raise ValueError("index_scores: ks needs ke and cu_seqlens_k")
     assert q.stride(2) == 1 and index_cache.stride(3) == 1 and out.stride(1) == 1
-    block_n = 64 if width >= 64 else 16
+    block_n = min(64, max(16, next_pow2(width)))
     block_d = max(16, next_pow2(D))
     grid = (T, triton.cdiv(width, block_n))
     dummy = positions

@@ -24,7 +24,7 @@ def _sparse_partial_kernel(
     q_lat, q_pe, cache, slots, part_o, part_lse,
     stride_qlt, stride_qlh, stride_qpt, stride_qph, stride_row, stride_st,
     stride_pot, stride_poh, stride_pos, stride_plt, stride_plh,
-    H, K, C, R, sm_scale, SPLIT_LEN,
+    H, K, C, R, sm_scale, SPLIT_LEN, out, stride_ot, stride_oh, DIRECT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
@@ -61,6 +61,10 @@ def _sparse_partial_kernel(
     has = l_i > 0
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     o = acc / tl.where(has, l_i, 1.0)[:, None]
+    if DIRECT:   # one chunk: this is the final output, no merge pass
+        tl.store(out + t * stride_ot + h[:, None] * stride_oh + c[None, :], o.to(out.dtype.element_ty),
+                 mask=hm[:, None] & (c[None, :] < C))
+        return
     tl.store(part_o + t * stride_pot + h[:, None] * stride_poh + sp * stride_pos + c[None, :], o,
              mask=hm[:, None] & (c[None, :] < C))
     tl.store(part_lse + t * stride_plt + h * stride_plh + sp, lse, mask=hm)
@@ -114,9 +118,11 @@ def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out
         q_lat, q_pe, flat, slots, part_o, part_lse,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), flat.stride(0), slots.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        H, K, C, R, scale, split,
+        H, K, C, R, scale, split, res, res.stride(0), res.stride(1), n_splits == 1,
         BLOCK_H=block_h, BLOCK_C=block_c, BLOCK_R=max(16, next_pow2(R)), BLOCK_N=block_n,
     )
+    if n_splits == 1:
+        return res
     _merge_kernel[(T, H)](
         part_o, part_lse, res, part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0),
         part_lse.stride(1), res.stride(0), res.stride(1), n_splits, C,
