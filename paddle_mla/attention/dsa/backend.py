@@ -37,7 +37,6 @@ class DSABackend(MLABackend):
         self._decode_ws = None
 
     def _workspace(self, rows: int, topk: int, width: int, decode: bool):
-        d = self.dims
         if decode:
             if self._decode_ws is None or self._decode_ws["topk"] != topk:
                 self._decode_ws = self._alloc(self.max_num_seqs, topk, self.max_model_len)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paddle_mla.attention.native import gather_latent, selected_mask, write_latent  # noqa: F401
+from paddle_mla.attention.native import gather_latent, write_latent
 
 
 def key_window_ref(cu_seqlens_k: np.ndarray, num_cached: np.ndarray, seq_lens_q: np.ndarray):
