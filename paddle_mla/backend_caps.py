@@ -27,8 +27,8 @@ BACKEND_CAPS: dict[str, BackendCaps] = {
     "native": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True),
     "triton_mla": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
                               note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
-    "dsa": BackendCaps(("mla",), chunked_prefill=False, prefix_cache=False, cuda_graph=False, cpu=True,
-                       implemented=False, note="DeepSeek-V3.2 sparse attention is not built yet"),
+    "dsa": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True,
+                       note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "append_attn": BackendCaps(("gqa",), chunked_prefill=False, prefix_cache=False, cuda_graph=False, cpu=False,
                                implemented=False, note="GQA paged attention is not built yet"),
 }
@@ -88,3 +88,14 @@ def check_backend(cfg: EngineConfig, name: str | None = None) -> list[str]:
     if cfg.device == "cpu" and not caps.cpu:
         errors.append(f"attention.backend {name!r} needs a GPU; on CPU use {alternatives(lambda c: c.cpu)}")
     return errors
+
+
+def check_model_backend(model_type: str, backend: str) -> str | None:
+    """The error for a checkpoint/backend pair that cannot work together (known once config.json is read)."""
+    if model_type == "deepseek_v32" and backend == "triton_mla":
+        return ("a deepseek_v32 checkpoint needs sparse attention: set attention.backend: dsa on the GPU "
+                "(or native); triton_mla is dense")
+    if model_type != "deepseek_v32" and backend == "dsa":
+        return (f"attention.backend 'dsa' is for deepseek_v32 checkpoints; this one is {model_type!r}: "
+                "use triton_mla on the GPU (or native)")
+    return None

@@ -254,7 +254,7 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 
 @main.command("make-tiny-model")
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--arch", type=click.Choice(["deepseek_v3", "deepseek_v2"]), default="deepseek_v3", show_default=True,
+@click.option("--arch", type=click.Choice(["deepseek_v3", "deepseek_v2", "deepseek_v32"]), default="deepseek_v3", show_default=True,
               help="Model family of the tiny checkpoint.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
 def make_tiny_model_cmd(out_dir: str, arch: str, seed: int) -> None:

@@ -24,15 +24,21 @@ class RunResult:
 def allocate_caches(model, num_blocks: int, block_size: int, device: str = "cpu", dtype=None):
     d = model.arch.mla
     dtype = dtype or torch.float32
+    if model.arch.indexer is not None:   # deepseek_v32: indexer key caches with the same block ids
+        model.attach_index_caches([torch.zeros(num_blocks, block_size, 1, model.arch.indexer.head_dim, dtype=dtype,
+                                               device=device) for _ in range(model.arch.num_layers)])
     return [torch.zeros(num_blocks, block_size, 1, d.latent_dim, dtype=dtype, device=device)
             for _ in range(model.arch.num_layers)]
 
 
 def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size: int = 4, chunk: int | None = None,
-               seed: int = 0, device: str = "cpu", backend: str = "native", prefix_tokens: int = 0) -> RunResult:
+               seed: int = 0, device: str = "cpu", backend: str = "native", prefix_tokens: int = 0,
+               preempt_at: int = 0) -> RunResult:
     """Greedy-decode every prompt together. ``chunk`` limits prompt tokens per request per step
     (chunked prefill, mixed with other requests' decodes). ``prefix_tokens`` > 0 first runs every
-    prompt's first ``prefix_tokens`` tokens alone, then the rest as a cached prefix continuation."""
+    prompt's first ``prefix_tokens`` tokens alone, then the rest as a cached prefix continuation.
+    ``preempt_at`` > 0 preempts request 0 once it has that many outputs, as the engine does: its
+    cache is dropped and prompt + outputs are recomputed into reused (dirty) blocks."""
     rng = np.random.default_rng(seed)
     arch = model.arch
     max_len = max(len(p) for p in prompts) + max_new_tokens
@@ -43,12 +49,21 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
     be = create_backend(backend, dims=arch.mla, max_num_seqs=len(prompts), max_model_len=max_len,
                         block_size=block_size, device=device, dtype=model.dtype)
     model.set_backend(be)
+    key_windows = None
+    if backend == "dsa":
+        from paddle_mla.attention.dsa.key_window import KeyWindows
+
+        key_windows = KeyWindows(sum(len(p) for p in prompts) + len(prompts), device)
     caches = allocate_caches(model, num_blocks, block_size, device, model.dtype)
     computed = [0] * len(prompts)
     outputs: list[list[int]] = [[] for _ in prompts]
     first_logits: list[np.ndarray | None] = [None] * len(prompts)
     budget = [prefix_tokens if prefix_tokens else len(p) for p in prompts]
+    prefill_len = [len(p) for p in prompts]
     while any(len(o) < max_new_tokens for o in outputs):
+        if preempt_at and len(outputs[0]) == preempt_at and prefill_len[0] == len(prompts[0]):
+            prefill_len[0], computed[0] = len(prompts[0]) + preempt_at, 0
+            tables[0] = tables[0][::-1].copy()
         ids, num_new, num_cached, is_prefill, sample = [], [], [], [], []
         for r, p in enumerate(prompts):
             seq = p + outputs[r]
@@ -58,13 +73,14 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
                 is_prefill.append(False)
                 sample.append(False)
                 continue
-            if computed[r] < len(p):
-                end = min(len(p), budget[r], computed[r] + (chunk or len(p)))
+            if computed[r] < prefill_len[r]:
+                n = prefill_len[r]
+                end = min(n, budget[r], computed[r] + (chunk or n))
                 if end <= computed[r]:
-                    end = min(len(p), computed[r] + (chunk or len(p)))
+                    end = min(n, computed[r] + (chunk or n))
                 new = seq[computed[r]:end]
                 is_prefill.append(True)
-                sample.append(end == len(p))
+                sample.append(end == n)
             else:
                 new = seq[computed[r]:]
                 is_prefill.append(False)
@@ -80,7 +96,7 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
         batch = StepBatch(batch.token_ids, batch.num_new[keep], batch.num_cached[keep], tables[keep],
                           batch.is_prefill[keep], batch.sample_mask[keep])
         rows = np.flatnonzero(keep)
-        meta = ForwardMeta.build(batch, block_size, device)
+        meta = ForwardMeta.build(batch, block_size, device, key_windows)
         hidden = model.forward(meta, caches)
         logits = model.compute_logits(hidden[meta.logits_indices]).cpu().numpy()
         for j, r in enumerate(rows):
@@ -89,5 +105,5 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
                 if first_logits[r] is None:
                     first_logits[r] = logits[j].copy()
                 outputs[r].append(int(np.argmax(logits[j])))
-        budget = [len(p) for p in prompts]
+        budget = list(prefill_len)
     return RunResult(tokens=outputs, first_logits=first_logits)

@@ -39,5 +39,11 @@ echo "=== streaming loader: V2-Lite dims, ${LOADER_LAYERS:-4} layers"
 python3 tools/bench_loader.py --layers "${LOADER_LAYERS:-4}" --json "$OUT/bench_loader.json" 2>&1 \
   | tee "$OUT/bench_loader.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== DSA (deepseek_v32): fp32 dsa vs native and kernels with ieee fp32 dots"
+TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/test_dsa_equivalence.py tests/test_dsa_kernels.py \
+  tests/test_dsa_key_window.py 2>&1 | tee "$OUT/dsa_tests.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== DSA benchmarks (quick: context 8k; full: python3 tools/bench_dsa.py --e2e)"
+python3 tools/bench_dsa.py --quick --e2e --json "$OUT/bench_dsa.json" 2>&1 | tee "$OUT/bench_dsa.md" || status=1
 echo "gpu_check status: $status"
 exit $status

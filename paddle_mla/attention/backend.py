@@ -87,8 +87,9 @@ def create_backend(name: str, **kwargs: Any) -> MLABackend:
         # Importing the module registers it; keeps unused backends (and Triton) unimported.
         import importlib
 
-        module = {"native": "paddle_mla.attention.native", "triton_mla": "paddle_mla.attention.triton_mla.backend"}.get(name)
+        module = {"native": "paddle_mla.attention.native", "triton_mla": "paddle_mla.attention.triton_mla.backend",
+                  "dsa": "paddle_mla.attention.dsa.backend"}.get(name)
         if module is None:
-            raise ValueError(f"unknown attention backend {name!r}; available: native, triton_mla")
+            raise ValueError(f"unknown attention backend {name!r}; available: native, triton_mla, dsa")
         importlib.import_module(module)
     return _REGISTRY[name](**kwargs)

@@ -52,9 +52,15 @@ class ForwardMeta:
     seq_lens_k_dev: Any          # int32 [B]
     logits_indices: Any          # int64 [B]: row of each request's last new token
     attn: dict[str, Any] = field(default_factory=dict)   # filled by backend.prepare(meta), once
+    # deepseek_v32 indexer: each token's key window [ks, ke) in the step's concatenated gathered keys
+    # (int32 [T]); None in pure-decode steps and for models without an indexer
+    index_ks: Any = None
+    index_ke: Any = None
 
     @staticmethod
-    def build(batch: StepBatch, block_size: int, device: str) -> "ForwardMeta":
+    def build(batch: StepBatch, block_size: int, device: str, key_windows: Any = None) -> "ForwardMeta":
+        """``key_windows`` (``attention.dsa.key_window.KeyWindows``, deepseek_v32): fills ``index_ks``/
+        ``index_ke`` with one kernel launch, skipped when the step is pure decode."""
         num_new = batch.num_new.astype(np.int32)
         num_cached = batch.num_cached.astype(np.int32)
         seq_lens_k = num_cached + num_new
@@ -70,6 +76,10 @@ class ForwardMeta:
         cu_q, cu_k, batch_ids = meta_ops.get_cu_seqlens(this_dev, dec_dev, num_tokens)
         slots = meta_ops.compute_slot_mapping(tables_dev, batch_ids, positions, block_size)
         last = np.cumsum(num_new, dtype=np.int64) - 1
+        decode_only = bool(len(num_new) > 0 and (num_new == 1).all() and not batch.is_prefill.any())
+        ks = ke = None
+        if key_windows is not None and not decode_only:
+            ks, ke = key_windows.compute(cu_q, cu_k, dec_dev, batch_ids, num_tokens)
         return ForwardMeta(
             num_reqs=len(num_new),
             num_tokens=num_tokens,
@@ -79,7 +89,7 @@ class ForwardMeta:
             seq_lens_k=seq_lens_k,
             max_seqlen_q=int(num_new.max(initial=0)),
             max_seqlen_k=int(seq_lens_k.max(initial=0)),
-            is_decode_only=bool(len(num_new) > 0 and (num_new == 1).all() and not batch.is_prefill.any()),
+            is_decode_only=decode_only,
             sample_mask=batch.sample_mask,
             input_ids=up(batch.token_ids.astype(np.int64)),
             positions=positions,
@@ -90,4 +100,6 @@ class ForwardMeta:
             block_tables=tables_dev,
             seq_lens_k_dev=up(seq_lens_k),
             logits_indices=up(last),
+            index_ks=ks,
+            index_ke=ke,
         )

@@ -32,8 +32,19 @@ def gather_latent(kv_cache, block_table_row, k_len: int, block_size: int):
     return kv_cache.view(-1, kv_cache.shape[-1]).index_select(0, rows)
 
 
-def absorbed_attention(q_nope, q_pe, kv, w_kc, w_vc, num_cached: int, kv_lora_rank: int, scale: float):
+def selected_mask(topk_pos, k_len: int):
+    """Bool [q, k_len]: key j is among the row's selected positions (-1 entries select nothing)."""
+    q = topk_pos.shape[0]
+    col = torch.where(topk_pos >= 0, topk_pos, torch.full_like(topk_pos, k_len))
+    hit = torch.zeros(q, k_len + 1, dtype=torch.float32, device=topk_pos.device)
+    hit.scatter_(1, col, torch.ones(col.shape, dtype=torch.float32, device=topk_pos.device))
+    return hit[:, :k_len] > 0
+
+
+def absorbed_attention(q_nope, q_pe, kv, w_kc, w_vc, num_cached: int, kv_lora_rank: int, scale: float,
+                       selected=None):
     """One request: q_nope [q, H, nope], q_pe [q, H, R], kv [k, C + R] -> [q, H, v], all in float32.
+    ``selected`` (bool [q, k], DSA) further restricts each query to the keys its indexer picked.
 
     score(i, j) = (q_nope_i W_kc) . c_j + q_pe_i . k_pe_j   (= q_i . k_j of the explicit form)
     out_i = (sum_j p_ij c_j) W_vc                            (= sum_j p_ij v_j)
@@ -48,6 +59,8 @@ def absorbed_attention(q_nope, q_pe, kv, w_kc, w_vc, num_cached: int, kv_lora_ra
     q_pos = torch.arange(q_len, dtype=torch.int64, device=kv.device) + num_cached
     k_pos = torch.arange(k_len, dtype=torch.int64, device=kv.device)
     visible = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)                           # [q, k]
+    if selected is not None:
+        visible = visible & selected
     scores = torch.where(visible.unsqueeze(0), scores, torch.full_like(scores, float("-inf")))
     p = torch.softmax(scores, dim=-1)
     o_lat = torch.matmul(p, c)                                                   # [H, q, C]
@@ -57,7 +70,14 @@ def absorbed_attention(q_nope, q_pe, kv, w_kc, w_vc, num_cached: int, kv_lora_ra
 
 @register_backend("native")
 class NativeMLABackend(MLABackend):
-    def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
+    def index_topk(self, q, k, w, index_cache, meta, topk: int):
+        """DSA indexer (deepseek_v32): see ``paddle_mla.attention.dsa.reference``."""
+        from paddle_mla.attention.dsa.reference import native_index_topk
+
+        return native_index_topk(q, k, w, index_cache, meta, topk)
+
+    def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
+        """``topk_pos`` (int64 [T, topk], -1 padded; deepseek_v32) restricts each token to those keys."""
         d = self.dims
         T, H = q_nope.shape[0], q_nope.shape[1]
         if T == 0:
@@ -71,6 +91,7 @@ class NativeMLABackend(MLABackend):
                 continue
             s, e = int(starts[b]), int(starts[b] + q_len)
             kv = gather_latent(kv_cache, meta.block_tables[b], cached + q_len, meta.block_size)
+            sel = None if topk_pos is None else selected_mask(topk_pos[s:e], cached + q_len)
             outs.append(absorbed_attention(q_nope[s:e], q_pe[s:e], kv, w_kc, w_vc, cached,
-                                           d.kv_lora_rank, d.softmax_scale))
+                                           d.kv_lora_rank, d.softmax_scale, sel))
         return torch.cat(outs, 0).to(q_nope.dtype)

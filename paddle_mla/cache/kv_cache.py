@@ -37,3 +37,8 @@ def auto_num_blocks(device_kind: str, per_block: int, max_num_seqs: int, max_mod
 def allocate_latent_caches(num_layers: int, num_blocks: int, block_size: int, latent_dim: int, dtype, device: str):
     """[num_blocks, block_size, 1, latent_dim] per layer (ARCHITECTURE section 5)."""
     return [torch.zeros(num_blocks, block_size, 1, latent_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def allocate_index_caches(num_layers: int, num_blocks: int, block_size: int, head_dim: int, dtype, device: str):
+    """deepseek_v32 indexer keys, [num_blocks, block_size, 1, index_head_dim] per layer, same block ids."""
+    return allocate_latent_caches(num_layers, num_blocks, block_size, head_dim, dtype, device)

@@ -19,7 +19,9 @@ import torch  # noqa: E402
 
 from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
-from paddle_mla.cache.kv_cache import allocate_latent_caches, auto_num_blocks, bytes_per_block  # noqa: E402
+from paddle_mla.backend_caps import check_model_backend  # noqa: E402
+from paddle_mla.cache.kv_cache import (allocate_index_caches, allocate_latent_caches, auto_num_blocks,  # noqa: E402
+                                       bytes_per_block)
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
 from paddle_mla.engine.request import TokenLogprob  # noqa: E402
@@ -76,10 +78,14 @@ class ModelRunner:
         self.model.reserve_moe_workspace(cfg.scheduler.max_num_batched_tokens)
         arch = self.model.arch
         self.arch = arch
+        mismatch = check_model_backend(arch.model_type, cfg.attention.backend)
+        if mismatch:
+            raise ValueError(mismatch)
         bs = cfg.cache.block_size
         max_model_len = resolve_max_model_len(cfg, arch.max_position_embeddings)
         elt = torch.zeros(1, dtype=self.dtype).element_size()
-        per_block = bytes_per_block(arch.num_layers, bs, arch.mla.latent_dim, elt)
+        index_dim = arch.indexer.head_dim if arch.indexer is not None else 0   # deepseek_v32 indexer keys
+        per_block = bytes_per_block(arch.num_layers, bs, arch.mla.latent_dim + index_dim, elt)
         num_blocks = cfg.cache.num_blocks
         if num_blocks == AUTO:
             num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
@@ -87,11 +93,20 @@ class ModelRunner:
         self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
         self.kv_caches = allocate_latent_caches(arch.num_layers, self.limits.num_blocks, bs, arch.mla.latent_dim,
                                                 self.dtype, self.device)
+        if index_dim:
+            self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
+                                                      self.dtype, self.device)
+            self.model.attach_index_caches(self.index_caches)
         self.backend = create_backend(cfg.attention.backend, dims=arch.mla, max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype)
         self.model.set_backend(self.backend)
         self.eos_token_ids = frozenset(arch.eos_token_ids)   # masked by min_tokens; the LLM adds the tokenizer's
+        self.key_windows = None
+        if self.backend.name == "dsa":   # the indexer's [ks, ke), once per step with prefill tokens
+            from paddle_mla.attention.dsa.key_window import KeyWindows
+
+            self.key_windows = KeyWindows(cfg.scheduler.max_num_batched_tokens, self.device)
         self.graphs = None
         if self.use_cuda_graph():
             from paddle_mla.engine.cuda_graph import DecodeGraphs
@@ -128,7 +143,7 @@ class ModelRunner:
 
     def forward_step(self, batch: StepBatch):
         """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
-        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device)
+        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows)
         if self.graphs is not None and self.graphs.can_run(meta):
             return self.graphs.run(meta)           # decode: every row samples
         self.backend.prepare(meta)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from paddle_mla.attention.backend import MLADims
 
-SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 
 
 @dataclass
@@ -54,6 +54,15 @@ class MoESpec:
 
 
 @dataclass
+class IndexerSpec:
+    """DeepSeek-V3.2 lightning indexer (DSA): which ``topk`` keys each query attends."""
+
+    topk: int                             # index_topk
+    n_heads: int                          # index_n_heads
+    head_dim: int                         # index_head_dim (its first qk_rope_head_dim dims are roped)
+
+
+@dataclass
 class ModelArch:
     model_type: str
     family: str
@@ -72,6 +81,7 @@ class ModelArch:
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
     fp8_block_size: tuple[int, int] | None = None
+    indexer: IndexerSpec | None = None    # deepseek_v32 only
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -87,8 +97,8 @@ def _rope_spec(cfg: dict, model_type: str) -> RopeSpec:
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ("default", "yarn"):
         raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, yarn)")
-    # HF DeepseekV2 always rotates interleaved pairs (complex multiply); V3 follows rope_interleave.
-    interleave = True if model_type == "deepseek_v2" else bool(cfg.get("rope_interleave", True))
+    # HF DeepseekV2 and V3.2 always rotate interleaved pairs in MLA; V3 follows rope_interleave.
+    interleave = True if model_type in ("deepseek_v2", "deepseek_v32") else bool(cfg.get("rope_interleave", True))
     spec = RopeSpec(dim=int(cfg["qk_rope_head_dim"]), theta=float(theta), rope_type=rope_type, interleave=interleave)
     if rope_type == "yarn":
         spec.original_max_position_embeddings = int(
@@ -110,7 +120,7 @@ def _moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
     n_routed = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
     if not n_routed:
         return None
-    v3 = model_type == "deepseek_v3"
+    v3 = model_type in ("deepseek_v3", "deepseek_v32")
     return MoESpec(
         n_routed_experts=int(n_routed),
         num_experts_per_tok=int(cfg["num_experts_per_tok"]),
@@ -126,6 +136,18 @@ def _moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
         scale_after_norm=v3,
     )
+
+
+def _indexer_spec(cfg: dict, model_type: str) -> IndexerSpec | None:
+    if model_type != "deepseek_v32":
+        return None
+    if not cfg.get("q_lora_rank"):
+        raise ValueError("deepseek_v32 needs q_lora_rank: the indexer's wq_b reads the q_lora residual")
+    spec = IndexerSpec(topk=int(cfg.get("index_topk", 2048)), n_heads=int(cfg.get("index_n_heads", 64)),
+                       head_dim=int(cfg.get("index_head_dim", 128)))
+    if spec.head_dim < int(cfg["qk_rope_head_dim"]) or spec.topk < 1:
+        raise ValueError(f"bad indexer dims {spec} for qk_rope_head_dim {cfg['qk_rope_head_dim']}")
+    return spec
 
 
 def _eos_ids(value) -> list[int]:
@@ -159,7 +181,7 @@ def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), q_lora_rank=cfg.get("q_lora_rank"), rope=rope,
         moe=_moe_spec(cfg, model_type), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         hidden_act=cfg.get("hidden_act", "silu"),
-        fp8_block_size=tuple(block) if block else None, raw=cfg,
+        fp8_block_size=tuple(block) if block else None, indexer=_indexer_spec(cfg, model_type), raw=cfg,
     )
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from paddle_mla.models.arch import ModelArch, RopeSpec, yarn_get_mscale
 from paddle_mla.models.moe import MoE, MoEExec
 from paddle_mla.models.fp8 import dense, linear  # noqa: F401  (linear: dense or FP8 block-scaled weights)
+from paddle_mla.models.indexer import Indexer
 
 
 def rms_norm(x, weight, eps: float):
@@ -104,12 +105,14 @@ class MLAAttention:
         self.w_kc = kv_b[:, :d.qk_nope_head_dim, :].contiguous()                     # [H, nope, C]
         self.w_vc = kv_b[:, d.qk_nope_head_dim:, :].transpose(1, 2).contiguous()     # [H, C, v]
         self.o_proj, self.o_bias = w[p + "o_proj.weight"], w.get(p + "o_proj.bias")
+        self.indexer = Indexer(arch, w, p + "indexer.") if arch.indexer is not None else None
 
     def forward(self, x, cos, sin, rope: Rope, backend, kv_cache, meta):
         d = self.dims
         T = x.shape[0]
         if self.q_lora:
-            q = linear(rms_norm(linear(x, self.q_a_proj, self.q_a_bias), self.q_a_norm, self.eps), self.q_b_proj)
+            q_resid = rms_norm(linear(x, self.q_a_proj, self.q_a_bias), self.q_a_norm, self.eps)
+            q = linear(q_resid, self.q_b_proj)
         else:
             q = linear(x, self.q_proj)
         q = q.view(T, d.num_heads, d.qk_nope_head_dim + d.qk_rope_head_dim)
@@ -120,8 +123,11 @@ class MLAAttention:
         q_pe = rope.apply(q_pe, cos, sin)
         k_pe = rope.apply(k_pe, cos, sin)
         latent = torch.cat([c, k_pe], -1)
+        sparse = {}
+        if self.indexer is not None:   # DSA: attend only the indexer's top-k keys
+            sparse["topk_pos"] = self.indexer.select(x, q_resid, cos, sin, backend, meta)
         out = backend.forward(q_nope.contiguous(), q_pe.contiguous(), latent.contiguous(), self.w_kc, self.w_vc,
-                              kv_cache, meta)
+                              kv_cache, meta, **sparse)
         return linear(out.reshape(T, d.num_heads * d.v_head_dim).to(x.dtype), self.o_proj, self.o_bias)
 
 
@@ -173,6 +179,11 @@ class CausalLM:
 
     def set_backend(self, backend) -> None:
         self.backend = backend
+
+    def attach_index_caches(self, caches: list) -> None:
+        """deepseek_v32: the per-layer indexer key caches (paged like the latent caches)."""
+        for layer, cache in zip(self.layers, caches):
+            layer.attn.indexer.cache = cache
 
     def forward(self, meta, kv_caches: list):
         if self.backend is None:

@@ -73,7 +73,10 @@ def tiny_config(arch: str, vocab_size: int, bos: int, eos: int) -> dict:
         return dict(common, model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], q_lora_rank=None,
                     n_shared_experts=2, n_group=2, topk_group=1, topk_method="group_limited_greedy",
                     scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=1.0)
-    raise ValueError(f"unknown tiny arch {arch!r}; choose deepseek_v3 or deepseek_v2")
+    if arch == "deepseek_v32":   # V3 + the DSA lightning indexer; index_topk well below max_model_len
+        return dict(tiny_config("deepseek_v3", vocab_size, bos, eos), model_type="deepseek_v32",
+                    architectures=["DeepseekV32ForCausalLM"], index_topk=16, index_n_heads=8, index_head_dim=32)
+    raise ValueError(f"unknown tiny arch {arch!r}; choose deepseek_v3, deepseek_v2 or deepseek_v32")
 
 
 def tiny_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
@@ -109,6 +112,13 @@ def tiny_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
         w[a + "kv_a_layernorm.weight"] = norm_w(kvl)
         w[a + "kv_b_proj.weight"] = normal(heads * (nope + v), kvl)
         w[a + "o_proj.weight"] = normal(h, heads * v)
+        if cfg.get("index_topk"):
+            ih, idim = cfg["index_n_heads"], cfg["index_head_dim"]
+            w[a + "indexer.wq_b.weight"] = normal(ih * idim, cfg["q_lora_rank"], std=0.3)
+            w[a + "indexer.wk.weight"] = normal(idim, h, std=0.3)
+            w[a + "indexer.k_norm.weight"] = norm_w(idim)
+            w[a + "indexer.k_norm.bias"] = normal(idim)
+            w[a + "indexer.weights_proj.weight"] = normal(ih, h)
         if i >= cfg["first_k_dense_replace"]:
             m = p + "mlp."
             w[m + "gate.weight"] = normal(cfg["n_routed_experts"], h, std=0.3)

@@ -1,0 +1,85 @@
+"""The ``dsa`` backend: DeepSeek-V3.2 sparse attention with Triton kernels.
+
+Per layer:
+1. ``index_topk``: write the new indexer keys into the paged key cache (same slots as the latent
+   cache), score every new token against its request's keys straight from that cache
+   (``index_kernels.index_scores``; windows ``[ks, ke)`` from ``ForwardMeta`` in prefill steps,
+   positions in pure decode), then the top-k request positions per token (-1 padded).
+2. ``forward``: write the latents, turn the top-k positions into cache slots through the block
+   table, absorb W_UK into the queries, run sparse MLA over the selected slots (split over the
+   top-k axis + merge) and apply W_UV. Prefill and decode tokens take the same path: a token with
+   no more than ``index_topk`` keys selects all of them, which is dense causal attention.
+Decode workspaces are sized on the first call for ``max_num_seqs`` rows; steps with prefill
+tokens allocate theirs per step (their score matrix is [T, max_seqlen_k]).
+Known gaps: top-k uses the framework's ``topk`` (no Triton radix select yet); no CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paddle_mla import runtime
+from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
+from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots, topk_positions
+from paddle_mla.attention.dsa.sparse_mla import sparse_mla
+from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
+
+MAX_SPLITS = 8
+
+
+@register_backend("dsa")
+class DSABackend(MLABackend):
+    def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype):
+        super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype)
+        ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
+        if not ok:
+            raise RuntimeError(f"attention.backend 'dsa' cannot run here: {why}; use backend 'native'")
+        self._decode_ws = None
+
+    def _workspace(self, rows: int, topk: int, width: int, decode: bool):
+        if decode:
+            if self._decode_ws is None or self._decode_ws["topk"] != topk:
+                self._decode_ws = self._alloc(self.max_num_seqs, topk, self.max_model_len)
+                self._decode_ws["topk"] = topk
+            return self._decode_ws
+        return self._alloc(rows, topk, width)
+
+    def _alloc(self, rows: int, topk: int, width: int):
+        d, dev = self.dims, self.device
+        return {
+            "scores": torch.empty(rows, width, dtype=torch.float32, device=dev),
+            "pos": torch.empty(rows, topk, dtype=torch.int64, device=dev),
+            "slots": torch.empty(rows, topk, dtype=torch.int64, device=dev),
+            "part_o": torch.empty(rows, d.num_heads, MAX_SPLITS, d.kv_lora_rank, dtype=torch.float32, device=dev),
+            "part_lse": torch.empty(rows, d.num_heads, MAX_SPLITS, dtype=torch.float32, device=dev),
+            "o_lat": torch.empty(rows, d.num_heads, d.kv_lora_rank, dtype=self.dtype, device=dev),
+        }
+
+    def index_topk(self, q, k, w, index_cache, meta, topk: int):
+        T = q.shape[0]
+        decode = meta.is_decode_only
+        if not decode and (meta.index_ks is None or meta.index_ke is None):
+            raise ValueError("dsa: a step with prefill tokens needs meta.index_ks/index_ke "
+                             "(ForwardMeta.build(..., key_windows=KeyWindows(...)))")
+        width = self.max_model_len if decode else meta.max_seqlen_k
+        ws = self._workspace(T, topk, width, decode)
+        meta.attn["dsa_ws"] = ws
+        write_latent_cache(k, index_cache, meta.slot_mapping)
+        scores = index_scores(q, w, index_cache, meta.block_tables, meta.batch_id_per_token, meta.positions,
+                              meta.max_seqlen_k, ws["scores"],
+                              ks=None if decode else meta.index_ks, ke=None if decode else meta.index_ke,
+                              cu_seqlens_k=None if decode else meta.cu_seqlens_k)
+        return topk_positions(scores, topk, ws["pos"])
+
+    def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
+        if topk_pos is None:
+            raise ValueError("attention.backend 'dsa' runs deepseek_v32 checkpoints only (no top-k given); "
+                             "use triton_mla for other MLA models")
+        d = self.dims
+        write_latent_cache(latent, kv_cache, meta.slot_mapping)
+        ws = meta.attn["dsa_ws"]
+        slots = positions_to_slots(topk_pos, meta.batch_id_per_token, meta.block_tables, self.block_size, ws["slots"])
+        q_lat = torch.bmm(q_nope.transpose(0, 1), w_kc).transpose(0, 1)            # [T, H, C]
+        o_lat = sparse_mla(q_lat.contiguous(), q_pe, kv_cache, slots, d.softmax_scale, ws["part_o"],
+                           ws["part_lse"], ws["o_lat"], MAX_SPLITS)
+        return torch.bmm(o_lat.transpose(0, 1), w_vc).transpose(0, 1)

@@ -1,0 +1,149 @@
+"""Sparse MLA in absorbed latent form over each query's selected cache slots (Triton).
+
+For query row t (a decode token or a prefill token alike) and head h:
+  score_j = (q_lat[t, h] . c_j + q_pe[t, h] . k_pe_j) * scale   over the slots j in ``slots[t]``
+  o_lat[t, h] = softmax(score) @ c                              (the caller applies W_vc)
+Stage 1 splits the top-k axis into ``num_splits`` chunks (one program per row, head block and
+chunk) and writes a partial output and its log-sum-exp; stage 2 merges the chunks. Slots < 0 are
+skipped; a row with no valid slot gives zeros, never NaN (fully masked tiles keep m = -inf and
+contribute nothing). Workspaces come from the caller (sized at start-up for decode): no
+allocation, no host sync, so a decode step can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from paddle_mla.attention.triton_mla._util import next_pow2
+
+
+@triton.jit
+def _sparse_partial_kernel(
+    q_lat, q_pe, cache, slots, part_o, part_lse,
+    stride_qlt, stride_qlh, stride_qpt, stride_qph, stride_row, stride_st,
+    stride_pot, stride_poh, stride_pos, stride_plt, stride_plh,
+    H, K, C, R, sm_scale, SPLIT_LEN, out, stride_ot, stride_oh, DIRECT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    sp = tl.program_id(2)
+    hm = h < H
+    c = tl.arange(0, BLOCK_C)
+    r = tl.arange(0, BLOCK_R)
+    ql = tl.load(q_lat + t * stride_qlt + h[:, None] * stride_qlh + c[None, :],
+                 mask=hm[:, None] & (c[None, :] < C), other=0.0)
+    qp = tl.load(q_pe + t * stride_qpt + h[:, None] * stride_qph + r[None, :],
+                 mask=hm[:, None] & (r[None, :] < R), other=0.0)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+    start = sp * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, K)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        s = tl.load(slots + t * stride_st + n, mask=n < end, other=-1)
+        ok = s >= 0
+        row = cache + tl.where(ok, s, 0) * stride_row
+        kc = tl.load(row[:, None] + c[None, :], mask=ok[:, None] & (c[None, :] < C), other=0.0)
+        kp = tl.load(row[:, None] + C + r[None, :], mask=ok[:, None] & (r[None, :] < R), other=0.0)
+        qk = tl.dot(ql, tl.trans(kc), out_dtype=tl.float32) + tl.dot(qp, tl.trans(kp), out_dtype=tl.float32)
+        qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(kc.dtype), kc, out_dtype=tl.float32)
+        m_i = m_new
+    has = l_i > 0
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    if DIRECT:   # one chunk: this is the final output, no merge pass
+        tl.store(out + t * stride_ot + h[:, None] * stride_oh + c[None, :], o.to(out.dtype.element_ty),
+                 mask=hm[:, None] & (c[None, :] < C))
+        return
+    tl.store(part_o + t * stride_pot + h[:, None] * stride_poh + sp * stride_pos + c[None, :], o,
+             mask=hm[:, None] & (c[None, :] < C))
+    tl.store(part_lse + t * stride_plt + h * stride_plh + sp, lse, mask=hm)
+
+
+@triton.jit
+def _merge_kernel(part_o, part_lse, out, stride_pot, stride_poh, stride_pos, stride_plt, stride_plh,
+                  stride_ot, stride_oh, S, C, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_C)
+    lse = tl.load(part_lse + t * stride_plt + h * stride_plh + s, mask=s < S, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    wgt = tl.exp(lse - m_safe)                                   # 0 for empty chunks
+    o = tl.load(part_o + t * stride_pot + h * stride_poh + s[:, None] * stride_pos + c[None, :],
+                mask=(s[:, None] < S) & (c[None, :] < C), other=0.0)
+    den = tl.sum(wgt, 0)
+    res = tl.sum(o * wgt[:, None], 0) / tl.where(den > 0, den, 1.0)
+    tl.store(out + t * stride_ot + h * stride_oh + c, res.to(out.dtype.element_ty), mask=c < C)
+
+
+def split_len_for(topk: int, max_splits: int, block_n: int) -> int:
+    """Chunk length of the top-k axis: a multiple of ``block_n`` giving at most ``max_splits`` chunks."""
+    per = -(-topk // max_splits)
+    return max(block_n, -(-per // block_n) * block_n)
+
+
+def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out, max_splits: int = 8):
+    """q_lat [T, H, C], q_pe [T, H, R], kv_cache [NB, bs, 1, C + R], slots int64 [T, K] -> out[:T] [T, H, C].
+
+    ``part_o`` [>= T, H, max_splits, C] float32 and ``part_lse`` [>= T, H, max_splits] float32 are
+    workspaces; ``out`` [>= T, H, C] receives the latent outputs.
+    """
+    T, H, C = q_lat.shape
+    R = q_pe.shape[-1]
+    K = slots.shape[1]
+    res = out[:T]
+    if T == 0:
+        return res
+    block_n = 32 if K >= 32 else 16
+    split = split_len_for(K, max_splits, block_n)
+    n_splits = -(-K // split)
+    assert n_splits <= part_o.shape[2] and part_o.shape[0] >= T
+    block_h = 16
+    block_c = max(16, next_pow2(C))
+    flat = kv_cache.view(-1, kv_cache.shape[-1])
+    grid = (T, triton.cdiv(H, block_h), n_splits)
+    _sparse_partial_kernel[grid](
+        q_lat, q_pe, flat, slots, part_o, part_lse,
+        q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), flat.stride(0), slots.stride(0),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        H, K, C, R, scale, split, res, res.stride(0), res.stride(1), n_splits == 1,
+        BLOCK_H=block_h, BLOCK_C=block_c, BLOCK_R=max(16, next_pow2(R)), BLOCK_N=block_n,
+    )
+    if n_splits == 1:
+        return res
+    _merge_kernel[(T, H)](
+        part_o, part_lse, res, part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0),
+        part_lse.stride(1), res.stride(0), res.stride(1), n_splits, C,
+        BLOCK_S=max(2, next_pow2(n_splits)), BLOCK_C=block_c,
+    )
+    return res
+
+
+def sparse_mla_ref(q_lat, q_pe, kv_cache, slots, scale: float):
+    """Plain reference: float32 attention over the gathered slots, -inf at invalid ones, zeros if none."""
+    T, H, C = q_lat.shape
+    flat = kv_cache.view(-1, kv_cache.shape[-1]).to(torch.float32)
+    ok = slots >= 0
+    kv = flat[torch.where(ok, slots, torch.zeros_like(slots)).reshape(-1)].reshape(T, slots.shape[1], -1)
+    c, kpe = kv[..., :C], kv[..., C:]
+    s = (torch.matmul(q_lat.to(torch.float32), c.transpose(1, 2))
+         + torch.matmul(q_pe.to(torch.float32), kpe.transpose(1, 2))) * scale        # [T, H, K]
+    s = torch.where(ok.unsqueeze(1), s, torch.full_like(s, float("-inf")))
+    m = torch.amax(s, -1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    den = p.sum(-1, keepdim=True)
+    p = p / torch.where(den > 0, den, torch.ones_like(den))
+    return torch.matmul(p, c)

@@ -1,0 +1,204 @@
+"""DSA (DeepSeek-V3.2 sparse attention) benchmarks on the GPU (PyTorch runtime), issue 11 targets:
+
+1. ``[ks, ke)``: the one-launch Triton kernel vs the per-token Python loop (+ upload) it replaces,
+   at 32k prefill tokens (target >= 100x);
+2. sparse MLA decode (b=64, h=128, top-k 2048, context 32k) vs triton_mla dense decode at the same
+   context (target >= 6x);
+3. indexer decode score + top-k at 32k context (64 heads x 128): key bytes read / time vs the copy
+   bandwidth (target >= 70%);
+4. end to end (``--e2e``): decode step of a V3.2-dims 4-layer model (dsa) vs the dense V3-dims
+   model (triton_mla), batch 64, no CUDA graphs on either (target <= 0.5x).
+Anchor: FlashMLA sparse decode, 410 TFLOPS on H800 (FP8, b=128, h=128, top-k 2048).
+
+    python tools/bench_dsa.py [--quick] [--e2e] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from paddle_mla import runtime
+
+runtime.select("torch")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from paddle_mla.attention.dsa.index_kernels import index_scores, topk_positions  # noqa: E402
+from paddle_mla.attention.dsa.key_window import KeyWindows  # noqa: E402
+from paddle_mla.attention.dsa.reference import key_window_ref  # noqa: E402
+from paddle_mla.attention.dsa.sparse_mla import sparse_mla  # noqa: E402
+from paddle_mla.attention.triton_mla import decode  # noqa: E402
+
+LORA, ROPE, PAGE = 512, 64, 64
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3   # µs
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * x.numel() / (bench(lambda: y.copy_(x)) * 1e-6)
+
+
+def bench_key_windows(total_tokens: int) -> dict:
+    reqs = 8
+    num_new = np.full(reqs, total_tokens // reqs, np.int32)
+    num_cached = (np.arange(reqs) * 1000).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(num_new + num_cached)]).astype(np.int32)
+    cu_q = np.concatenate([[0], np.cumsum(num_new)]).astype(np.int32)
+    dev = lambda a: torch.from_numpy(a).cuda()   # noqa: E731
+    cu_q_d, cu_k_d, cached_d = dev(cu_q), dev(cu_k), dev(num_cached)
+    kw = KeyWindows(total_tokens, "cuda")
+    t_kernel = bench(lambda: kw.compute(cu_q_d, cu_k_d, cached_d, None, total_tokens))
+
+    def loop():
+        ks, ke = key_window_ref(cu_k, num_cached, num_new)
+        torch.from_numpy(ks).cuda(), torch.from_numpy(ke).cuda()
+
+    loop()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        loop()
+    torch.cuda.synchronize()
+    t_loop = (time.perf_counter() - t0) / 3 * 1e6
+    ks, ke = key_window_ref(cu_k, num_cached, num_new)
+    assert np.array_equal(kw.ks[:total_tokens].cpu().numpy(), ks) and np.array_equal(kw.ke.cpu().numpy(), ke)
+    return dict(tokens=total_tokens, kernel_us=t_kernel, loop_us=t_loop, speedup=t_loop / t_kernel)
+
+
+def _paged(b: int, s: int, d: int, g):
+    pages = s // PAGE
+    cache = torch.randn(b * pages, PAGE, 1, d, device="cuda", generator=g).to(torch.bfloat16)
+    tables = torch.randperm(b * pages, device="cuda", generator=g).to(torch.int32).view(b, pages)
+    return cache, tables
+
+
+def bench_sparse_decode(b: int, h: int, topk: int, s: int) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache, tables = _paged(b, s, LORA + ROPE, g)
+    pos = torch.stack([torch.randperm(s, device="cuda", generator=g)[:topk] for _ in range(b)])
+    slots = (tables.to(torch.int64).gather(1, pos // PAGE) * PAGE + pos % PAGE).contiguous()
+    q = torch.randn(b, h, LORA + ROPE, device="cuda", generator=g).to(torch.bfloat16)
+    q_lat, q_pe = q[..., :LORA].contiguous(), q[..., LORA:].contiguous()
+    part_o = torch.empty(b, h, 8, LORA, dtype=torch.float32, device="cuda")
+    part_lse = torch.empty(b, h, 8, dtype=torch.float32, device="cuda")
+    out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    t_sparse = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, 192 ** -0.5, part_o, part_lse, out, 8))
+    lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    cfg = decode.decode_config(h)
+    ws = decode.alloc_decode_workspace(b, h, LORA, 64, "cuda")
+    dense_out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+    t_dense = bench(lambda: decode.mla_decode(q, cache, tables, lens, dense_out, ws, LORA, 192 ** -0.5, cfg))
+    flops = b * h * topk * 2 * (LORA + ROPE + LORA)
+    return dict(b=b, h=h, topk=topk, context=s, sparse_us=t_sparse, dense_us=t_dense, speedup=t_dense / t_sparse,
+                sparse_tflops=flops / (t_sparse * 1e-6) / 1e12)
+
+
+def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: float) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    cache, tables = _paged(b, s, dim, g)
+    q = torch.randn(b, heads, dim, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(b, heads, device="cuda", generator=g)
+    bids = torch.arange(b, dtype=torch.int32, device="cuda")
+    positions = torch.full((b,), s - 1, dtype=torch.int64, device="cuda")
+    scores = torch.empty(b, s, dtype=torch.float32, device="cuda")
+    pos_out = torch.empty(b, topk, dtype=torch.int64, device="cuda")
+    score = lambda: index_scores(q, w, cache, tables, bids, positions, s, scores)   # noqa: E731
+    t_score = bench(score)
+    t_both = bench(lambda: topk_positions(score(), topk, pos_out))
+    key_bytes = b * s * dim * 2
+    return dict(b=b, context=s, score_us=t_score, score_topk_us=t_both,
+                score_fraction_of_copy_bw=key_bytes / (t_score * 1e-6) / bw,
+                score_topk_fraction_of_copy_bw=key_bytes / (t_both * 1e-6) / bw)
+
+
+def bench_e2e(layers: int, batch: int, context: int) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_e2e_decode import V3, random_weights, time_steps
+
+    from paddle_mla.attention.forward_meta import StepBatch
+    from paddle_mla.config import config_from_dict
+    from paddle_mla.engine.model_runner import ModelRunner
+    from paddle_mla.models import parse_arch
+    from paddle_mla.models.deepseek import CausalLM
+
+    out = {}
+    for name, backend, extra in (("v3_dense", "triton_mla", {}),
+                                 ("v32_dsa", "dsa", dict(model_type="deepseek_v32", index_topk=2048,
+                                                         index_n_heads=64, index_head_dim=128))):
+        cfg = dict(V3, num_hidden_layers=layers, **extra)
+        w = random_weights(cfg, layers, "cuda", torch.bfloat16)
+        for i in range(layers if extra else 0):
+            p = f"model.layers.{i}.self_attn.indexer."
+            w[p + "wq_b.weight"] = torch.randn(64 * 128, cfg["q_lora_rank"], device="cuda").to(torch.bfloat16) * 0.02
+            w[p + "wk.weight"] = torch.randn(128, cfg["hidden_size"], device="cuda").to(torch.bfloat16) * 0.02
+            w[p + "k_norm.weight"] = torch.ones(128, device="cuda", dtype=torch.bfloat16)
+            w[p + "k_norm.bias"] = torch.zeros(128, device="cuda", dtype=torch.bfloat16)
+            w[p + "weights_proj.weight"] = torch.randn(64, cfg["hidden_size"], device="cuda").to(torch.bfloat16) * 0.02
+        model = CausalLM(parse_arch(cfg), w, "cuda", torch.bfloat16)
+        per_seq = -(-context // PAGE)
+        ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": backend},
+                                 "cuda_graph": False, "cache": {"block_size": PAGE, "num_blocks": batch * per_seq + 1},
+                                 "scheduler": {"max_num_seqs": batch, "enable_chunked_prefill": True},
+                                 "max_model_len": context + 64})
+        runner = ModelRunner(ecfg, model=model)
+        for c in runner.kv_caches + list(getattr(runner, "index_caches", [])):
+            c.normal_(0.0, 1.0)
+        perm = np.random.default_rng(0).permutation(runner.limits.num_blocks)[: batch * per_seq]
+        step = StepBatch(token_ids=np.arange(batch, dtype=np.int64) + 5, num_new=np.ones(batch, np.int32),
+                         num_cached=np.full(batch, context - 1, np.int32),
+                         block_tables=perm.reshape(batch, per_seq).astype(np.int32),
+                         is_prefill=np.zeros(batch, bool), sample_mask=np.ones(batch, bool))
+        out[name + "_step_ms"] = time_steps(runner, step, 10) * 1e3
+        del runner, model, w
+        torch.cuda.empty_cache()
+    out.update(layers=layers, batch=batch, context=context, ratio=out["v32_dsa_step_ms"] / out["v3_dense_step_ms"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller shapes (gpu_check.sh)")
+    ap.add_argument("--e2e", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    ctx = 8192 if args.quick else 32768
+    bw = copy_bandwidth()
+    res = {"device": torch.cuda.get_device_name(), "copy_bw_gbs": bw / 1e9,
+           "key_windows": bench_key_windows(32768),
+           "sparse_decode": bench_sparse_decode(64, 128, 2048, ctx),
+           "index_decode": bench_index_decode(64, ctx, 64, 128, 2048, bw)}
+    if args.e2e:
+        res["e2e"] = bench_e2e(4, 64, ctx)
+    print(f"## DSA on {res['device']} (copy bandwidth {bw / 1e9:.0f} GB/s)")
+    kw, sd, ix = res["key_windows"], res["sparse_decode"], res["index_decode"]
+    print(f"- [ks, ke) at {kw['tokens']} tokens: kernel {kw['kernel_us']:.1f} us, Python loop {kw['loop_us']:.0f} us, "
+          f"{kw['speedup']:.0f}x (target >= 100x)")
+    print(f"- sparse decode b={sd['b']} h={sd['h']} topk {sd['topk']} ctx {sd['context']}: {sd['sparse_us']:.1f} us "
+          f"({sd['sparse_tflops']:.0f} TFLOPS) vs dense triton_mla {sd['dense_us']:.1f} us: {sd['speedup']:.1f}x "
+          "(target >= 6x; FlashMLA anchor 410 TFLOPS FP8 on H800)")
+    print(f"- indexer decode ctx {ix['context']}: score {ix['score_us']:.1f} us "
+          f"({ix['score_fraction_of_copy_bw']:.0%} of copy bw), score + top-k {ix['score_topk_us']:.1f} us "
+          f"({ix['score_topk_fraction_of_copy_bw']:.0%}; target >= 70%)")
+    if "e2e" in res:
+        e = res["e2e"]
+        print(f"- e2e {e['layers']} layers b={e['batch']} ctx {e['context']}: V3.2 dsa {e['v32_dsa_step_ms']:.2f} ms "
+              f"vs V3 dense {e['v3_dense_step_ms']:.2f} ms: {e['ratio']:.2f}x (target <= 0.5x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
