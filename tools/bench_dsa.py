@@ -11,6 +11,8 @@
 Anchor: FlashMLA sparse decode, 410 TFLOPS on H800 (FP8, b=128, h=128, top-k 2048).
 
     python tools/bench_dsa.py [--quick] [--e2e] [--json out.json]
+``--cpu-smoke`` (with TRITON_INTERPRET=1) runs every path once at toy shapes on the CPU: a check of
+the script itself, not a measurement.
 """
 
 from __future__ import annotations
@@ -37,14 +39,25 @@ from paddle_mla.attention.dsa.sparse_mla import sparse_mla  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 
 LORA, ROPE, PAGE = 512, 64, 64
+DEV = "cuda"
+DTYPE = torch.bfloat16
 
 
 def bench(fn) -> float:
+    if DEV == "cpu":   # --cpu-smoke: run once
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3   # µs
 
 
+def sync() -> None:
+    if DEV != "cpu":
+        torch.cuda.synchronize()
+
+
 def copy_bandwidth() -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    x = torch.empty((1 << 30) if DEV != "cpu" else (1 << 20), dtype=torch.uint8, device=DEV)
     y = torch.empty_like(x)
     return 2 * x.numel() / (bench(lambda: y.copy_(x)) * 1e-6)
 
@@ -55,21 +68,21 @@ def bench_key_windows(total_tokens: int) -> dict:
     num_cached = (np.arange(reqs) * 1000).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(num_new + num_cached)]).astype(np.int32)
     cu_q = np.concatenate([[0], np.cumsum(num_new)]).astype(np.int32)
-    dev = lambda a: torch.from_numpy(a).cuda()   # noqa: E731
+    dev = lambda a: torch.from_numpy(a).to(DEV)   # noqa: E731
     cu_q_d, cu_k_d, cached_d = dev(cu_q), dev(cu_k), dev(num_cached)
-    kw = KeyWindows(total_tokens, "cuda")
+    kw = KeyWindows(total_tokens, DEV)
     t_kernel = bench(lambda: kw.compute(cu_q_d, cu_k_d, cached_d, None, total_tokens))
 
     def loop():
         ks, ke = key_window_ref(cu_k, num_cached, num_new)
-        torch.from_numpy(ks).cuda(), torch.from_numpy(ke).cuda()
+        torch.from_numpy(ks).to(DEV), torch.from_numpy(ke).to(DEV)
 
     loop()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(3):
         loop()
-    torch.cuda.synchronize()
+    sync()
     t_loop = (time.perf_counter() - t0) / 3 * 1e6
     ks, ke = key_window_ref(cu_k, num_cached, num_new)
     assert np.array_equal(kw.ks[:total_tokens].cpu().numpy(), ks) and np.array_equal(kw.ke.cpu().numpy(), ke)
@@ -78,26 +91,26 @@ def bench_key_windows(total_tokens: int) -> dict:
 
 def _paged(b: int, s: int, d: int, g):
     pages = s // PAGE
-    cache = torch.randn(b * pages, PAGE, 1, d, device="cuda", generator=g).to(torch.bfloat16)
-    tables = torch.randperm(b * pages, device="cuda", generator=g).to(torch.int32).view(b, pages)
+    cache = torch.randn(b * pages, PAGE, 1, d, device=DEV, generator=g).to(DTYPE)
+    tables = torch.randperm(b * pages, device=DEV, generator=g).to(torch.int32).view(b, pages)
     return cache, tables
 
 
 def bench_sparse_decode(b: int, h: int, topk: int, s: int) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEV).manual_seed(0)
     cache, tables = _paged(b, s, LORA + ROPE, g)
-    pos = torch.stack([torch.randperm(s, device="cuda", generator=g)[:topk] for _ in range(b)])
+    pos = torch.stack([torch.randperm(s, device=DEV, generator=g)[:topk] for _ in range(b)])
     slots = (tables.to(torch.int64).gather(1, pos // PAGE) * PAGE + pos % PAGE).contiguous()
-    q = torch.randn(b, h, LORA + ROPE, device="cuda", generator=g).to(torch.bfloat16)
+    q = torch.randn(b, h, LORA + ROPE, device=DEV, generator=g).to(DTYPE)
     q_lat, q_pe = q[..., :LORA].contiguous(), q[..., LORA:].contiguous()
-    part_o = torch.empty(b, h, 8, LORA, dtype=torch.float32, device="cuda")
-    part_lse = torch.empty(b, h, 8, dtype=torch.float32, device="cuda")
-    out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    part_o = torch.empty(b, h, 8, LORA, dtype=torch.float32, device=DEV)
+    part_lse = torch.empty(b, h, 8, dtype=torch.float32, device=DEV)
+    out = torch.empty(b, h, LORA, dtype=DTYPE, device=DEV)
     t_sparse = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, 192 ** -0.5, part_o, part_lse, out, 8))
-    lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    lens = torch.full((b,), s, dtype=torch.int32, device=DEV)
     cfg = decode.decode_config(h)
-    ws = decode.alloc_decode_workspace(b, h, LORA, 64, "cuda")
-    dense_out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    ws = decode.alloc_decode_workspace(b, h, LORA, 64, DEV)
+    dense_out = torch.empty(b, h, LORA, dtype=DTYPE, device=DEV)
     decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     t_dense = bench(lambda: decode.mla_decode(q, cache, tables, lens, dense_out, ws, LORA, 192 ** -0.5, cfg))
     flops = b * h * topk * 2 * (LORA + ROPE + LORA)
@@ -106,14 +119,14 @@ def bench_sparse_decode(b: int, h: int, topk: int, s: int) -> dict:
 
 
 def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: float) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(1)
+    g = torch.Generator(device=DEV).manual_seed(1)
     cache, tables = _paged(b, s, dim, g)
-    q = torch.randn(b, heads, dim, device="cuda", generator=g).to(torch.bfloat16)
-    w = torch.randn(b, heads, device="cuda", generator=g)
-    bids = torch.arange(b, dtype=torch.int32, device="cuda")
-    positions = torch.full((b,), s - 1, dtype=torch.int64, device="cuda")
-    scores = torch.empty(b, s, dtype=torch.float32, device="cuda")
-    pos_out = torch.empty(b, topk, dtype=torch.int64, device="cuda")
+    q = torch.randn(b, heads, dim, device=DEV, generator=g).to(DTYPE)
+    w = torch.randn(b, heads, device=DEV, generator=g)
+    bids = torch.arange(b, dtype=torch.int32, device=DEV)
+    positions = torch.full((b,), s - 1, dtype=torch.int64, device=DEV)
+    scores = torch.empty(b, s, dtype=torch.float32, device=DEV)
+    pos_out = torch.empty(b, topk, dtype=torch.int64, device=DEV)
     score = lambda: index_scores(q, w, cache, tables, bids, positions, s, scores)   # noqa: E731
     t_score = bench(score)
     t_both = bench(lambda: topk_positions(score(), topk, pos_out))
@@ -138,15 +151,15 @@ def bench_e2e(layers: int, batch: int, context: int) -> dict:
                                  ("v32_dsa", "dsa", dict(model_type="deepseek_v32", index_topk=2048,
                                                          index_n_heads=64, index_head_dim=128))):
         cfg = dict(V3, num_hidden_layers=layers, **extra)
-        w = random_weights(cfg, layers, "cuda", torch.bfloat16)
+        w = random_weights(cfg, layers, DEV, torch.bfloat16)
         for i in range(layers if extra else 0):
             p = f"model.layers.{i}.self_attn.indexer."
-            w[p + "wq_b.weight"] = torch.randn(64 * 128, cfg["q_lora_rank"], device="cuda").to(torch.bfloat16) * 0.02
-            w[p + "wk.weight"] = torch.randn(128, cfg["hidden_size"], device="cuda").to(torch.bfloat16) * 0.02
-            w[p + "k_norm.weight"] = torch.ones(128, device="cuda", dtype=torch.bfloat16)
-            w[p + "k_norm.bias"] = torch.zeros(128, device="cuda", dtype=torch.bfloat16)
-            w[p + "weights_proj.weight"] = torch.randn(64, cfg["hidden_size"], device="cuda").to(torch.bfloat16) * 0.02
-        model = CausalLM(parse_arch(cfg), w, "cuda", torch.bfloat16)
+            w[p + "wq_b.weight"] = torch.randn(64 * 128, cfg["q_lora_rank"], device=DEV).to(torch.bfloat16) * 0.02
+            w[p + "wk.weight"] = torch.randn(128, cfg["hidden_size"], device=DEV).to(torch.bfloat16) * 0.02
+            w[p + "k_norm.weight"] = torch.ones(128, device=DEV, dtype=torch.bfloat16)
+            w[p + "k_norm.bias"] = torch.zeros(128, device=DEV, dtype=torch.bfloat16)
+            w[p + "weights_proj.weight"] = torch.randn(64, cfg["hidden_size"], device=DEV).to(torch.bfloat16) * 0.02
+        model = CausalLM(parse_arch(cfg), w, DEV, torch.bfloat16)
         per_seq = -(-context // PAGE)
         ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": backend},
                                  "cuda_graph": False, "cache": {"block_size": PAGE, "num_blocks": batch * per_seq + 1},
@@ -172,15 +185,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller shapes (gpu_check.sh)")
     ap.add_argument("--e2e", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global DEV, DTYPE
     ctx = 8192 if args.quick else 32768
+    b, h, topk, tokens = 64, 128, 2048, 32768
+    if args.cpu_smoke:
+        DEV, DTYPE, ctx, b, h, topk, tokens = "cpu", torch.float32, 256, 2, 16, 64, 512
     bw = copy_bandwidth()
-    res = {"device": torch.cuda.get_device_name(), "copy_bw_gbs": bw / 1e9,
-           "key_windows": bench_key_windows(32768),
-           "sparse_decode": bench_sparse_decode(64, 128, 2048, ctx),
-           "index_decode": bench_index_decode(64, ctx, 64, 128, 2048, bw)}
+    res = {"device": torch.cuda.get_device_name() if DEV != "cpu" else "cpu (smoke)", "copy_bw_gbs": bw / 1e9,
+           "key_windows": bench_key_windows(tokens),
+           "sparse_decode": bench_sparse_decode(b, h, topk, ctx),
+           "index_decode": bench_index_decode(b, ctx, 64 if DEV != "cpu" else 16, 128, topk, bw)}
     if args.e2e:
-        res["e2e"] = bench_e2e(4, 64, ctx)
+        res["e2e"] = bench_e2e(4 if DEV != "cpu" else 1, b, ctx)
     print(f"## DSA on {res['device']} (copy bandwidth {bw / 1e9:.0f} GB/s)")
     kw, sd, ix = res["key_windows"], res["sparse_decode"], res["index_decode"]
     print(f"- [ks, ke) at {kw['tokens']} tokens: kernel {kw['kernel_us']:.1f} us, Python loop {kw['loop_us']:.0f} us, "
