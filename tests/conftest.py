@@ -5,14 +5,6 @@ import os
 
 import pytest
 
-try:
-    # The oracle tests use the real torch (transformers). torch >= 2.14 fails to import once the
-    # paddle proxy is on (KeyError in torch._native), so load it first; the proxy is scoped to
-    # paddle_mla and triton, so our modules still get paddle.
-    import torch  # noqa: F401
-except ImportError:
-    pass
-
 from paddle_mla import runtime
 
 runtime.select()
