@@ -63,6 +63,15 @@ def test_group_quant_reference(m, k, group):
     assert np.all(np.abs(back - x) <= np.abs(x) / 16 + np.repeat(_np(s), group, 1) * 2.0 ** -9)
 
 
+def test_group_quant_picks_the_reference_for_cpu_tensors():
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32))
+    q, s = per_token_group_quant(x)                      # kernel=None: CPU tensor -> reference
+    rq, rs = per_token_group_quant_ref(x)
+    assert q.dtype == torch.float8_e4m3fn
+    np.testing.assert_array_equal(_np(q), _np(rq))
+    np.testing.assert_array_equal(_np(s), _np(rs))
+
+
 def test_group_quant_rejects_ragged_k():
     with pytest.raises(ValueError, match="multiple of the group"):
         per_token_group_quant_ref(torch.zeros(2, 100), 128)

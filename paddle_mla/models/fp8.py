@@ -15,10 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla import runtime
-
-FP8_MAX = 448.0            # largest finite float8_e4m3fn
-INV_FP8_MAX = 1.0 / 448.0  # scales are amax * this (a multiply: the kernel reproduces it bit for bit)
-SCALE_MIN = 1e-10          # scale floor: an all-zero group quantizes to zeros, not NaN
+from paddle_mla.models.fp8_kernels import FP8_MAX, INV_FP8_MAX, SCALE_MIN, group_quant, w8a8_block_matmul
 
 __all__ = ["FP8_MAX", "SCALE_MIN", "Fp8Weight", "dequant_blocks", "fp8_kernels_available", "linear",
            "per_token_group_quant", "per_token_group_quant_ref", "w8a8_block_matmul_ref"]
@@ -82,16 +79,17 @@ def per_token_group_quant_ref(x, group: int = 128):
     return q.reshape(M, K).to(torch.float8_e4m3fn), scale
 
 
-def per_token_group_quant(x, group: int = 128, kernel: bool = True):
+def per_token_group_quant(x, group: int = 128, kernel: bool | None = None):
     """The activation quant of the w8a8 GEMMs (also consumed by the fused-MoE FP8 path).
 
     x [M, K] (bf16/fp16/fp32, K % group == 0) -> (x_q float8_e4m3fn [M, K], scale fp32 [M, K/group]).
-    ``kernel`` False (CPU) runs the plain-tensor reference.
+    ``kernel``: the Triton kernel (True) or the plain-tensor reference (False); None: the kernel
+    for tensors on a GPU.
     """
+    if kernel is None:
+        kernel = bool(x.is_cuda)
     if not kernel:
         return per_token_group_quant_ref(x, group)
-    from paddle_mla.models.fp8_kernels import group_quant
-
     M, K = x.shape
     if K % group:
         raise ValueError(f"per-token group quant needs K ({K}) to be a multiple of the group ({group})")
@@ -119,8 +117,6 @@ def fp8_linear(x, w: Fp8Weight, bias=None):
     x2 = x.reshape(-1, K)
     x_q, x_s = per_token_group_quant(x2, w.block[1], kernel=w.kernel)
     if w.kernel:
-        from paddle_mla.models.fp8_kernels import w8a8_block_matmul
-
         y = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device)
         w8a8_block_matmul(x_q, x_s, w.weight, w.scale_inv, y, w.block)
     else:

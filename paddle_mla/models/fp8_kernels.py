@@ -10,7 +10,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from paddle_mla.models.fp8 import FP8_MAX, INV_FP8_MAX, SCALE_MIN
+FP8_MAX = 448.0            # largest finite float8_e4m3fn
+INV_FP8_MAX = 1.0 / 448.0  # scales are amax * this (a multiply: the reference reproduces it bit for bit)
+SCALE_MIN = 1e-10          # scale floor: an all-zero group quantizes to zeros, not NaN
 
 
 @triton.jit
