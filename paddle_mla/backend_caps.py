@@ -34,21 +34,23 @@ BACKEND_CAPS: dict[str, BackendCaps] = {
 }
 
 
-def resolve_backend(name: str, device_kind: str) -> str:
-    """``auto`` -> ``triton_mla`` on a GPU when triton is importable, else ``native``; other names as given."""
+def resolve_backend(name: str, device_kind: str, model_type: str | None = None) -> str:
+    """``auto`` -> on a GPU when triton is importable, ``dsa`` for deepseek_v32 checkpoints and
+    ``triton_mla`` for the others; else ``native``. Other names as given."""
     if name != "auto":
         return name
     if device_kind == "gpu" and importlib.util.find_spec("triton") is not None:
-        return "triton_mla"
+        return "dsa" if model_type == "deepseek_v32" else "triton_mla"
     return "native"
 
 
-def resolved_config(cfg: EngineConfig, device_kind: str) -> EngineConfig:
-    """A copy of ``cfg`` with the backend and device resolved for ``device_kind`` (cpu | gpu),
-    checked against the capability table (``ConfigError`` listing the problems)."""
+def resolved_config(cfg: EngineConfig, device_kind: str, model_type: str | None = None) -> EngineConfig:
+    """A copy of ``cfg`` with the backend and device resolved for ``device_kind`` (cpu | gpu) and the
+    checkpoint's ``model_type``, checked against the capability table (``ConfigError`` listing the
+    problems)."""
     from paddle_mla.config import ConfigError
 
-    backend = resolve_backend(cfg.attention.backend, device_kind)
+    backend = resolve_backend(cfg.attention.backend, device_kind, model_type)
     out = dataclasses.replace(cfg, device=device_kind,
                               attention=dataclasses.replace(cfg.attention, backend=backend))
     errors = check_backend(out)

@@ -8,6 +8,8 @@ resolved backend against the capability table, all before any weights load, so `
 
 from __future__ import annotations
 
+import json
+
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,6 +59,15 @@ def model_dir(model: str) -> Path:
     return Path(model).expanduser()
 
 
+def checkpoint_model_type(model: str) -> str | None:
+    """``model_type`` of the checkpoint's config.json (None when it is not there yet: tiny, unbuilt)."""
+    config = model_dir(model) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def dtype_name(dtype: str, device_kind: str) -> str:
     """Config ``dtype`` -> the dtype the engine uses (auto: float32 on CPU, bfloat16 on GPU)."""
     if dtype == "auto":
@@ -94,7 +105,7 @@ def describe_run(cfg: EngineConfig) -> tuple[RunInfo, EngineConfig]:
 
     check_model(cfg.model)
     device = runtime.resolve_device(cfg.device)
-    resolved = resolved_config(cfg, device)
+    resolved = resolved_config(cfg, device, checkpoint_model_type(cfg.model))
     info = RunInfo(runtime=runtime.name(), runtime_version=runtime.version(), device=device,
                    device_name=runtime.device_name() if device == "gpu" else None,
                    dtype=dtype_name(cfg.dtype, device), backend=resolved.attention.backend, model=cfg.model,

@@ -92,6 +92,9 @@ def test_attention_backend_auto_is_the_default_and_resolves_per_device(monkeypat
     assert backend_caps.resolve_backend("native", "gpu") == "native"
     monkeypatch.setattr(backend_caps.importlib.util, "find_spec", lambda name: object())
     assert backend_caps.resolve_backend("auto", "gpu") == "triton_mla"
+    assert backend_caps.resolve_backend("auto", "gpu", "deepseek_v3") == "triton_mla"
+    assert backend_caps.resolve_backend("auto", "gpu", "deepseek_v32") == "dsa"     # sparse attention needs dsa
+    assert backend_caps.resolve_backend("auto", "cpu", "deepseek_v32") == "native"
     monkeypatch.setattr(backend_caps.importlib.util, "find_spec", lambda name: None)
     assert backend_caps.resolve_backend("auto", "gpu") == "native"       # no triton: native on the GPU
 

@@ -79,3 +79,15 @@ def test_dsa_engine_matches_native(model_dir, baseline):
 def test_v32_under_triton_mla_is_a_config_error(model_dir):
     with pytest.raises(ValueError, match="dsa"):
         make_llm(model_dir, attention={"backend": "triton_mla"})
+
+
+def test_backend_auto_picks_dsa_for_a_v32_checkpoint_on_a_gpu(model_dir):
+    from paddle_mla.backend_caps import resolved_config
+    from paddle_mla.config import load_config
+    from paddle_mla.run_info import checkpoint_model_type
+
+    assert checkpoint_model_type(model_dir) == "deepseek_v32"
+    cfg = load_config(None, (f"model={model_dir}",))
+    assert resolved_config(cfg, "gpu", checkpoint_model_type(model_dir)).attention.backend == "dsa"
+    assert resolved_config(cfg, "cpu", checkpoint_model_type(model_dir)).attention.backend == "native"
+    assert make_llm(model_dir).runner.backend.name == "native"     # auto on this CPU box

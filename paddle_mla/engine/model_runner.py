@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
-from paddle_mla.backend_caps import check_model_backend  # noqa: E402
+from paddle_mla.backend_caps import check_model_backend, resolve_backend  # noqa: E402
 from paddle_mla.cache.kv_cache import (allocate_index_caches, allocate_latent_caches, auto_num_blocks,  # noqa: E402
                                        bytes_per_block)
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
@@ -78,7 +78,8 @@ class ModelRunner:
         self.model.reserve_moe_workspace(cfg.scheduler.max_num_batched_tokens)
         arch = self.model.arch
         self.arch = arch
-        mismatch = check_model_backend(arch.model_type, cfg.attention.backend)
+        backend_name = resolve_backend(cfg.attention.backend, self.device_kind, arch.model_type)
+        mismatch = check_model_backend(arch.model_type, backend_name)
         if mismatch:
             raise ValueError(mismatch)
         bs = cfg.cache.block_size
@@ -97,7 +98,7 @@ class ModelRunner:
             self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
                                                       self.dtype, self.device)
             self.model.attach_index_caches(self.index_caches)
-        self.backend = create_backend(cfg.attention.backend, dims=arch.mla, max_num_seqs=cfg.scheduler.max_num_seqs,
+        self.backend = create_backend(backend_name, dims=arch.mla, max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype)
         self.model.set_backend(self.backend)
