@@ -200,20 +200,6 @@ def _logprob_params(fields: dict[str, Any], valid: tuple[str, ...]) -> dict[str,
     return {"logprobs": enabled, "top_logprobs": top if enabled else 0}
 
 
-def _check_new_ranges(updates: dict[str, Any]) -> None:
-    """Ranges of the fields SamplingParams.validate does not check (OpenAI's and vLLM's ranges)."""
-    n = updates.get("n")
-    if n is not None and n < 1:
-        raise LineError("invalid_sampling", f"n must be an integer >= 1, got {n}")
-    for name in ("presence_penalty", "frequency_penalty"):
-        v = updates.get(name)
-        if v is not None and not -2.0 <= v <= 2.0:
-            raise LineError("invalid_sampling", f"{name} must be in [-2, 2], got {v}")
-    rp = updates.get("repetition_penalty")
-    if rp is not None and rp <= 0:
-        raise LineError("invalid_sampling", f"repetition_penalty must be > 0 (1 means none), got {rp}")
-
-
 def _prompt_ids(fields: dict[str, Any], ctx: Context) -> tuple[list[int], str | None]:
     given = [f for f in PROMPT_FIELDS if fields.get(f) is not None]
     if not given:
@@ -279,7 +265,6 @@ def build_request(parsed: Parsed, line_no: int, ctx: Context) -> Any:
         if value is not None and not check(value):
             raise LineError("invalid_request", f"'{name}' must be {desc}, got {json.dumps(value)}")
     updates.update(_logprob_params(fields, valid))
-    _check_new_ranges(updates)
     if updates.get("stop") and not getattr(ctx.tokenizer, "has_text", True):
         raise LineError("no_tokenizer", "'stop' strings need a tokenizer, and the model folder has no "
                         "tokenizer.json; use 'stop_token_ids'")
