@@ -101,3 +101,10 @@ def test_bench_end_to_end(engine, tmp_path, monkeypatch):
         assert doc["configs"][0]["summary"]["prefix_cache_hit_rate"] == 0.0
         assert doc["configs"][1]["summary"]["prefix_cache_hit_rate"] > 0.0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_without_warmup(tmp_path, monkeypatch):
+    res = invoke(["bench", "--workload", "random:num_prompts=2,input_len=8,output_len=2", "--repeats", "1",
+                  "--warmup", "0"], "fake", monkeypatch)
+    assert res.exit_code == 0, res.stderr
+    assert "warm-up" not in res.stderr and res.stdout.startswith("| config |")

@@ -145,16 +145,18 @@ def run_bench(specs: list[ConfigSpec], workload: Workload, repeats: int, warmup_
         vocab.append(llm.tokenizer.vocab_size)
         return build_requests(w, llm.tokenizer, request_cls, params_cls, llm.max_model_len)
 
-    warm = make_workload(workload.kind, {**workload.params, "num_prompts": min(warmup_requests,
-                                                                               workload.params["num_prompts"])})
-    warm = warm.with_seed_offset(100_003)
+    warm = None
+    if warmup_requests > 0:   # --warmup 0: no warm-up workload at all (a 0-prompt workload is invalid)
+        warm = make_workload(workload.kind, {**workload.params, "num_prompts": min(warmup_requests,
+                                                                                   workload.params["num_prompts"])})
+        warm = warm.with_seed_offset(100_003)
 
     def engine(i: int) -> Any:
         if i in engines:
             return engines[i]
         log(f"[{specs[i].name}] building the engine")
         llm = build_llm(specs[i].config)
-        if warmup_requests > 0:
+        if warm is not None:
             log(f"[{specs[i].name}] warm-up: {warm.params['num_prompts']} requests")
             list(llm.stream(requests_for(llm, warm)))
         if keep_engines:
