@@ -77,9 +77,11 @@ class MoEExec:
 
     def runs_fp8(self, w: Fp8Weight) -> bool:
         """Whether the fused kernels take this FP8 expert weight as it is (else: dequantize it)."""
-        from paddle_mla.models.fused_moe.kernels import FP8_GROUP   # only reached on the triton path
+        if self.impl != "triton" or not w.kernel:
+            return False
+        from paddle_mla.models.fused_moe.kernels import FP8_GROUP   # imports Triton: the triton path only
 
-        return self.impl == "triton" and w.kernel and tuple(w.block) == (FP8_GROUP, FP8_GROUP)
+        return tuple(w.block) == (FP8_GROUP, FP8_GROUP)
 
 
 def _act_quant(x):
