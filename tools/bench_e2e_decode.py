@@ -66,8 +66,8 @@ def random_weights(cfg: dict, layers: int, device: str, dtype) -> dict:
     return out
 
 
-def copy_bandwidth(device: str) -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
+    x = torch.empty(nbytes, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
     for _ in range(3):
         y.copy_(x)

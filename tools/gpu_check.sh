@@ -39,6 +39,9 @@ echo "=== streaming loader: V2-Lite dims, ${LOADER_LAYERS:-4} layers"
 python3 tools/bench_loader.py --layers "${LOADER_LAYERS:-4}" --json "$OUT/bench_loader.json" 2>&1 \
   | tee "$OUT/bench_loader.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== end-to-end MoE (V2-Lite dims, 4 layers): LLM throughput vs HF eager, decode and prefill vs roofline"
+python3 tools/bench_e2e_moe.py $QUICK --json "$OUT/bench_e2e_moe.json" 2>&1 | tee "$OUT/bench_e2e_moe.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== DSA (deepseek_v32): fp32 dsa vs native and kernels with ieee fp32 dots"
 TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/test_dsa_equivalence.py tests/test_dsa_kernels.py \
   tests/test_dsa_key_window.py 2>&1 | tee "$OUT/dsa_tests.txt"

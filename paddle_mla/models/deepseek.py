@@ -175,7 +175,7 @@ class CausalLM:
         if moe is not None:
             s = self.arch.moe
             self.moe_exec.reserve(max_num_tokens, s.num_experts_per_tok, s.n_routed_experts, moe.inter_size,
-                                  self.arch.hidden_size)
+                                  self.arch.hidden_size, fp8=moe.fp8)
 
     def set_backend(self, backend) -> None:
         self.backend = backend

@@ -258,15 +258,18 @@ def load_weights(model_dir: str | Path, arch: ModelArch, dtype: Any, device: str
     return StreamingLoader(model_dir, arch, dtype, device, **kwargs).load()
 
 
-def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "auto", expert_fp8: bool = False,
+def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "auto", expert_fp8: bool | None = None,
                threads: int | None = None, progress: bool = True) -> CausalLM:
     """Load a deepseek_v2 / deepseek_v3 checkpoint folder onto ``device`` with weights in ``dtype``.
 
     ``quantization`` (config key): auto | none | fp8, see ``resolve_keep_fp8``. ``expert_fp8``
-    also keeps the routed experts in FP8 (for an MoE layer that runs FP8 experts).
+    keeps the routed experts in FP8 too; None (default): whenever FP8 is kept (the MoE layer runs
+    them w8a8 on the fused kernels, or dequantizes them itself for the reference).
     """
     arch = load_arch(model_dir)
     keep = resolve_keep_fp8(quantization, "cpu" if device == "cpu" else "gpu")
+    if expert_fp8 is None:
+        expert_fp8 = keep
     weights = load_weights(model_dir, arch, dtype, device, keep_fp8=keep, expert_fp8=expert_fp8, threads=threads,
                            progress=progress)
     return CausalLM(arch, weights, device, dtype)

@@ -5,6 +5,9 @@ Only the selected (token, expert) pairs are computed. Two implementations of the
     workspace is sized once (``MoEExec.reserve``, from scheduler.max_num_batched_tokens);
   - ``reference``: plain tensors, pairs grouped by expert on the host (fused_moe/reference.py);
     what CPU and the ``native`` path run, and the oracle of the kernels.
+FP8 experts (``Fp8Weight``, kept by the loader when quantization keeps FP8): the triton path runs
+them w8a8 (128x128 weight blocks, activations quantized per token in groups of 128); anything else
+(the reference, other block sizes) gets them dequantized once, at construction (``MoE.__init__``).
 ``auto`` (default) picks triton when the layer's tensors are on a GPU that Triton can drive; env
 ``PADDLE_MLA_MOE=reference|triton|auto`` overrides it (tests, benchmarks).
 """
@@ -19,6 +22,7 @@ import torch.nn.functional as F
 
 from paddle_mla import runtime
 from paddle_mla.models.arch import ModelArch, MoESpec
+from paddle_mla.models.fp8 import Fp8Weight, per_token_group_quant
 from paddle_mla.models.fused_moe.reference import routed_moe_reference
 
 MOE_IMPLS = ("auto", "reference", "triton")
@@ -48,23 +52,40 @@ class MoEExec:
         self.workspace = None
 
     def reserve(self, max_tokens: int, top_k: int, num_experts: int, inter: int, hidden: int,
-                chunk_tokens: int = 8192) -> None:
+                fp8: bool = False, chunk_tokens: int = 8192) -> None:
         """Size the fused MoE workspace once, at start-up (no-op for the reference)."""
         if self.impl != "triton":
             return
         from paddle_mla.models.fused_moe.kernels import MoEWorkspace   # imports Triton
 
         self.workspace = MoEWorkspace(max_tokens, top_k, num_experts, inter, hidden, self.dtype, self.device,
-                                      chunk_tokens=chunk_tokens)
+                                      fp8=fp8, chunk_tokens=chunk_tokens)
 
     def run(self, x, w_gate, w_up, w_down, topk_ids, topk_weights):
+        """Routed experts; ``w_*`` are dense tensors, or Fp8Weight (triton only, see ``runs_fp8``)."""
         if self.impl == "reference":
             return routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights)
         from paddle_mla.models.fused_moe.kernels import fused_moe
 
+        fp8 = isinstance(w_gate, Fp8Weight)
         if self.workspace is None:   # tools that skip the engine's start-up: one chunk-sized workspace
-            self.reserve(8192, topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1], x.shape[1])
+            self.reserve(8192, topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1], x.shape[1], fp8=fp8)
+        if fp8:
+            return fused_moe(x, w_gate.weight, w_up.weight, w_down.weight, topk_ids, topk_weights, self.workspace,
+                             w_gate.scale_inv, w_up.scale_inv, w_down.scale_inv, act_quant=_act_quant)
         return fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, self.workspace)
+
+    def runs_fp8(self, w: Fp8Weight) -> bool:
+        """Whether the fused kernels take this FP8 expert weight as it is (else: dequantize it)."""
+        if self.impl != "triton" or not w.kernel:
+            return False
+        from paddle_mla.models.fused_moe.kernels import FP8_GROUP   # imports Triton: the triton path only
+
+        return tuple(w.block) == (FP8_GROUP, FP8_GROUP)
+
+
+def _act_quant(x):
+    return per_token_group_quant(x, 128)
 
 
 def route(spec: MoESpec, x, gate_w, bias=None):
@@ -117,7 +138,11 @@ class MoE:
         self.exec = exec_
         self.gate_w = w[p + "gate.weight"]                         # fp32 [E, hidden]
         self.bias = w.get(p + "gate.e_score_correction_bias")      # fp32 [E] or None
-        self.w_gate, self.w_up, self.w_down = w[p + "experts.gate"], w[p + "experts.up"], w[p + "experts.down"]
+        experts = [w[p + "experts.gate"], w[p + "experts.up"], w[p + "experts.down"]]
+        self.fp8 = all(isinstance(t, Fp8Weight) for t in experts) and exec_.runs_fp8(experts[0])
+        if not self.fp8:   # the reference, or FP8 the kernels cannot take: dequantized once, here
+            experts = [t.dequantize(exec_.dtype) if isinstance(t, Fp8Weight) else t for t in experts]
+        self.w_gate, self.w_up, self.w_down = experts
         self.shared = shared_mlp(w, p + "shared_experts.") if (p + "shared_experts.gate_proj.weight") in w else None
 
     @property

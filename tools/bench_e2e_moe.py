@@ -1,0 +1,253 @@
+"""End-to-end benchmark on a DeepSeek-V2-Lite-dimension MoE model (GPU), all in one process.
+
+A random bf16 checkpoint (tools/bench_loader.py's writer; written once, reused) with V2-Lite dims
+cut to ``--layers`` (hidden 2048, 16 heads, q_lora none, kv_lora 512, rope 64, nope 128, v 128,
+64 routed experts top-6 of 1408, 2 shared, first layer dense 10944, vocab 102400). Measures:
+  (a) throughput: N requests x P prompt tokens x O output tokens (ignore_eos, greedy, token ids,
+      no tokenizer) through ``paddle_mla.engine.llm.LLM`` (triton_mla, CUDA graphs): output tok/s;
+  (b) Hugging Face ``generate`` (eager) on the same checkpoint and GPU, batch 64, same lengths:
+      output tok/s, and the ratio (a) / (b) (target >= 20x);
+  (c) decode step (runner.forward_step + greedy sampling, as tools/bench_e2e_decode.py) at batch 64,
+      context 4096, vs roofline = (weight bytes the step touches: attention, dense, shared, the
+      routed experts actually selected, router, lm_head + KV bytes) / measured copy bandwidth;
+  (d) one prefill step of 64 x 512 tokens vs FLOPs / the bf16 GEMM rate of an 8192^3 matmul.
+
+    python tools/bench_e2e_moe.py [--quick] [--json out.json]      (GPU, ~3-4 min)
+    python tools/bench_e2e_moe.py --smoke                          (CPU, tiny dims: the code path)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]   # this checkout
+from bench_e2e_decode import copy_bandwidth, time_steps  # noqa: E402  (selects the runtime: torch by default)
+from bench_loader import V2_LITE, write_checkpoint  # noqa: E402
+
+from paddle_mla import runtime  # noqa: E402
+from paddle_mla.attention.forward_meta import StepBatch  # noqa: E402
+from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.engine.llm import LLM  # noqa: E402
+from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.models import moe as moe_mod  # noqa: E402
+from paddle_mla.tensor_api import torch  # noqa: E402
+
+SMOKE_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
+                  qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                  bos_token_id=0, eos_token_id=1)
+
+
+def gemm_rate(device: str, n: int, dtype) -> float:
+    """FLOP/s of an n^3 matmul in ``dtype``."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(3):
+        a @ b
+    runtime.synchronize()
+    iters = 10
+    t = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    runtime.synchronize()
+    return 2 * n ** 3 * iters / (time.perf_counter() - t)
+
+
+def weight_counts(cfg: dict) -> dict:
+    """Parameters by role, per the checkpoint layout (bench_loader.tensor_specs)."""
+    h, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    kvl, r, v = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    L, dense_layers = cfg["num_hidden_layers"], min(cfg["first_k_dense_replace"], cfg["num_hidden_layers"])
+    attn = H * qk * h + (kvl + r) * h + H * (cfg["qk_nope_head_dim"] + v) * kvl + h * H * v + kvl + 2 * h
+    inter = cfg["moe_intermediate_size"]
+    return dict(attn_per_layer=attn, dense_mlp=3 * h * cfg["intermediate_size"], expert=3 * h * inter,
+                shared=3 * h * inter * cfg["n_shared_experts"], router=cfg["n_routed_experts"] * h,
+                lm_head=cfg["vocab_size"] * h, layers=L, dense_layers=dense_layers, moe_layers=L - dense_layers)
+
+
+def decode_bytes(cfg: dict, routed_distinct: list[int], batch: int, context: int, elt: int) -> tuple[int, int]:
+    """(weight bytes, KV bytes) one decode step reads: every weight once, routed experts as selected."""
+    c = weight_counts(cfg)
+    params = (c["layers"] * c["attn_per_layer"] + c["dense_layers"] * c["dense_mlp"] + c["lm_head"]
+              + c["moe_layers"] * c["shared"] + sum(routed_distinct) * c["expert"])
+    router = c["moe_layers"] * c["router"] * 4                                  # fp32 router weights
+    kv = batch * context * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * elt * c["layers"]
+    return params * elt + router, kv
+
+
+def prefill_flops(cfg: dict, batch: int, length: int) -> float:
+    """Matmul FLOPs of one prefill step: every linear on every token (top-k experts + shared), causal
+    attention (QK^T over qk dims, PV over v dims), lm_head on the one sampled row per sequence."""
+    c = weight_counts(cfg)
+    k = cfg["num_experts_per_tok"]
+    tokens = batch * length
+    per_token = (c["layers"] * c["attn_per_layer"] + c["dense_layers"] * c["dense_mlp"]
+                 + c["moe_layers"] * (c["shared"] + k * c["expert"] + c["router"]))
+    qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    attn = c["layers"] * batch * cfg["num_attention_heads"] * 2 * (qk + cfg["v_head_dim"]) * length * (length + 1) / 2
+    return 2.0 * tokens * per_token + attn + 2.0 * batch * c["lm_head"]
+
+
+def run_engine(llm: LLM, n: int, prompt: int, out: int, vocab: int) -> dict:
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+    reqs = [GenerationRequest(id=i, prompt_token_ids=rng.integers(2, vocab, prompt).tolist(), params=params)
+            for i in range(n)]
+    llm.generate(reqs[: min(n, 4)], use_tqdm=False)                             # warm-up (compiles, graphs)
+    t = time.perf_counter()
+    outs = llm.generate(reqs, use_tqdm=False)
+    runtime.synchronize()
+    dt = time.perf_counter() - t
+    toks = sum(len(o.token_ids) for o in outs)
+    assert toks == n * out, f"expected {n * out} output tokens, got {toks}"
+    return dict(requests=n, prompt=prompt, output=out, seconds=dt, output_tok_s=toks / dt)
+
+
+def run_hf(path: Path, device: str, dtype, n: int, batch: int, prompt: int, out: int, vocab: int) -> dict:
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        return dict(skipped=f"transformers not importable: {exc}")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager").to(device)
+    model.eval()
+    rng = np.random.default_rng(1)
+    kw = dict(max_new_tokens=out, min_new_tokens=out, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ids = torch.from_numpy(rng.integers(2, vocab, (min(batch, n), prompt))).to(device)
+        model.generate(ids[:, :16], **dict(kw, max_new_tokens=2, min_new_tokens=2))    # warm-up
+        runtime.synchronize()
+        t, toks = time.perf_counter(), 0
+        for start in range(0, n, batch):
+            ids = torch.from_numpy(rng.integers(2, vocab, (min(batch, n - start), prompt))).to(device)
+            res = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            toks += (res.shape[1] - prompt) * res.shape[0]
+        runtime.synchronize()
+        dt = time.perf_counter() - t
+    del model
+    runtime.empty_cache()
+    return dict(requests=n, batch=batch, prompt=prompt, output=out, seconds=dt, output_tok_s=toks / dt)
+
+
+def routed_distinct(runner, batch: StepBatch) -> list[int]:
+    """Distinct experts each MoE layer selects in one eager step of ``batch`` (graphs bypassed)."""
+    seen, real_route, graphs = [], moe_mod.route, runner.graphs
+
+    def recording(spec, x, gate_w, bias=None):
+        ids, w = real_route(spec, x, gate_w, bias)
+        seen.append(int(torch.unique(ids).numel()))
+        return ids, w
+    moe_mod.route, runner.graphs = recording, None
+    try:
+        runner.forward_step(batch)
+    finally:
+        moe_mod.route, runner.graphs = real_route, graphs
+    return seen
+
+
+def step_batch(runner, b: int, new: int, cached: int, block: int, prefill: bool, seed: int) -> StepBatch:
+    per_seq = -(-(new + cached) // block)
+    perm = np.random.default_rng(seed).permutation(runner.limits.num_blocks)[: b * per_seq]
+    rng = np.random.default_rng(seed)
+    return StepBatch(token_ids=rng.integers(2, 100, b * new).astype(np.int64), num_new=np.full(b, new, np.int32),
+                     num_cached=np.full(b, cached, np.int32), block_tables=perm.reshape(b, per_seq).astype(np.int32),
+                     is_prefill=np.full(b, prefill, bool), sample_mask=np.ones(b, bool))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="fewer requests / HF tokens (about a minute less)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
+    ap.add_argument("--dir", default="", help="checkpoint folder (default /tmp/bench_e2e_moe_<layers>L[_smoke])")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    smoke = args.smoke
+    cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_DIMS if smoke else {}))
+    path = Path(args.dir or f"/tmp/bench_e2e_moe_{args.layers}L{'_smoke' if smoke else ''}")
+    if not (path / "config.json").exists():
+        print(f"writing a random bf16 checkpoint to {path}", file=sys.stderr)
+        write_checkpoint(path, cfg, 5 * 10 ** 9)
+    if smoke:
+        dev_kind, dtype_name, backend, graphs = "cpu", "float32", "native", False
+        n, P, O, hf_n, hf_out, dec_b, ctx, pre_b, pre_len, gemm_n = 4, 16, 4, 2, 4, 4, 64, 2, 16, 256
+    else:
+        dev_kind, dtype_name, backend, graphs = "gpu", "bfloat16", "triton_mla", True
+        n, P, O, hf_n, hf_out, dec_b, ctx, pre_b, pre_len, gemm_n = 256, 512, 128, 64, 128, 64, 4096, 64, 512, 8192
+        if args.quick:
+            n, hf_out = 128, 32
+    device = runtime.device_string(dev_kind)
+    dtype = getattr(torch, dtype_name)
+    block = 64
+    num_blocks = max(n * -(-(P + O) // block), dec_b * -(-(ctx + 1) // block), pre_b * -(-pre_len // block)) + 8
+    ecfg = config_from_dict({
+        "model": str(path), "runtime": runtime.name(), "device": dev_kind, "dtype": dtype_name,
+        "attention": {"backend": backend}, "cuda_graph": graphs, "max_model_len": ctx + 64,
+        "cache": {"block_size": block, "num_blocks": num_blocks},
+        "scheduler": {"max_num_seqs": max(n, dec_b), "max_num_batched_tokens": max(8192, pre_b * pre_len),
+                      "enable_chunked_prefill": True}})
+    res: dict = {"device": runtime.device_name() if dev_kind == "gpu" else "cpu",
+                 "layers": args.layers, "smoke": smoke, "quick": args.quick}
+    res["gemm_flop_s"] = gemm_rate(device, gemm_n, dtype)
+    res["copy_bw"] = copy_bandwidth(device, (1 << 30) if not smoke else (1 << 24))
+    t = time.perf_counter()
+    llm = LLM(ecfg)
+    res["engine_start_s"] = time.perf_counter() - t
+    res["engine"] = run_engine(llm, n, P, O, cfg["vocab_size"])
+    runner = llm.runner
+    for cache in runner.kv_caches:
+        cache.normal_(0.0, 1.0)
+    dec = step_batch(runner, dec_b, 1, ctx - 1, block, False, 0)
+    experts = routed_distinct(runner, dec)
+    step = time_steps(runner, dec, 10 if smoke else 30)
+    wb, kvb = decode_bytes(cfg, experts, dec_b, ctx, 4 if smoke else 2)
+    res["decode"] = dict(batch=dec_b, context=ctx, step_ms=step * 1e3, routed_distinct=experts,
+                         weight_gb=wb / 1e9, kv_gb=kvb / 1e9, roofline_ms=(wb + kvb) / res["copy_bw"] * 1e3,
+                         fraction_of_roofline=(wb + kvb) / res["copy_bw"] / step)
+    pre = step_batch(runner, pre_b, pre_len, 0, block, True, 1)
+    pstep = time_steps(runner, pre, 2 if smoke else 5)
+    flops = prefill_flops(cfg, pre_b, pre_len)
+    res["prefill"] = dict(batch=pre_b, length=pre_len, step_ms=pstep * 1e3, tflop=flops / 1e12,
+                          roofline_ms=flops / res["gemm_flop_s"] * 1e3,
+                          fraction_of_roofline=flops / res["gemm_flop_s"] / pstep,
+                          tok_s=pre_b * pre_len / pstep)
+    llm.close()
+    del llm, runner
+    runtime.empty_cache()
+    res["hf"] = run_hf(path, device, dtype, hf_n, 64, P, hf_out, cfg["vocab_size"])
+    if "output_tok_s" in res["hf"]:
+        res["speedup_vs_hf"] = res["engine"]["output_tok_s"] / res["hf"]["output_tok_s"]
+    print_table(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def print_table(r: dict) -> None:
+    e, hf, d, p = r["engine"], r["hf"], r["decode"], r["prefill"]
+    print(f"# DeepSeek-V2-Lite dims, {r['layers']} layers{' (SMOKE: tiny dims, CPU)' if r['smoke'] else ''}: "
+          f"bf16 GEMM {r['gemm_flop_s'] / 1e12:.1f} TFLOP/s, copy {r['copy_bw'] / 1e12:.2f} TB/s\n")
+    print("| measurement | result | reference | ratio |")
+    print("| --- | ---: | ---: | ---: |")
+    hf_s = (f"HF eager {hf['output_tok_s']:.0f} tok/s ({hf['requests']} req, batch {hf['batch']}, "
+            f"{hf['output']} out)") if "output_tok_s" in hf else f"HF: {hf['skipped']}"
+    ratio = f"{r['speedup_vs_hf']:.1f}x (target >= 20x)" if "speedup_vs_hf" in r else "-"
+    print(f"| (a) LLM {e['requests']} req x {e['prompt']} + {e['output']} tok | {e['output_tok_s']:.0f} out tok/s "
+          f"({e['seconds']:.1f} s) | {hf_s} | {ratio} |")
+    print(f"| (c) decode step, batch {d['batch']}, ctx {d['context']} | {d['step_ms']:.2f} ms | roofline "
+          f"{d['roofline_ms']:.2f} ms ({d['weight_gb']:.2f} GB weights, {d['kv_gb']:.2f} GB KV; experts "
+          f"{sum(d['routed_distinct'])}) | {d['fraction_of_roofline']:.0%} |")
+    print(f"| (d) prefill {p['batch']} x {p['length']} | {p['step_ms']:.1f} ms ({p['tok_s']:.0f} tok/s) | roofline "
+          f"{p['roofline_ms']:.1f} ms ({p['tflop']:.1f} TFLOP) | {p['fraction_of_roofline']:.0%} |")
+    print(f"\nengine start (load + graphs) {r['engine_start_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
