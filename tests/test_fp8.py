@@ -130,25 +130,70 @@ def test_linear_dispatch_and_fp8_linear_error():
     np.testing.assert_array_equal(_np(linear(x, dense_w)), _np(F.linear(x, dense_w)))
 
 
-@pytest.mark.skipif(runtime.name() != "torch" or os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="the Triton interpreter needs runtime torch and TRITON_INTERPRET=1")
-@pytest.mark.parametrize("m,n,k,block", [(1, 200, 256, (128, 128)), (83, 576, 384, (128, 128)),
-                                         (17, 40, 64, (16, 16)), (128, 130, 128, (128, 128))])
-def test_w8a8_triton_kernel_interpreted(m, n, k, block):
-    """The GEMM's indexing (edge blocks, N/M tails, scale lookup) under the interpreter, which runs
-    the fp8 dot exactly in wider precision. (The quant kernel's float8 cast is wrong in the
-    interpreter, so it is tested on the GPU only.)"""
-    from paddle_mla.models.fp8_kernels import w8a8_block_matmul
+_interpreted = pytest.mark.skipif(runtime.name() != "torch" or os.environ.get("TRITON_INTERPRET") != "1",
+                                  reason="the Triton interpreter needs runtime torch and TRITON_INTERPRET=1")
 
-    rng = np.random.default_rng(m + n)
+
+def _run_interpreted_gemm(m, n, k, block, split):
+    from paddle_mla.models.fp8 import w8a8_gemm
+
+    rng = np.random.default_rng(m + n + k)
     codes, scales = _random_fp8_weight(rng, n, k, block)
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
     xq, xs = per_token_group_quant_ref(x, block[1])
     out = torch.empty(m, n, dtype=torch.float32)
     w_q, w_s = _fp8_tensor(codes), torch.from_numpy(scales)
-    w8a8_block_matmul(xq, xs, w_q, w_s, out, block)
+    plan = w8a8_gemm(xq, xs, w_q, w_s, out, block, split)
     want = _np(w8a8_block_matmul_ref(xq, xs, w_q, w_s, block))
     np.testing.assert_allclose(_np(out), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    return plan
+
+
+@_interpreted
+@pytest.mark.parametrize("m,n,k,block", [(1, 200, 256, (128, 128)), (83, 576, 384, (128, 128)),
+                                         (17, 40, 64, (16, 16)), (128, 130, 128, (128, 128))])
+def test_w8a8_triton_kernel_interpreted(m, n, k, block):
+    """The GEMM's indexing (edge blocks, N/M tails, scale lookup) under the interpreter, which runs
+    the fp8 dot exactly in wider precision, with the plan picked for the interpreter's 4 "SMs".
+    (The quant kernel's float8 cast is wrong in the interpreter, so it is tested on the GPU only.)"""
+    _run_interpreted_gemm(m, n, k, block, None)
+
+
+@_interpreted
+@pytest.mark.parametrize("m,n,k,block,split,want_split", [
+    (1, 200, 512, (128, 128), 4, 4),      # one K block per chunk
+    (3, 130, 640, (128, 128), 2, 2),      # 5 blocks in 2 chunks: 2 + 3 (K not a multiple of S * 128)
+    (16, 64, 896, (128, 128), 3, 3),      # 7 blocks: 2 + 2 + 3
+    (5, 96, 768, (128, 128), 4, 4),       # 6 blocks in 4: 1 + 2 + 1 + 2
+    (33, 72, 256, (16, 16), 16, 16),      # every 16-wide block its own chunk; N, M edges
+    (2, 40, 128, (128, 128), 8, 1),       # a single K block: capped to 1, the unsplit path
+    (4, 64, 384, (128, 128), 9, 3),       # more chunks asked than K blocks: capped
+])
+def test_w8a8_split_k_interpreted(m, n, k, block, split, want_split):
+    """Split-K: each chunk's fp32 partial into the workspace, summed by the reduce kernel."""
+    plan = _run_interpreted_gemm(m, n, k, block, split)
+    assert plan.split == want_split
+
+
+def test_gemm_plan_split_k_choice():
+    from paddle_mla.models.fp8_kernels import GEMM_TILES, SPLIT_K_MAX_M, gemm_plan
+
+    # kv_a_proj at M = 1 on 132 SMs: 9 tiles of 16 x 64 -> ~3 programs per SM
+    p = gemm_plan(1, 576, 7168, 128, 132)
+    assert (p.tile.block_m, p.tile.block_n) == (16, 64)
+    assert 2 * 132 <= 9 * p.split <= 4 * 132
+    # o_proj at M = 1: 112 tiles -> split 4 (K = 128 blocks, 32 each)
+    assert gemm_plan(1, 7168, 16384, 128, 132).split == 4
+    # enough tiles already, a too-large M, or a single K block: no split
+    assert gemm_plan(64, 18432 * 2, 7168, 128, 132).split == 1
+    assert gemm_plan(SPLIT_K_MAX_M + 1, 576, 7168, 128, 132).split == 1
+    assert gemm_plan(1, 576, 128, 128, 132).split == 1
+    # split never exceeds the K blocks
+    assert gemm_plan(1, 64, 512, 128, 132).split == 4
+    # the tile table covers every M, in increasing order of max_m, prefill tiles 128 x 128
+    assert [t.max_m for t in GEMM_TILES] == sorted(t.max_m for t in GEMM_TILES)
+    assert (gemm_plan(4096, 7168, 2048, 128, 132).tile.block_m, gemm_plan(4096, 7168, 2048, 128, 132).tile.block_n) \
+        == (128, 128)
 
 
 def test_fp8_kernels_not_available_on_cpu():

@@ -12,6 +12,8 @@ from paddle_mla.models.fp8 import (
     per_token_group_quant,
     per_token_group_quant_ref,
     w8a8_block_matmul_ref,
+    w8a8_gemm,
+    w8a8_plan,
 )
 from paddle_mla.tensor_api import torch
 
@@ -74,6 +76,49 @@ def test_w8a8_gemm_matches_dequantized_reference(dev, m, n, k):
     # bits); the CPU tests bound that elementwise, here it is only kept from growing
     assert _rel(y, x.to(torch.float32) @ w.dequantize().transpose(0, 1)) <= 4e-2
     assert torch.isfinite(y.to(torch.float32)).all()
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("n,k,split", [(576, 7168, 44), (2048, 7168, 12), (7168, 16384, 4), (130, 640, 3),
+                                       (2048, 7168, 56)])
+def test_w8a8_split_k_matches_dequantized_reference(dev, m, n, k, split):
+    """Split-K forced (uneven chunks, an N edge, one K block per chunk): fp32 partials + reduce
+    against the dequantize-both reference, and against the unsplit kernel."""
+    w, _ = _weight(n, k, dev, seed=n + k + split)
+    torch.manual_seed(m)
+    x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+    xq, xs = per_token_group_quant(x, 128, kernel=True)
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    assert w8a8_gemm(xq, xs, w.weight, w.scale_inv, y, w.block, split).split == split
+    y1 = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    assert w8a8_gemm(xq, xs, w.weight, w.scale_inv, y1, w.block, 1).split == 1
+    ref = w8a8_block_matmul_ref(xq, xs, w.weight, w.scale_inv, w.block)
+    assert _rel(y, ref) <= 1e-2            # issue 10's target is 2e-2; bf16 rounding + sum order only
+    assert _rel(y, y1) <= 1e-2
+    assert torch.isfinite(y.to(torch.float32)).all()
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 576, 7168), (16, 2048, 7168), (64, 7168, 2048)])
+def test_fp8_linear_split_k_cuda_graph_replay_equals_eager(dev, m, n, k):
+    """The auto plan splits K at decode sizes; its workspace is cached, so a captured graph replays
+    it, and the reduce's fixed order makes replay bit-equal to eager (also across new inputs)."""
+    if runtime.name() != "torch":
+        pytest.skip("CUDA graphs of the Paddle runtime have not been run on a GPU")
+    w, _ = _weight(n, k, dev, seed=m + n)
+    assert w8a8_plan(m, n, k, w.block, torch.empty(1, device=dev)).split > 1
+    torch.manual_seed(m)
+    x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+    graph = runtime.CudaGraph()
+    out = graph.capture(lambda: fp8_linear(x, w))
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn(m, k, device=dev).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = fp8_linear(x, w)
+        assert torch.equal(out, eager)
+        xq, xs = per_token_group_quant_ref(x, 128)
+        assert _rel(out, w8a8_block_matmul_ref(xq, xs, w.weight, w.scale_inv, w.block)) <= 1e-2
 
 
 def test_model_with_fp8_weights_kept(dev, tmp_path):

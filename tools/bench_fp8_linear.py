@@ -4,7 +4,9 @@
 Timing: each case runs over C copies of the weight (C x weight >= 512 MB, so no copy stays in the
 50 MB L2, as in a real step where every layer has its own weights), captured in one CUDA graph (no
 launch overhead, as in decode graphs); time per call = graph replay time / C, median of replays.
-FP8 time includes the activation quant kernel. GB/s counts the weight bytes (+ scales) read.
+FP8 time includes the activation quant kernel (and the split-K reduce where the plan splits K;
+the "path" column says which: split-K S or no split, and the tile BMxBN/warps,stages).
+GB/s counts the weight bytes (+ scales) read.
 Accuracy: mean |fp8 - ref| / mean |ref|, ref = both operands dequantized (same quantized
 activations, fp32 matmul: the issue's target <= 2e-2); "act quant err" is against bf16
 activations (the e4m3 rounding of the activations themselves, ~2.6% on random data).
@@ -33,6 +35,7 @@ from paddle_mla.models.fp8 import (
     fp8_linear,
     per_token_group_quant_ref,
     w8a8_block_matmul_ref,
+    w8a8_plan,
 )
 
 # (N, K, what) of DeepSeek-V3 projections
@@ -96,9 +99,12 @@ def run_case(n, k, m, copies):
     t_fp8 = graph_time_us([lambda w=w: fp8_linear(x, w) for w in fp8])
     del dense, fp8
     torch.cuda.empty_cache()
+    plan = w8a8_plan(m, n, k, (128, 128), x)
+    t = plan.tile
     bytes_bf16 = n * k * 2
     bytes_fp8 = n * k + (-(-n // 128)) * (k // 128) * 4
-    return dict(N=n, K=k, M=m, bf16_us=t_bf16, fp8_us=t_fp8, speedup=t_bf16 / t_fp8, rel_err=err, act_quant_err=act_err,
+    return dict(N=n, K=k, M=m, split=plan.split, tile=f"{t.block_m}x{t.block_n}/w{t.num_warps}s{t.num_stages}",
+                bf16_us=t_bf16, fp8_us=t_fp8, speedup=t_bf16 / t_fp8, rel_err=err, act_quant_err=act_err,
                 bf16_GBps=bytes_bf16 / (t_bf16 * 1e-6) / 1e9, fp8_GBps=bytes_fp8 / (t_fp8 * 1e-6) / 1e9,
                 fp8_TFLOPS=2 * m * n * k / (t_fp8 * 1e-6) / 1e12, bf16_TFLOPS=2 * m * n * k / (t_bf16 * 1e-6) / 1e12)
 
@@ -122,9 +128,9 @@ def main():
     gpu = torch.cuda.get_device_name()
     print(f"# FP8 block-scaled linear vs bf16 F.linear — {gpu}, {datetime.date.today()}, "
           f"torch {torch.__version__}\n")
-    print("| shape | N | K | M | bf16 µs | fp8 µs | speedup | bf16 GB/s | fp8 GB/s | fp8 TFLOPS | rel err "
+    print("| shape | N | K | M | path | bf16 µs | fp8 µs | speedup | bf16 GB/s | fp8 GB/s | fp8 TFLOPS | rel err "
           "| act quant err |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = []
     for n, k, what in shapes:
         copies = max(2, -(-(512 << 20) // (n * k * 2)))
@@ -132,7 +138,9 @@ def main():
             r = run_case(n, k, m, copies)
             r["shape"] = what
             rows.append(r)
-            print(f"| {what} | {n} | {k} | {m} | {r['bf16_us']:.1f} | {r['fp8_us']:.1f} | {r['speedup']:.2f}x | "
+            path = (f"split-K {r['split']}" if r["split"] > 1 else "no split") + f", {r['tile']}"
+            print(f"| {what} | {n} | {k} | {m} | {path} | {r['bf16_us']:.1f} | {r['fp8_us']:.1f} | "
+                  f"{r['speedup']:.2f}x | "
                   f"{r['bf16_GBps']:.0f} | {r['fp8_GBps']:.0f} | {r['fp8_TFLOPS']:.0f} | {r['rel_err']:.2e} | "
                   f"{r['act_quant_err']:.2e} |",
                   flush=True)

@@ -15,10 +15,20 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla import runtime
-from paddle_mla.models.fp8_kernels import FP8_MAX, INV_FP8_MAX, SCALE_MIN, group_quant, w8a8_block_matmul
+from paddle_mla.attention.triton_mla._util import device_index, next_pow2, num_sms
+from paddle_mla.models.fp8_kernels import (
+    FP8_MAX,
+    INV_FP8_MAX,
+    SCALE_MIN,
+    GemmPlan,
+    gemm_plan,
+    group_quant,
+    w8a8_block_matmul,
+)
 
 __all__ = ["FP8_MAX", "SCALE_MIN", "Fp8Weight", "dequant_blocks", "fp8_kernels_available", "linear",
-           "per_token_group_quant", "per_token_group_quant_ref", "w8a8_block_matmul_ref"]
+           "per_token_group_quant", "per_token_group_quant_ref", "w8a8_block_matmul_ref", "w8a8_gemm",
+           "w8a8_plan"]
 
 
 def fp8_kernels_available(device_kind: str) -> tuple[bool, str]:
@@ -109,6 +119,38 @@ def w8a8_block_matmul_ref(x_q, x_s, w_q, w_s, block: tuple[int, int], out_dtype=
     return y.to(out_dtype or torch.float32)
 
 
+# split-K partials, one fp32 buffer per (device, split, M bucket, N): allocated on first use
+# (warm-up, before any graph capture) and reused, so steady-state calls allocate nothing
+_SPLIT_WORKSPACE: dict[tuple, Any] = {}
+
+
+def _split_workspace(device, split: int, M: int, N: int):
+    key = (str(device), split, next_pow2(M), N)
+    ws = _SPLIT_WORKSPACE.get(key)
+    if ws is None:
+        ws = torch.empty((split * next_pow2(M) * N,), dtype=torch.float32, device=device)
+        _SPLIT_WORKSPACE[key] = ws
+    return ws
+
+
+def w8a8_plan(M: int, N: int, K: int, block: tuple[int, int], device=None) -> GemmPlan:
+    """The GEMM's launch plan (tile, split-K) on ``device``'s SM count (tensor or None: GPU 0)."""
+    return gemm_plan(M, N, K, block[1], num_sms(device_index(device) if device is not None else 0))
+
+
+def w8a8_gemm(x_q, x_s, w_q, w_s, out, block: tuple[int, int], split: int | None = None) -> GemmPlan:
+    """The Triton w8a8 GEMM into ``out`` with its plan; ``split`` forces the split-K factor (tests).
+    Returns the plan it ran."""
+    M, K = x_q.shape
+    N = w_q.shape[0]
+    plan = w8a8_plan(M, N, K, block, x_q)
+    if split is not None:
+        plan = GemmPlan(plan.tile, max(1, min(split, -(-K // block[1]))))
+    ws = _split_workspace(x_q.device, plan.split, M, N) if plan.split > 1 and M > 0 else None
+    w8a8_block_matmul(x_q, x_s, w_q, w_s, out, block, plan, ws)
+    return plan
+
+
 def fp8_linear(x, w: Fp8Weight, bias=None):
     """y = x @ W^T for an FP8 block-scaled W; x [..., K] in the model dtype, y in x's dtype."""
     lead = x.shape[:-1]
@@ -118,7 +160,7 @@ def fp8_linear(x, w: Fp8Weight, bias=None):
     x_q, x_s = per_token_group_quant(x2, w.block[1], kernel=w.kernel)
     if w.kernel:
         y = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device)
-        w8a8_block_matmul(x_q, x_s, w.weight, w.scale_inv, y, w.block)
+        w8a8_gemm(x_q, x_s, w.weight, w.scale_inv, y, w.block)
     else:
         y = w8a8_block_matmul_ref(x_q, x_s, w.weight, w.scale_inv, w.block, x.dtype)
     if bias is not None:
