@@ -9,6 +9,7 @@ SIGINT at any point exits 130 with ``INTERRUPTED``; during the run the summary i
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -118,6 +119,8 @@ def _run(args: GenerateArgs, select_runtime, build_llm, request_cls, echo) -> in
     if args.input_path == "-" and stdin_is_terminal():
         echo(STDIN_HINT)
     total = count_input_lines(args.input_path) if args.progress and args.input_path != "-" else None
+    if not args.progress:
+        os.environ["TQDM_DISABLE"] = "1"    # also the weight-loading bar, which the engine draws
     t0 = time.perf_counter()
     llm = build_llm(cfg)
     run_desc = llm.describe() if hasattr(llm, "describe") else info.to_dict()

@@ -162,8 +162,10 @@ def test_tiny_model_with_fp8_kept_on_cpu(tmp_path, capsys, monkeypatch):
     from model_harness import run_greedy
 
     from paddle_mla.models import fp8 as fp8_mod
+    from paddle_mla.models import loader as loader_mod
     from paddle_mla.models.arch import load_arch
 
+    monkeypatch.setattr(loader_mod, "LOAD_BAR_MIN_BYTES", 0)    # show the bar even for this tiny load
     tiny = ensure_tiny_model()
     fp8, raw, qcfg, _ = _fp8_checkpoint_tensors(tiny, (16, 16))
     path = _copy_with(tiny, tmp_path / "fp8", fp8, raw, qcfg)

@@ -56,6 +56,10 @@ def resolve_keep_fp8(quantization: str, device_kind: str) -> bool:
     raise ValueError(f"quantization must be auto, none or fp8, got {quantization!r}")
 
 
+# A load shorter than this is over before a bar says anything useful.
+LOAD_BAR_MIN_BYTES = 256 << 20
+
+
 @dataclass
 class _Task:
     nbytes: int
@@ -233,8 +237,9 @@ class StreamingLoader:
         tasks = self.plan()
         finals = [t for t in tasks if t.nbytes == 0]          # fp8 expert views: after their slices
         work = [t for t in tasks if t.nbytes > 0]
-        bar = tqdm(total=sum(t.nbytes for t in work), unit="B", unit_scale=True, unit_divisor=1024,
-                   desc="loading weights", file=sys.stderr, disable=not self.progress, leave=False)
+        total = sum(t.nbytes for t in work)
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="loading weights",
+                   file=sys.stderr, disable=not self.progress or total < LOAD_BAR_MIN_BYTES, leave=False)
 
         def run(task: _Task) -> None:
             task.run()
