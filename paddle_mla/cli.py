@@ -7,6 +7,7 @@ and only then imports tensor code. This module never imports a tensor library it
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -337,5 +338,21 @@ def bench(config_paths: tuple[str, ...], workload_spec: str, repeats: int, warmu
         _fail(str(exc))
 
 
+def entry(prog_name: str | None = None) -> None:
+    """The program's entry point (the ``paddle-mla`` script and ``python -m paddle_mla``).
+
+    An interrupted run leaves at once with 130 once its output and summary are written: the
+    interpreter's own teardown (joining the loader's worker threads, finalisers) can meet the same
+    SIGINT again and end the process by the signal (-2) instead of the documented code."""
+    try:
+        main(prog_name=prog_name)
+    except SystemExit as exc:
+        if exc.code == EXIT_INTERRUPTED:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    entry()
