@@ -165,6 +165,6 @@ class ModelRunner:
         host = sampler.read_to_host(sampler.sample_step(logits, sb))   # the one read of the step
         token_ids, logprobs = unpack(host, sb)
         result.token_ids[rows] = token_ids
-        for r, lp in zip(rows.tolist(), logprobs):
-            result.logprobs[r] = lp
+        for r, lp in zip(rows, logprobs):     # rows: host numpy indices
+            result.logprobs[int(r)] = lp
         return result
