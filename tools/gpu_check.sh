@@ -48,5 +48,8 @@ TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/test_dsa_
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== DSA benchmarks (quick: context 8k; full: python3 tools/bench_dsa.py --e2e)"
 python3 tools/bench_dsa.py --quick --e2e --json "$OUT/bench_dsa.json" 2>&1 | tee "$OUT/bench_dsa.md" || status=1
+echo "=== chunked prefill on a shared-prefix 8k workload (paddle-mla bench): ITL p99/p50, throughput on/off"
+python3 tools/bench_chunked_itl.py --json "$OUT/bench_chunked_itl.json" 2>&1 | tail -n 12 | tee "$OUT/bench_chunked_itl.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "gpu_check status: $status"
 exit $status

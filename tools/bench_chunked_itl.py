@@ -1,0 +1,107 @@
+"""Chunked prefill on a shared-prefix long-context workload, through ``paddle-mla bench`` (issue 9).
+
+Target: with chunked prefill on, ITL p99 <= 2x ITL p50, and throughput at least that of chunked
+prefill off. Both configs have prefix caching on, ``triton_mla`` and CUDA graphs; they differ only
+in ``scheduler.enable_chunked_prefill`` and the step's token budget (chunked: ``--chunk`` tokens,
+so one prefill chunk rides along with the running decodes; off: a whole prompt per step).
+
+The model is the random DeepSeek-V2-Lite-dimension checkpoint of tools/bench_e2e_moe.py (written
+once, reused). The workload: ``--prompts`` requests behind one ``--prefix``-token shared prefix,
+``--suffix`` own tokens and ``--output`` output tokens each (greedy, ignore_eos).
+
+    python tools/bench_chunked_itl.py [--layers 4] [--prefix 8192] [--json out.json]   (GPU, ~2 min)
+    python tools/bench_chunked_itl.py --smoke                                             (CPU code path)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+from bench_loader import V2_LITE, write_checkpoint  # noqa: E402
+
+SMOKE_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
+                  qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                  bos_token_id=0, eos_token_id=1)
+
+
+def engine_config(model: str, chunked: bool, args, smoke: bool) -> dict:
+    prompt = args.prefix + args.suffix
+    max_len = prompt + args.output + 64
+    return {
+        "model": model, "runtime": "torch", "device": "cpu" if smoke else "gpu",
+        "dtype": "float32" if smoke else "bfloat16",
+        "attention": {"backend": "native" if smoke else "triton_mla"},
+        "cuda_graph": False if smoke else True,
+        "max_model_len": max_len,
+        "cache": {"block_size": 64, "enable_prefix_caching": True},
+        "scheduler": {"max_num_seqs": args.prompts, "enable_chunked_prefill": chunked,
+                      "max_num_batched_tokens": args.chunk if chunked else max_len + args.prompts},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--prefix", type=int, default=8192)
+    ap.add_argument("--suffix", type=int, default=64)
+    ap.add_argument("--output", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=1024, help="step token budget with chunked prefill on")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend, short prompts")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    if args.smoke:
+        args.prompts, args.prefix, args.suffix, args.output, args.chunk, args.repeats = 4, 96, 8, 4, 48, 1
+    cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_DIMS if args.smoke else {}))
+    model = Path(f"/tmp/bench_e2e_moe_{args.layers}L{'_smoke' if args.smoke else ''}")
+    if not (model / "config.json").exists():
+        print(f"writing a random bf16 checkpoint to {model}", file=sys.stderr)
+        write_checkpoint(model, cfg, 5 * 10 ** 9)
+    work = Path(tempfile.mkdtemp(prefix="bench_chunked_itl_"))
+    paths = []
+    for name, chunked in (("chunked_off", False), ("chunked_on", True)):
+        p = work / f"{name}.yaml"
+        p.write_text(yaml.safe_dump(engine_config(str(model), chunked, args, args.smoke)))
+        paths.append(p)
+    out_json = work / "bench.json"
+    workload = (f"shared-prefix:num_prompts={args.prompts},prefix_len={args.prefix},suffix_len={args.suffix},"
+                f"output_len={args.output}")
+    cmd = [sys.executable, "-m", "paddle_mla", "bench", "--config", str(paths[0]), "--config", str(paths[1]),
+           "--workload", workload, "--repeats", str(args.repeats), "--warmup", "2", "--json", str(out_json)]
+    print("$", " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    doc = json.loads(out_json.read_text())
+    off, on = (c["summary"] for c in doc["configs"])
+    res = {
+        "device": doc["device_name"], "workload": workload, "layers": args.layers, "chunk": args.chunk,
+        "off": {k: off[k] for k in ("output_tokens_per_s", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50")},
+        "on": {k: on[k] for k in ("output_tokens_per_s", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50")},
+    }
+    res["on_itl_p99_over_p50"] = on["itl_ms_p99"] / on["itl_ms_p50"]
+    res["off_itl_p99_over_p50"] = off["itl_ms_p99"] / off["itl_ms_p50"]
+    res["throughput_on_over_off"] = on["output_tokens_per_s"] / off["output_tokens_per_s"]
+    print(f"\n| chunked | out tok/s | ITL p50 ms | ITL p99 ms | p99/p50 | TTFT p50 ms |\n|---|---|---|---|---|---|")
+    for name, s in (("off", off), ("on", on)):
+        print(f"| {name} | {s['output_tokens_per_s']:.0f} | {s['itl_ms_p50']:.2f} | {s['itl_ms_p99']:.2f} | "
+              f"{s['itl_ms_p99'] / s['itl_ms_p50']:.2f} | {s['ttft_ms_p50']:.1f} |")
+    print(f"\nthroughput on/off: {res['throughput_on_over_off']:.2f}x (target >= 1.0); "
+          f"ITL p99/p50 with chunked on: {res['on_itl_p99_over_p50']:.2f} (target <= 2)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
