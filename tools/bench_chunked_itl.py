@@ -59,12 +59,13 @@ def main() -> None:
     ap.add_argument("--suffix", type=int, default=64)
     ap.add_argument("--output", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=1024, help="step token budget with chunked prefill on")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=16, help="warm-up requests per engine (compiles every shape)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend, short prompts")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if args.smoke:
-        args.prompts, args.prefix, args.suffix, args.output, args.chunk, args.repeats = 4, 96, 8, 4, 48, 1
+        args.prompts, args.prefix, args.suffix, args.output, args.chunk, args.repeats, args.warmup = 4, 96, 8, 4, 48, 1, 2
     cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_DIMS if args.smoke else {}))
     model = Path(f"/tmp/bench_e2e_moe_{args.layers}L{'_smoke' if args.smoke else ''}")
     if not (model / "config.json").exists():
@@ -80,7 +81,7 @@ def main() -> None:
     workload = (f"shared-prefix:num_prompts={args.prompts},prefix_len={args.prefix},suffix_len={args.suffix},"
                 f"output_len={args.output}")
     cmd = [sys.executable, "-m", "paddle_mla", "bench", "--config", str(paths[0]), "--config", str(paths[1]),
-           "--workload", workload, "--repeats", str(args.repeats), "--warmup", "2", "--json", str(out_json)]
+           "--workload", workload, "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--json", str(out_json)]
     print("$", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     doc = json.loads(out_json.read_text())
