@@ -70,6 +70,7 @@ class ModelRunner:
     def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None):
         """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights)."""
         self.cfg = cfg
+        _runtime.select(cfg.runtime)   # the engine names the runtime; one other than the active one raises
         self.device_kind = _runtime.resolve_device(cfg.device)
         self.device = _runtime.device_string(self.device_kind)
         self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
