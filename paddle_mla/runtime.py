@@ -212,6 +212,50 @@ def gpu_memory_info() -> tuple[int, int]:
     return torch.cuda.mem_get_info()
 
 
+def memory_allocated() -> int:
+    """Bytes held by live tensors on the current GPU."""
+    if is_paddle():
+        import paddle
+
+        return int(paddle.device.cuda.memory_allocated())
+    import torch
+
+    return int(torch.cuda.memory_allocated())
+
+
+def memory_reserved() -> int:
+    """Bytes the runtime's caching allocator holds on the current GPU (live tensors + its cache)."""
+    if is_paddle():
+        import paddle
+
+        return int(paddle.device.cuda.memory_reserved())
+    import torch
+
+    return int(torch.cuda.memory_reserved())
+
+
+def max_memory_allocated() -> int:
+    """Peak of ``memory_allocated`` since the last ``reset_peak_memory``."""
+    if is_paddle():
+        import paddle
+
+        return int(paddle.device.cuda.max_memory_allocated())
+    import torch
+
+    return int(torch.cuda.max_memory_allocated())
+
+
+def reset_peak_memory() -> None:
+    if is_paddle():
+        import paddle
+
+        paddle.device.cuda.reset_max_memory_allocated()
+    else:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
 def require_selected(module: str) -> None:
     """Every tensor module calls this just before ``import torch`` / ``import triton``."""
     if _selected is None:
