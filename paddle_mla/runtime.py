@@ -4,8 +4,9 @@ Every tensor module of this package does ``import torch`` at module top level. O
 runtime, ``paddle.compat.enable_torch_proxy(scope={"paddle_mla", "triton"})`` makes that name
 resolve to Paddle, but only for modules imported *after* the proxy is enabled, and only at import
 time (a function-level ``import torch`` would see the real torch once it is in ``sys.modules``).
-Hence: call ``select()`` first (tensor subpackages do it in their ``__init__``), and never import
-torch inside a function.
+Hence: the engine (``LLM``, ``ModelRunner``) calls ``select()`` before it imports tensor code, every
+tensor module calls ``require_selected`` before its ``import torch``, no import selects a runtime,
+and torch is never imported inside a function of a tensor module.
 """
 
 from __future__ import annotations
@@ -88,9 +89,12 @@ def _import_real_torch_first() -> None:
 
 def select(name: str | None = None) -> str:
     """Select the runtime (idempotent). ``name`` None or 'auto' defers to ``PADDLE_MLA_RUNTIME``,
-    then to detection."""
+    then to detection; once a runtime is active it means "the active one" (the env var is only a
+    default, so an engine that named the other runtime is not overruled by it later)."""
     global _selected
     if name is None or name.lower() == "auto":
+        if _selected is not None:
+            return _selected
         name = os.environ.get("PADDLE_MLA_RUNTIME")
     requested = (name or "auto").lower()
     if requested not in RUNTIMES:
@@ -208,8 +212,52 @@ def gpu_memory_info() -> tuple[int, int]:
     return torch.cuda.mem_get_info()
 
 
+def memory_allocated() -> int:
+    """Bytes held by live tensors on the current GPU."""
+    if is_paddle():
+        import paddle
+
+        return int(paddle.device.cuda.memory_allocated())
+    import torch
+
+    return int(torch.cuda.memory_allocated())
+
+
+def memory_reserved() -> int:
+    """Bytes the runtime's caching allocator holds on the current GPU (live tensors + its cache)."""
+    if is_paddle():
+        import paddle
+
+        return int(paddle.device.cuda.memory_reserved())
+    import torch
+
+    return int(torch.cuda.memory_reserved())
+
+
+def max_memory_allocated() -> int:
+    """Peak of ``memory_allocated`` since the last ``reset_peak_memory``."""
+    if is_paddle():
+        import paddle
+
+        return int(paddle.device.cuda.max_memory_allocated())
+    import torch
+
+    return int(torch.cuda.max_memory_allocated())
+
+
+def reset_peak_memory() -> None:
+    if is_paddle():
+        import paddle
+
+        paddle.device.cuda.reset_max_memory_allocated()
+    else:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
 def require_selected(module: str) -> None:
-    """Tensor modules outside the self-selecting subpackages call this before ``import torch``."""
+    """Every tensor module calls this just before ``import torch`` / ``import triton``."""
     if _selected is None:
         raise ImportError(f"{module} imports tensor code: call paddle_mla.runtime.select() first")
 

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 
 from paddle_mla.ops import metadata as meta_ops

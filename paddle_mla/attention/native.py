@@ -12,6 +12,11 @@ batches, chunked prefill and prefix caching.
 from __future__ import annotations
 
 import numpy as np
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 
 from paddle_mla.attention.backend import MLABackend, register_backend

@@ -17,20 +17,23 @@ def bytes_per_block(num_layers: int, block_size: int, latent_dim: int, element_s
     return num_layers * block_size * latent_dim * element_size
 
 
+def usable_num_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """Blocks the engine could ever use: every running sequence at max_model_len (+1)."""
+    return max_num_seqs * (-(-max_model_len // block_size)) + 1
+
+
 def auto_num_blocks(device_kind: str, per_block: int, max_num_seqs: int, max_model_len: int, block_size: int,
                     gpu_memory_utilization: float) -> int:
-    """Blocks that fit the budget, never more than the engine could ever use."""
-    useful = max_num_seqs * (-(-max_model_len // block_size)) + 1
-    if device_kind == "cpu":
-        budget = CPU_AUTO_CACHE_BYTES
-    else:
-        _runtime.synchronize()
-        free, total = _runtime.gpu_memory_info()
-        budget = int(free - total * (1.0 - gpu_memory_utilization))
+    """CPU: blocks that fit the fixed budget, never more than the engine could ever use. (On a GPU
+    the cache is sized by a profile run: ``engine.memory_profile``.)"""
+    if device_kind != "cpu":
+        raise ValueError("a GPU KV cache is sized by the profile run (paddle_mla.engine.memory_profile)")
+    useful = usable_num_blocks(max_num_seqs, max_model_len, block_size)
+    budget = CPU_AUTO_CACHE_BYTES
     fit = budget // per_block
     if fit < 1:
         raise RuntimeError(f"no memory left for the KV cache (budget {budget / 2**20:.0f} MiB); "
-                           "lower max_model_len or raise cache.gpu_memory_utilization")
+                           "lower max_model_len or set cache.num_blocks")
     return int(min(fit, useful))
 
 

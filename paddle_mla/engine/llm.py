@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -20,6 +21,7 @@ from paddle_mla.config import EngineConfig, load_config
 from paddle_mla.engine.request import (CompletionOutput, EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
                                        SamplingParams, Sequence, Status)
 from paddle_mla.engine.scheduler import Scheduler, SchedulerOutput
+from paddle_mla.engine.stop_strings import StopStringMatcher
 
 
 _MASK64 = 2**64 - 1
@@ -73,6 +75,7 @@ class LLM:
         self.eos_token_ids = eos
         self.runner.eos_token_ids = frozenset(eos)
         self._pending: dict[int, _Pending] = {}
+        self._stop_matchers: weakref.WeakKeyDictionary[Sequence, StopStringMatcher] = weakref.WeakKeyDictionary()
         self._seed_rng = np.random.default_rng(config.seed)
         self._next_index = 0
         self.reset_stats()
@@ -253,7 +256,8 @@ class LLM:
             if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
                 seq.finish_reason = "stop"
                 return True
-            if p.stop and self.tokenizer is not None:
+            if p.stop and self.tokenizer is not None and self._stop_matcher(seq).found(seq.output_token_ids):
+                # the bounded-window detector fired: one full decode confirms and cuts, as before
                 text = self.tokenizer.decode(seq.output_token_ids)
                 cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
                 if cut >= 0:
@@ -263,6 +267,12 @@ class LLM:
             seq.finish_reason = "length"
             return True
         return False
+
+    def _stop_matcher(self, seq: Sequence) -> StopStringMatcher:
+        matcher = self._stop_matchers.get(seq)
+        if matcher is None:
+            matcher = self._stop_matchers[seq] = StopStringMatcher(self.tokenizer, seq.params.stop)
+        return matcher
 
     def _admit_deferred(self, first: Sequence) -> None:
         """Completion 0 sampled, so its prompt blocks are cached: queue its siblings, first in line."""

@@ -70,6 +70,7 @@ class ModelRunner:
     def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None):
         """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights)."""
         self.cfg = cfg
+        _runtime.select(cfg.runtime)   # the engine names the runtime; one other than the active one raises
         self.device_kind = _runtime.resolve_device(cfg.device)
         self.device = _runtime.device_string(self.device_kind)
         self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
@@ -87,17 +88,6 @@ class ModelRunner:
         elt = torch.zeros(1, dtype=self.dtype).element_size()
         index_dim = arch.indexer.head_dim if arch.indexer is not None else 0   # deepseek_v32 indexer keys
         per_block = bytes_per_block(arch.num_layers, bs, arch.mla.latent_dim + index_dim, elt)
-        num_blocks = cfg.cache.num_blocks
-        if num_blocks == AUTO:
-            num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
-                                         cfg.cache.gpu_memory_utilization)
-        self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
-        self.kv_caches = allocate_latent_caches(arch.num_layers, self.limits.num_blocks, bs, arch.mla.latent_dim,
-                                                self.dtype, self.device)
-        if index_dim:
-            self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
-                                                      self.dtype, self.device)
-            self.model.attach_index_caches(self.index_caches)
         self.backend = create_backend(backend_name, dims=arch.mla, max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype)
@@ -108,6 +98,25 @@ class ModelRunner:
             from paddle_mla.attention.dsa.key_window import KeyWindows
 
             self.key_windows = KeyWindows(cfg.scheduler.max_num_batched_tokens, self.device)
+        # The caches come after the backend (and its start-up workspaces): on a GPU, a profile run
+        # through both sizes them from what is left (engine/memory_profile.py).
+        self.memory_profile = None
+        num_blocks = cfg.cache.num_blocks
+        if num_blocks == AUTO and self.device_kind == "gpu":
+            from paddle_mla.engine.memory_profile import profile_kv_cache
+
+            self.memory_profile = profile_kv_cache(self, per_block, max_model_len, index_dim, self.use_cuda_graph())
+            num_blocks = self.memory_profile.num_blocks
+        elif num_blocks == AUTO:
+            num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
+                                         cfg.cache.gpu_memory_utilization)
+        self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
+        self.kv_caches = allocate_latent_caches(arch.num_layers, self.limits.num_blocks, bs, arch.mla.latent_dim,
+                                                self.dtype, self.device)
+        if index_dim:
+            self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
+                                                      self.dtype, self.device)
+            self.model.attach_index_caches(self.index_caches)
         self.graphs = None
         if self.use_cuda_graph():
             from paddle_mla.engine.cuda_graph import DecodeGraphs

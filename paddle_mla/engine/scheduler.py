@@ -46,6 +46,10 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.cached_prompt_tokens = 0   # prefix-cache hits at first admission (recomputes not counted)
+        # (head of the waiting queue, pool version, token budget) of the last admission that failed
+        # for want of blocks or budget. While all three are unchanged the attempt must fail again
+        # (see BlockPool.version), so a blocked step skips match_prefix/release: O(1), not O(prompt).
+        self._blocked: tuple | None = None
 
     def add(self, *seqs: Sequence, front: bool = False) -> None:
         """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
@@ -119,6 +123,8 @@ class Scheduler:
             return out   # do not admit new work in a step that had to preempt
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
+            if self._blocked is not None and self._blocked == (seq, self.pool.version, budget):
+                break
             tokens = seq.token_ids()
             if self.pool.blocks_for(len(tokens) + 1) > self.pool.num_blocks:
                 self.waiting.popleft()
@@ -133,6 +139,8 @@ class Scheduler:
             new_blocks = self.pool.blocks_for(num_cached + n) - len(hits)
             if n > budget or new_blocks > self.pool.num_free:
                 self.pool.release(hits)
+                self.pool.watch(hits, seq.block_keys, len(tokens))
+                self._blocked = (seq, self.pool.version, budget)
                 break
             self.waiting.popleft()
             seq.block_ids = hits + self.pool.allocate(new_blocks)

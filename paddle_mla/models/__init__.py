@@ -1,12 +1,32 @@
-"""models (tensor code: selects the runtime before its modules import torch)."""
+"""models: the MLA model families, MoE, FP8 linear, the checkpoint loader and the tiny-model builder.
 
-from paddle_mla import runtime as _runtime
+Importing this package selects no runtime (the engine does: ARCHITECTURE section 2). The names below
+are loaded on first use: ``ensure_tiny_model`` / ``make_tiny_model`` / ``load_arch`` / ``parse_arch``
+need no tensor library; ``CausalLM`` and ``load_model`` import torch, so they need
+``paddle_mla.runtime.select()`` first (their modules say so when it was not called).
+"""
 
-_runtime.select()
+from __future__ import annotations
 
-from paddle_mla.models.arch import ModelArch, load_arch, parse_arch
-from paddle_mla.models.deepseek import CausalLM
-from paddle_mla.models.loader import load_model
-from paddle_mla.models.tiny import ensure_tiny_model, make_tiny_model
+import importlib
 
-__all__ = ["CausalLM", "ModelArch", "ensure_tiny_model", "load_arch", "load_model", "make_tiny_model", "parse_arch"]
+_EXPORTS = {
+    "ModelArch": "paddle_mla.models.arch",
+    "load_arch": "paddle_mla.models.arch",
+    "parse_arch": "paddle_mla.models.arch",
+    "CausalLM": "paddle_mla.models.deepseek",
+    "load_model": "paddle_mla.models.loader",
+    "ensure_tiny_model": "paddle_mla.models.tiny",
+    "make_tiny_model": "paddle_mla.models.tiny",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'paddle_mla.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import triton
 import triton.language as tl
 

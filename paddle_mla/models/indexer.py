@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 import torch.nn.functional as F
 

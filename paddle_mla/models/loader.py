@@ -25,6 +25,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 
 from paddle_mla.models.arch import ModelArch, load_arch

@@ -1,5 +1,5 @@
-"""ops (tensor code: selects the runtime before its modules import torch)."""
+"""ops: the custom metadata operators (C++/CUDA) and their plain-tensor references.
 
-from paddle_mla import runtime as _runtime
-
-_runtime.select()
+Importing this package selects no runtime; its tensor modules refuse to import before
+``paddle_mla.runtime.select()``.
+"""

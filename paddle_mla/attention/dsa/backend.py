@@ -16,6 +16,10 @@ Known gaps: top-k uses the framework's ``topk`` (no Triton radix select yet); no
 
 from __future__ import annotations
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 
 from paddle_mla import runtime

@@ -11,6 +11,10 @@ References: ``paddle_mla.attention.dsa.reference``.
 
 from __future__ import annotations
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 import triton
 import triton.language as tl

@@ -10,6 +10,11 @@ They are the oracle of the Triton kernels and what the ``native`` backend compos
 from __future__ import annotations
 
 import numpy as np
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 
 from paddle_mla.attention.native import gather_latent, write_latent

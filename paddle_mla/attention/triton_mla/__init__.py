@@ -6,8 +6,7 @@ Modules (import them directly; importing this package does not import Triton):
   decode.alloc_decode_workspace / build_decode_plan / mla_decode
   interleave.read_cache_and_interleave
   prefill.prefill_attention
+
+Importing this package selects no runtime; its modules refuse to import before
+``paddle_mla.runtime.select()``.
 """
-
-from paddle_mla import runtime as _runtime
-
-_runtime.select()

@@ -12,6 +12,10 @@ steps can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 
 from paddle_mla import runtime

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch  # noqa: F401  (runtime-selected tensor library; tensors come from the caller)
 import triton
 import triton.language as tl

@@ -6,6 +6,10 @@ bitwise equal to ``reference.read_cache_and_interleave_ref``.
 
 from __future__ import annotations
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 import triton
 import triton.language as tl

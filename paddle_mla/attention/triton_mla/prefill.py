@@ -8,6 +8,10 @@ Head dims need not be powers of two: Dqk is split into a power-of-two part and a
 
 from __future__ import annotations
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 import triton
 import triton.language as tl

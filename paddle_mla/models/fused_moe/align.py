@@ -12,6 +12,10 @@ Padding slots hold ``num_pairs`` (an invalid pair id the GEMMs mask out).
 
 from __future__ import annotations
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 import triton
 import triton.language as tl

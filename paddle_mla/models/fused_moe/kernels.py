@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import functools
 
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 import triton
 

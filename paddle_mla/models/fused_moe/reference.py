@@ -11,6 +11,11 @@ cat, no sort with two results).
 from __future__ import annotations
 
 import numpy as np
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
 import torch
 import torch.nn.functional as F
 
