@@ -145,17 +145,20 @@ def test_edge_batches_match_native(k, rows):
     torch.testing.assert_close(got, native, atol=TOL, rtol=TOL)
 
 
-def test_engine_chunked_prefix_greedy_tokens_match_native():
-    """The engine with chunked prefill (budget 12 = the extend chunk) and prefix caching: shared
-    prefixes of 32 tokens are read back across several chunks while other requests decode in the
-    same steps; greedy tokens equal native's."""
+def test_engine_chunked_prefix_greedy_tokens_match_native(monkeypatch):
+    """The engine with chunked prefill (budget 12) and prefix caching, extend chunks of 12 rows:
+    shared prefixes of 32 tokens are read back across several chunks while other requests decode
+    in the same steps; greedy tokens equal native's."""
     import random
 
     from test_engine_equivalence import BLOCK, make_llm
 
+    from paddle_mla.attention.triton_mla import extend
     from paddle_mla.engine.request import GenerationRequest, SamplingParams
 
-    over = {"cache": {"enable_prefix_caching": True}, "device": DEV,
+    monkeypatch.setattr(extend, "CHUNK_TOKENS_MIN", 12)
+
+    over = {"cache": {"enable_prefix_caching": True}, "device": "cpu" if DEV == "cpu" else "gpu",
             "scheduler": {"enable_chunked_prefill": True, "max_num_batched_tokens": 12, "max_num_seqs": 3}}
     native = make_llm(**over)
     rng = random.Random(7)

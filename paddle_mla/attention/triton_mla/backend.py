@@ -21,7 +21,7 @@ from paddle_mla import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.decode import alloc_decode_workspace, build_decode_plan, decode_config, mla_decode
-from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, plan_extend
+from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
 
 MAX_KV_SPLITS = 32
 
@@ -30,8 +30,7 @@ MAX_KV_SPLITS = 32
 class TritonMLABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
                  max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0):
-        """``extend_chunk_tokens``: packed key rows per extend chunk (default: the step's token
-        budget, so a plain prefill is one chunk)."""
+        """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``)."""
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
         if not ok:
@@ -42,7 +41,8 @@ class TritonMLABackend(MLABackend):
         self.q_buf = torch.zeros(max_num_seqs, H, dims.latent_dim, dtype=dtype, device=device)
         self.o_buf = torch.zeros(max_num_seqs, H, L, dtype=dtype, device=device)
         step_tokens = max_num_batched_tokens or max(max_model_len, max_num_seqs)
-        self.extend = ExtendWorkspace(dims, step_tokens, extend_chunk_tokens or step_tokens, device, dtype)
+        chunk = extend_chunk_tokens or default_chunk_tokens(step_tokens)
+        self.extend = ExtendWorkspace(dims, step_tokens, chunk, device, dtype)
 
     def _num_decode_rows(self, meta) -> int:
         return meta.num_reqs if meta.is_decode_only else min(meta.num_decode_reqs, self.max_num_seqs)

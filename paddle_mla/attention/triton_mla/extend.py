@@ -20,7 +20,9 @@ instead (``backend.py``): for them the absorbed form is the cheap one.
 
 Workspaces are allocated once, at start-up: latent [chunk, C+R], K_nope [chunk, H, nope], V
 [chunk, H, v], the V weight laid out for one GEMM [C, H*v], and per step token: LSE float32 [H],
-output [H, v]. DeepSeek-V3 dims (H 128), bf16, chunk = step tokens = 8192: ~0.8 GiB in all.
+output [H, v]. The chunk is the step's token budget clamped to [2048, 8192] rows: a plain prefill
+is one chunk, a small budget does not cut long contexts into many small GEMMs, and the K/V
+workspace stays bounded (DeepSeek-V3 dims, H 128, bf16: 64 KiB per row, 512 MiB at 8192).
 Sizes come from the host (the scheduler's numpy lengths); nothing here reads the device.
 """
 
@@ -33,6 +35,14 @@ import torch
 
 from paddle_mla.attention.triton_mla.interleave import read_cache_and_interleave
 from paddle_mla.attention.triton_mla.prefill import extend_attention
+
+
+CHUNK_TOKENS_MIN = 2048
+CHUNK_TOKENS_MAX = 8192
+
+
+def default_chunk_tokens(max_num_batched_tokens: int) -> int:
+    return min(max(max_num_batched_tokens, CHUNK_TOKENS_MIN), CHUNK_TOKENS_MAX)
 
 
 @dataclass(frozen=True)
