@@ -33,12 +33,13 @@ def allocate_caches(model, num_blocks: int, block_size: int, device: str = "cpu"
 
 def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size: int = 4, chunk: int | None = None,
                seed: int = 0, device: str = "cpu", backend: str = "native", prefix_tokens: int = 0,
-               preempt_at: int = 0) -> RunResult:
+               preempt_at: int = 0, backend_kwargs: dict | None = None) -> RunResult:
     """Greedy-decode every prompt together. ``chunk`` limits prompt tokens per request per step
     (chunked prefill, mixed with other requests' decodes). ``prefix_tokens`` > 0 first runs every
     prompt's first ``prefix_tokens`` tokens alone, then the rest as a cached prefix continuation.
     ``preempt_at`` > 0 preempts request 0 once it has that many outputs, as the engine does: its
-    cache is dropped and prompt + outputs are recomputed into reused (dirty) blocks."""
+    cache is dropped and prompt + outputs are recomputed into reused (dirty) blocks.
+    ``backend_kwargs`` go to the backend (e.g. triton_mla's ``extend_chunk_tokens``)."""
     rng = np.random.default_rng(seed)
     arch = model.arch
     max_len = max(len(p) for p in prompts) + max_new_tokens
@@ -47,7 +48,8 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
     perm = rng.permutation(num_blocks).astype(np.int32)
     tables = perm[:per_req * len(prompts)].reshape(len(prompts), per_req)
     be = create_backend(backend, dims=arch.mla, max_num_seqs=len(prompts), max_model_len=max_len,
-                        block_size=block_size, device=device, dtype=model.dtype)
+                        block_size=block_size, device=device, dtype=model.dtype,
+                        max_num_batched_tokens=len(prompts) * max_len, **(backend_kwargs or {}))
     model.set_backend(be)
     key_windows = None
     if backend == "dsa":
@@ -97,6 +99,7 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
                           batch.is_prefill[keep], batch.sample_mask[keep])
         rows = np.flatnonzero(keep)
         meta = ForwardMeta.build(batch, block_size, device, key_windows)
+        be.prepare(meta)
         hidden = model.forward(meta, caches)
         logits = model.compute_logits(hidden[meta.logits_indices]).cpu().numpy()
         for j, r in enumerate(rows):

@@ -29,6 +29,12 @@ python3 tools/bench_metadata.py --batch 64 --device gpu 2>&1 | tee "$OUT/bench_m
 echo "=== end-to-end decode benchmark"
 python3 tools/bench_e2e_decode.py --layers 4 --batch 1,16,64 --context 4096 --json "$OUT/bench_e2e.json" 2>&1 \
   | tee "$OUT/bench_e2e.md" || status=1
+echo "=== split mixed batches: kernel/backend/engine tests on the GPU, then mixed step vs decode-only + 1.2 x chunk-only"
+TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/test_triton_mixed_batch.py 2>&1 \
+  | tee "$OUT/mixed_batch_tests.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+python3 tools/bench_mixed_step.py --json "$OUT/bench_mixed_step.json" 2>&1 | tee "$OUT/bench_mixed_step.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== fused MoE vs SGLang (quick: M 16 and 4096, V2-Lite and V3, bf16 and fp8; needs third_party/sglang_fused_moe)"
 python3 tools/bench_fused_moe.py --quick --json "$OUT/bench_fused_moe_quick.json" 2>&1 | tee "$OUT/bench_fused_moe_quick.md" \
   || status=1

@@ -46,9 +46,12 @@ class MLABackend(ABC):
     name: str = ""
 
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int,
-                 device: str, dtype: Any):
+                 device: str, dtype: Any, max_num_batched_tokens: int = 0):
+        """``max_num_batched_tokens``: most tokens in one step (sizes step workspaces); 0: unknown,
+        a backend that needs it picks a bound from the others."""
         self.dims = dims
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.device = device

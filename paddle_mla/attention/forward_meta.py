@@ -61,6 +61,10 @@ class ForwardMeta:
     # (int32 [T]); None in pure-decode steps and for models without an indexer
     index_ks: Any = None
     index_ke: Any = None
+    # the leading rows with one new token each (the scheduler puts decodes first): attention runs
+    # them through the decode kernel, and only the rows after them through extend
+    num_decode_reqs: int = 0
+    num_decode_tokens: int = 0
 
     @staticmethod
     def build(batch: StepBatch, block_size: int, device: str, key_windows: Any = None) -> "ForwardMeta":
@@ -82,6 +86,7 @@ class ForwardMeta:
         slots = meta_ops.compute_slot_mapping(tables_dev, batch_ids, positions, block_size)
         last = np.cumsum(num_new, dtype=np.int64) - 1
         decode_only = bool(len(num_new) > 0 and (num_new == 1).all() and not batch.is_prefill.any())
+        num_decode = leading_single_token_rows(num_new)
         ks = ke = None
         if key_windows is not None and not decode_only:
             ks, ke = key_windows.compute(cu_q, cu_k, dec_dev, batch_ids, num_tokens)
@@ -107,4 +112,12 @@ class ForwardMeta:
             logits_indices=up(last),
             index_ks=ks,
             index_ke=ke,
+            num_decode_reqs=num_decode,
+            num_decode_tokens=num_decode,
         )
+
+
+def leading_single_token_rows(num_new: np.ndarray) -> int:
+    """How many rows at the head of the batch compute exactly one token (host numpy)."""
+    other = np.flatnonzero(num_new != 1)
+    return int(other[0]) if len(other) else len(num_new)

@@ -90,7 +90,7 @@ class ModelRunner:
         per_block = bytes_per_block(arch.num_layers, bs, arch.mla.latent_dim + index_dim, elt)
         self.backend = create_backend(backend_name, dims=arch.mla, max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
-                                      dtype=self.dtype)
+                                      dtype=self.dtype, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens)
         self.model.set_backend(self.backend)
         self.eos_token_ids = frozenset(arch.eos_token_ids)   # masked by min_tokens; the LLM adds the tokenizer's
         self.key_windows = None

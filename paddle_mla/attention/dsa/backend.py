@@ -33,8 +33,9 @@ MAX_SPLITS = 8
 
 @register_backend("dsa")
 class DSABackend(MLABackend):
-    def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype):
-        super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype)
+    def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
+                 max_num_batched_tokens: int = 0):
+        super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
         if not ok:
             raise RuntimeError(f"attention.backend 'dsa' cannot run here: {why}; use backend 'native'")

@@ -1,13 +1,16 @@
 """The ``triton_mla`` backend: Triton kernels for cache write, prefill/extend and split-KV decode.
 
-- Decode-only steps: absorbed MLA (q_nope @ W_UK || q_pe) over the paged latent cache with the
-  two-stage split-KV kernel; the split plan is built on the GPU once per step in ``prepare``.
-- Steps with prefill tokens (pure or mixed with decodes): the cached prefix is read from the paged
-  cache and interleaved with the new latent rows (one fused kernel), ``kv_b_proj`` expands the
-  whole context to K/V, and the varlen causal flash kernel attends the new tokens over it. Every
-  token of a mixed batch gets its real output.
-Workspaces (plan, partial outputs, absorbed q, latent output) are sized at start-up, so decode
-steps can be captured in a CUDA graph.
+Every step writes the new latent rows into the paged cache first. Then the batch is split:
+- decode rows (the leading rows with one new token each: the scheduler puts decodes first,
+  ``ForwardMeta.num_decode_reqs`` counts them): absorbed MLA (q_nope @ W_UK || q_pe) over the
+  paged latent cache with the two-stage split-KV kernel. The split plan for exactly these rows is
+  built on the GPU once per step in ``prepare``. A decode row is never expanded through kv_b_proj,
+  whatever else runs in the step;
+- extend rows (prefill, prefill chunks, prefix-cache continuations): over their own context only,
+  chunk-wise through a workspace of fixed size with the partial results merged by log-sum-exp
+  (``extend.py`` says how and why).
+Pure decode steps run the decode part alone (and replay as CUDA graphs); the decode workspaces
+(plan, partial outputs, absorbed q, latent output) and the extend workspaces are sized at start-up.
 """
 
 from __future__ import annotations
@@ -22,16 +25,17 @@ from paddle_mla import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.decode import alloc_decode_workspace, build_decode_plan, decode_config, mla_decode
-from paddle_mla.attention.triton_mla.interleave import read_cache_and_interleave
-from paddle_mla.attention.triton_mla.prefill import prefill_attention
+from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
 
 MAX_KV_SPLITS = 32
 
 
 @register_backend("triton_mla")
 class TritonMLABackend(MLABackend):
-    def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype):
-        super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype)
+    def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
+                 max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0):
+        """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``)."""
+        super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
         if not ok:
             raise RuntimeError(f"attention.backend 'triton_mla' cannot run here: {why}; use backend 'native'")
@@ -40,37 +44,39 @@ class TritonMLABackend(MLABackend):
         self.ws = alloc_decode_workspace(max_num_seqs, H, L, MAX_KV_SPLITS, device)
         self.q_buf = torch.zeros(max_num_seqs, H, dims.latent_dim, dtype=dtype, device=device)
         self.o_buf = torch.zeros(max_num_seqs, H, L, dtype=dtype, device=device)
+        step_tokens = max_num_batched_tokens or max(max_model_len, max_num_seqs)
+        chunk = extend_chunk_tokens or default_chunk_tokens(step_tokens)
+        self.extend = ExtendWorkspace(dims, step_tokens, chunk, device, dtype)
+
+    def _num_decode_rows(self, meta) -> int:
+        return meta.num_reqs if meta.is_decode_only else min(meta.num_decode_reqs, self.max_num_seqs)
 
     def prepare(self, meta) -> None:
-        if meta.is_decode_only:
-            build_decode_plan(meta.seq_lens_k_dev, meta.num_reqs, self.ws, self.cfg.block_n, self.cfg.target_items,
+        nd = self._num_decode_rows(meta)
+        if nd:
+            build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
                               self.cfg.min_tiles)
+        if not meta.is_decode_only:
+            meta.attn["extend_plan"] = plan_extend(meta, nd)
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
         if meta.is_decode_only:
-            return self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta)
-        return self._extend(q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
+            return self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, meta.num_reqs)
+        plan = meta.attn["extend_plan"]
+        self.extend.run(plan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
+        out = self.extend.out[:q_nope.shape[0]]
+        if plan.first_row:
+            out[:plan.first_row].copy_(self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, plan.first_row))
+        return out
 
-    def _decode(self, q_nope, q_pe, w_kc, w_vc, kv_cache, meta):
-        bs, L = q_nope.shape[0], self.dims.kv_lora_rank
+    def _decode(self, q_nope, q_pe, w_kc, w_vc, kv_cache, meta, bs: int):
+        """Rows [0, bs): one query each, over their paged latent context (the plan from ``prepare``)."""
+        L = self.dims.kv_lora_rank
         q = self.q_buf[:bs]
-        q[:, :, :L].copy_(torch.bmm(q_nope.transpose(0, 1), w_kc).transpose(0, 1))
-        q[:, :, L:].copy_(q_pe)
+        q[:, :, :L].copy_(torch.bmm(q_nope[:bs].transpose(0, 1), w_kc).transpose(0, 1))
+        q[:, :, L:].copy_(q_pe[:bs])
         out = self.o_buf[:bs]
         mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L,
                    self.dims.softmax_scale, self.cfg)
         return torch.bmm(out.transpose(0, 1), w_vc).transpose(0, 1)
-
-    def _extend(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
-        d = self.dims
-        total_k = int(meta.seq_lens_k.sum())
-        full = read_cache_and_interleave(kv_cache, meta.block_tables, latent, meta.cu_seqlens_q, meta.cu_seqlens_k,
-                                         total_k)
-        ckv, k_pe = full[:, : d.kv_lora_rank], full[:, d.kv_lora_rank:]
-        k_nope = torch.einsum("tc,hnc->thn", ckv, w_kc)
-        v = torch.einsum("tc,hcv->thv", ckv, w_vc).contiguous()
-        k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(total_k, d.num_heads, d.qk_rope_head_dim)], dim=-1)
-        q = torch.cat([q_nope, q_pe], dim=-1)
-        return prefill_attention(q.contiguous(), k.contiguous(), v, meta.cu_seqlens_q, meta.cu_seqlens_k,
-                                 meta.max_seqlen_q, d.softmax_scale)

@@ -1,7 +1,9 @@
 """Chunked prefill + prefix cache: gather each request's cached latent rows from the paged cache
 and interleave them with the step's new rows, so kv_b_proj and the prefill attention see the whole
-context. Output per request: [cached (k_len - q_len rows)..., new (q_len rows)...]. A pure copy:
-bitwise equal to ``reference.read_cache_and_interleave_ref``.
+context. Output per request: [cached (k_len - q_len rows)..., new (q_len rows)...], requests one
+after another (the packed key sequence that ``cu_seqlens_k`` counts). ``k_start`` / ``total_k``
+select a window of it, so a long context is read chunk by chunk into a bounded workspace. A pure
+copy: bitwise equal to ``reference.read_cache_and_interleave_ref``.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ _BLOCK_D = 128
 @triton.jit
 def _interleave_kernel(
     CACHE, BT, NEW, CU_Q, CU_K, OUT,
-    total_k, bs, D,
+    k_start, num_rows, bs, D,
     stride_cb, stride_cs, stride_bt, stride_new, stride_out,
     PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)     # output row
+    t = k_start + r                                             # packed key row (cu_k coordinates)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mt = t < total_k
+    mt = r < num_rows
     md = d < D
     # request of each token: number of cu_k[1..bs] entries <= t (a vectorised search)
     ob = tl.arange(0, BLOCK_B)
@@ -50,14 +53,18 @@ def _interleave_kernel(
     row_c = tl.load(src_c[:, None] + d[None, :], mask=cached[:, None] & md[None, :], other=0.0)
     row_n = tl.load(src_n[:, None] + d[None, :], mask=fresh[:, None] & md[None, :], other=0.0)
     row = tl.where(cached[:, None], row_c, row_n.to(row_c.dtype))
-    tl.store(OUT + t.to(tl.int64)[:, None] * stride_out + d[None, :], row, mask=mt[:, None] & md[None, :])
+    tl.store(OUT + r.to(tl.int64)[:, None] * stride_out + d[None, :], row, mask=mt[:, None] & md[None, :])
 
 
 def read_cache_and_interleave(kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, total_k: int,
-                              out=None):
+                              out=None, k_start: int = 0):
     """kv_cache [NB, page, 1, D], block_tables int32 [B, M], new_latent [T_new, D], cu_seqlens_q/k
-    int32 [B+1] (cu_k counts the cached prefix), total_k = cu_seqlens_k[-1] known on the host.
-    Returns full_latent [total_k, D] in the cache's dtype (``out`` to reuse a buffer)."""
+    int32 [B+1] (cu_k counts the cached prefix). Returns the packed rows [k_start, k_start + total_k)
+    as [total_k, D] in the cache's dtype (``out`` to reuse a buffer); host-known sizes.
+
+    The cu arrays may be views starting at a later request (their values are then offsets into
+    ``new_latent`` and the packed sequence, and k_start >= cu_seqlens_k[0]); ``block_tables`` is
+    sliced alike."""
     _, page, _, D = kv_cache.shape
     bs = cu_seqlens_k.shape[0] - 1
     if out is None:
@@ -68,7 +75,7 @@ def read_cache_and_interleave(kv_cache, block_tables, new_latent, cu_seqlens_q, 
     grid = (triton.cdiv(total_k, _BLOCK_T), triton.cdiv(D, _BLOCK_D))
     _interleave_kernel[grid](
         kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, out,
-        total_k, bs, D,
+        k_start, total_k, bs, D,
         kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0), new_latent.stride(0), out.stride(0),
         PAGE=page, BLOCK_T=_BLOCK_T, BLOCK_D=_BLOCK_D, BLOCK_B=next_pow2(max(bs, 2)),
     )

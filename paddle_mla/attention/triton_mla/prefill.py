@@ -2,8 +2,18 @@
 keys and values its cached + new tokens (after kv_b_proj on the interleaved latent).
 
 Query i of request b sits at position k_len_b - q_len_b + i and sees keys at positions <= it.
-Head dims need not be powers of two: Dqk is split into a power-of-two part and a padded tail
-(192 = 128 + 64 exactly), Dv is padded and masked.
+
+Keys may come in chunks (``extend_attention``): one launch sees the rows [k_start, k_start +
+k_rows) of the packed key sequence (requests one after another, as ``cu_seqlens_k`` counts them),
+held in a workspace whose row 0 is packed row k_start. Each launch writes the normalised partial
+output and its log-sum-exp (log2 domain); with ``merge`` a request whose keys began in an earlier
+chunk folds the stored partial into the new one (the flash-attention rescaling, across launches),
+so the last chunk leaves the exact attention output. Query blocks that see no key of the chunk
+are skipped, leaving the stored partial as it is.
+
+The query/key head dim is given in two parts, A and B (MLA: nope and rope), each padded to a
+power of two and masked; part B of the keys may be shared by every head (head stride 0: MLA's
+k_pe, read straight from the latent rows). Dv is padded and masked.
 """
 
 from __future__ import annotations
@@ -22,87 +32,143 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _prefill_kernel(
-    Q, K, V, O, CU_Q, CU_K, sm_scale_log2,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    DA: tl.constexpr, DB: tl.constexpr, BLOCK_DB: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _extend_kernel(
+    QA, QB, KA, KB, V, O, LSE, CU_Q, CU_K, sm_scale_log2, k_start, k_rows,
+    stride_qat, stride_qah, stride_qbt, stride_qbh, stride_kat, stride_kah, stride_kbt, stride_kbh,
+    stride_vt, stride_vh, stride_ot, stride_oh, stride_lt, stride_lh,
+    DA: tl.constexpr, BLOCK_DA: tl.constexpr, DB: tl.constexpr, BLOCK_DB: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WRITE_LSE: tl.constexpr, MERGE: tl.constexpr,
 ):
     mblk = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
     q0 = tl.load(CU_Q + b)
     q_len = tl.load(CU_Q + b + 1) - q0
-    if mblk * BLOCK_M < q_len:
-        k0 = tl.load(CU_K + b)
-        k_len = tl.load(CU_K + b + 1) - k0
-        offset = k_len - q_len
+    k0 = tl.load(CU_K + b)
+    k_len = tl.load(CU_K + b + 1) - k0
+    offset = k_len - q_len
+    # key positions of request b held by this launch: [lo, hi)
+    lo = tl.maximum(k0, k_start) - k0
+    hi = tl.minimum(k0 + k_len, k_start + k_rows) - k0
+    # keys past the last query of this block are never visible
+    end = tl.minimum(hi, offset + tl.minimum((mblk + 1) * BLOCK_M, q_len))
+    if (mblk * BLOCK_M < q_len) & (lo < end):
         offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
         mm = offs_m < q_len
         qpos = offset + offs_m
-        offs_a = tl.arange(0, DA)
+        offs_a = tl.arange(0, BLOCK_DA)
+        ma = offs_a < DA
         offs_b = tl.arange(0, BLOCK_DB)
         mb = offs_b < DB
         offs_v = tl.arange(0, BLOCK_DV)
         mv = offs_v < DV
         offs_n = tl.arange(0, BLOCK_N)
-        q_ptr = Q + (q0 + offs_m).to(tl.int64)[:, None] * stride_qt + h * stride_qh
-        q_a = tl.load(q_ptr + offs_a[None, :], mask=mm[:, None], other=0.0)
+        rows_q = (q0 + offs_m).to(tl.int64)
+        q_a = tl.load(QA + rows_q[:, None] * stride_qat + h * stride_qah + offs_a[None, :],
+                      mask=mm[:, None] & ma[None, :], other=0.0)
         if DB > 0:
-            q_b = tl.load(q_ptr + DA + offs_b[None, :], mask=mm[:, None] & mb[None, :], other=0.0)
+            q_b = tl.load(QB + rows_q[:, None] * stride_qbt + h * stride_qbh + offs_b[None, :],
+                          mask=mm[:, None] & mb[None, :], other=0.0)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        # keys past the last query of this block are never visible
-        end = tl.minimum(k_len, offset + tl.minimum((mblk + 1) * BLOCK_M, q_len))
-        for start in range(0, end, BLOCK_N):
+        for start in range(lo, end, BLOCK_N):
             kpos = start + offs_n
             mn = kpos < end
-            k_ptr = K + (k0 + kpos).to(tl.int64)[:, None] * stride_kt + h * stride_kh
-            k_a = tl.load(k_ptr + offs_a[None, :], mask=mn[:, None], other=0.0)
+            rows_k = (k0 + kpos - k_start).to(tl.int64)          # workspace row of each key
+            k_a = tl.load(KA + rows_k[:, None] * stride_kat + h * stride_kah + offs_a[None, :],
+                          mask=mn[:, None] & ma[None, :], other=0.0)
             s = tl.dot(q_a, tl.trans(k_a))
             if DB > 0:
-                k_b = tl.load(k_ptr + DA + offs_b[None, :], mask=mn[:, None] & mb[None, :], other=0.0)
+                k_b = tl.load(KB + rows_k[:, None] * stride_kbt + h * stride_kbh + offs_b[None, :],
+                              mask=mn[:, None] & mb[None, :], other=0.0)
                 s = tl.dot(q_b, tl.trans(k_b), s)
             ok = (kpos[None, :] <= qpos[:, None]) & mn[None, :]
             s = tl.where(ok, s * sm_scale_log2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows past q_len see nothing
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see no key yet
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + (k0 + kpos).to(tl.int64)[:, None] * stride_vt + h * stride_vh + offs_v[None, :],
+            v = tl.load(V + rows_k[:, None] * stride_vt + h * stride_vh + offs_v[None, :],
                         mask=mn[:, None] & mv[None, :], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        o_ptr = O + (q0 + offs_m).to(tl.int64)[:, None] * stride_ot + h * stride_oh + offs_v[None, :]
+        has = l_i > 0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        o_ptr = O + rows_q[:, None] * stride_ot + h * stride_oh + offs_v[None, :]
+        l_ptr = LSE + rows_q * stride_lt + h * stride_lh
+        if MERGE:
+            # keys of b before k_start were attended by earlier launches: fold their partial in
+            prev = mm & (k0 < k_start)
+            lse_p = tl.load(l_ptr, mask=prev, other=float("-inf"))
+            o_p = tl.load(o_ptr, mask=prev[:, None] & mv[None, :], other=0.0).to(tl.float32)
+            m = tl.maximum(lse_p, lse)
+            m = tl.where(m == float("-inf"), 0.0, m)
+            w_p = tl.exp2(lse_p - m)
+            w_c = tl.exp2(lse - m)
+            den = w_p + w_c
+            out = (o_p * w_p[:, None] + out * w_c[:, None]) / tl.where(den > 0, den, 1.0)[:, None]
+            lse = tl.where(den > 0, m + tl.log2(tl.where(den > 0, den, 1.0)), float("-inf"))
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mm[:, None] & mv[None, :])
+        if WRITE_LSE:
+            tl.store(l_ptr, lse, mask=mm)
+
+
+def _launch_config(block_da: int, block_db: int, block_dv: int):
+    if interpreting():
+        return 16, 16, 4, 1
+    block_m, block_n = (128, 64) if block_da + block_db + block_dv <= 384 else (64, 64)
+    return block_m, block_n, (8 if block_m == 128 else 4), 2
+
+
+def extend_attention(q_a, q_b, k_a, k_b, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                     sm_scale: float, k_start: int = 0, k_rows: int | None = None, merge: bool = False,
+                     k_b_shared: bool = False):
+    """One key chunk of the varlen causal extend attention, written into ``out`` (and ``lse``).
+
+    q_a [Tq, H, DA], q_b [Tq, H, DB] (rows indexed by ``cu_seqlens_q``); k_a [k_rows, H, DA],
+    k_b [k_rows, H, DB] or, with ``k_b_shared``, [k_rows, DB] read by every head; v [k_rows, H, Dv]:
+    row r holds packed key k_start + r. out [Tq, H, Dv]; lse float32 [Tq, H] (log2 domain) or None
+    when this is the only chunk. cu_seqlens int32 [B+1] (cu_k counts the cached prefix; both may be
+    views into a larger batch: their values index q and the packed keys). max_seqlen_q: host-known
+    upper bound of the query lengths. ``merge``: fold the partials stored by earlier chunks.
+    """
+    tq, H, da = q_a.shape
+    db = q_b.shape[-1]
+    dv = v.shape[-1]
+    bs = cu_seqlens_q.shape[0] - 1
+    k_rows = k_a.shape[0] if k_rows is None else k_rows
+    if tq == 0 or bs <= 0 or max_seqlen_q <= 0 or k_rows <= 0:
+        return out
+    assert q_a.stride(2) == 1 and q_b.stride(-1) == 1 and k_a.stride(2) == 1 and k_b.stride(-1) == 1
+    assert v.stride(2) == 1 and out.stride(2) == 1 and (lse is not None or not merge)
+    kb_t, kb_h = (k_b.stride(0), 0) if k_b_shared else (k_b.stride(0), k_b.stride(1))
+    lse_t, lse_h = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    block_da, block_db, block_dv = max(16, next_pow2(da)), max(16, next_pow2(db)), max(16, next_pow2(dv))
+    block_m, block_n, warps, stages = _launch_config(block_da, block_db if db else 0, block_dv)
+    grid = (triton.cdiv(max_seqlen_q, block_m), bs, H)
+    _extend_kernel[grid](
+        q_a, q_b, k_a, k_b, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k,
+        sm_scale * LOG2E, k_start, k_rows,
+        q_a.stride(0), q_a.stride(1), q_b.stride(0), q_b.stride(1), k_a.stride(0), k_a.stride(1), kb_t, kb_h,
+        v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse_t, lse_h,
+        DA=da, BLOCK_DA=block_da, DB=db, BLOCK_DB=block_db, DV=dv, BLOCK_DV=block_dv,
+        BLOCK_M=block_m, BLOCK_N=block_n, WRITE_LSE=lse is not None, MERGE=merge,
+        num_warps=warps, num_stages=stages,
+    )
+    return out
 
 
 def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sm_scale: float, out=None):
     """q [Tq, H, Dqk], k [Tk, H, Dqk], v [Tk, H, Dv] -> [Tq, H, Dv]; cu_seqlens int32 [B+1];
-    max_seqlen_q is the host-known upper bound of the per-request query lengths."""
+    max_seqlen_q is the host-known upper bound of the per-request query lengths. All keys in one
+    chunk; Dqk is split into a power-of-two part and a tail (192 = 128 + 64)."""
     tq, H, dqk = q.shape
-    dv = v.shape[-1]
-    bs = cu_seqlens_q.shape[0] - 1
     if out is None:
-        out = torch.empty((tq, H, dv), dtype=q.dtype, device=q.device)
-    if tq == 0 or bs <= 0 or max_seqlen_q <= 0:
-        return out
-    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and out.stride(2) == 1
-    da = prev_pow2(dqk) if dqk >= 16 else 16
-    db = max(dqk - da, 0)
-    if interpreting():
-        block_m, block_n, warps, stages = 16, 16, 4, 1
-    else:
-        block_m, block_n = (128, 64) if dqk + dv <= 384 else (64, 64)
-        warps, stages = (8 if block_m == 128 else 4), 2
-    grid = (triton.cdiv(max_seqlen_q, block_m), bs, H)
-    _prefill_kernel[grid](
-        q, k, v, out, cu_seqlens_q, cu_seqlens_k, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        DA=da, DB=db, BLOCK_DB=max(16, next_pow2(db)) if db > 0 else 16, DV=dv, BLOCK_DV=max(16, next_pow2(dv)),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
-    )
-    return out
+        out = torch.empty((tq, H, v.shape[-1]), dtype=q.dtype, device=q.device)
+    da = prev_pow2(dqk) if dqk >= 16 else dqk
+    return extend_attention(q[:, :, :da], q[:, :, da:], k[:, :, :da], k[:, :, da:], v, out, None, cu_seqlens_q,
+                            cu_seqlens_k, max_seqlen_q, sm_scale)

@@ -65,12 +65,14 @@ def mla_decode_ref(q, kv_cache, block_tables, seq_lens_k, kv_lora_rank: int, sm_
     return out.to(q.dtype)
 
 
-def read_cache_and_interleave_ref(kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, total_k: int):
-    """full_latent [total_k, D]: per request its cached rows (k_len - q_len of them) then its new rows."""
+def read_cache_and_interleave_ref(kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, total_k: int,
+                                  k_start: int = 0):
+    """Packed rows [k_start, k_start + total_k) of: per request its cached rows (k_len - q_len of
+    them) then its new rows."""
     nb, page, _, d = kv_cache.shape
     cu_q = cu_seqlens_q.to(torch.int64)
     cu_k = cu_seqlens_k.to(torch.int64)
-    t = torch.arange(total_k, dtype=torch.int64, device=new_latent.device)
+    t = torch.arange(total_k, dtype=torch.int64, device=new_latent.device) + k_start
     b = torch.searchsorted(cu_k[1:].contiguous(), t, right=True)
     i = t - cu_k[b]
     n_cached = (cu_k[b + 1] - cu_k[b]) - (cu_q[b + 1] - cu_q[b])

@@ -1,0 +1,115 @@
+"""Split mixed batches on the GPU (triton_mla), long contexts; run by tools/gpu_check.sh.
+
+- backend level: decodes at up to 6k context + extend rows over cached prefixes of up to 4k, in
+  extend chunks of 1024 rows (and in one chunk), vs native and the plain references; fp32 with
+  exact fp32 dots (TRITON_F32_DEFAULT=ieee, set before any kernel compiles) and bf16;
+- the attention of a mixed step (prepare + forward) makes no host sync;
+- engine level: the tiny model in fp32 with chunked prefill + prefix caching + CUDA graphs gives
+  the same greedy tokens as native with all of them off, on prompts sharing a 900-token prefix
+  (step budget and extend chunk 96 tokens).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+
+import pytest  # noqa: E402
+from mixed_batch_cases import make_case, plain_reference, run_backend  # noqa: E402
+
+from paddle_mla import runtime  # noqa: E402
+from paddle_mla.attention.backend import MLADims, create_backend  # noqa: E402
+from paddle_mla.attention.forward_meta import ForwardMeta  # noqa: E402
+from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.engine.llm import LLM  # noqa: E402
+from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.tensor_api import torch  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.triton]
+
+# DeepSeek-V3 per-head dims, 16 heads
+DIMS = MLADims(num_heads=16, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+               softmax_scale=192 ** -0.5)
+LONG = [(6000, 1), (1, 1), (4095, 1), (3000, 512), (1, 1), (0, 700), (2500, 3), (4096, 64)]
+
+
+def _dev() -> str:
+    return runtime.device_string("gpu")
+
+
+def _rel(a, b) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("dtype,chunk", [("float32", 1024), ("bfloat16", 1024), ("bfloat16", 0)])
+def test_long_context_mixed_batch(dtype, chunk):
+    case = make_case(LONG, page=64, device=_dev(), dtype=getattr(torch, dtype), seed=chunk, dims=DIMS)
+    got, cache, meta = run_backend("triton_mla", case, _dev(), dims=DIMS, extend_chunk_tokens=chunk)
+    native, native_cache, _ = run_backend("native", case, _dev(), dims=DIMS)
+    assert meta.num_decode_reqs == 3 and torch.equal(cache, native_cache)
+    assert not torch.isnan(got).any()
+    plain = plain_reference(case, cache, meta, dims=DIMS)
+    if dtype == "float32":
+        torch.testing.assert_close(got, native, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got, plain, atol=1e-4, rtol=1e-4)
+    else:   # bf16 inputs and K/V; the references attend in fp32
+        assert _rel(got, native) < 2e-2 and _rel(got, plain) < 2e-2
+
+
+def test_mixed_step_attention_makes_no_host_sync():
+    case = make_case(LONG, page=64, device=_dev(), dtype=torch.bfloat16, seed=3, dims=DIMS)
+    be = create_backend("triton_mla", dims=DIMS, max_num_seqs=len(LONG), max_model_len=8192, block_size=64,
+                        device=_dev(), dtype=torch.bfloat16, max_num_batched_tokens=2048, extend_chunk_tokens=1024)
+    meta = ForwardMeta.build(case.batch, 64, _dev())
+    for checked in (False, True):   # the checked run has every kernel compiled
+        runtime.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if checked else "default")
+        try:
+            be.prepare(meta)
+            be.forward(case.q_nope, case.q_pe, case.latent, case.w_kc, case.w_vc, case.cache, meta)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    runtime.synchronize()
+
+
+def _llm(backend: str, features: bool) -> LLM:
+    return LLM(config_from_dict({
+        "device": "gpu", "dtype": "float32", "cuda_graph": features, "attention": {"backend": backend},
+        "max_model_len": 2048,
+        "cache": {"block_size": 16, "num_blocks": 1024, "enable_prefix_caching": features},
+        "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 96 if features else 2048,
+                      "enable_chunked_prefill": features}}))
+
+
+def test_engine_long_context_chunked_prefix_graphs_match_native(monkeypatch):
+    from paddle_mla.attention.triton_mla import extend
+
+    monkeypatch.setattr(extend, "CHUNK_TOKENS_MIN", 96)   # extend chunks of the step budget
+    base = _llm("native", False)
+    vocab = base.runner.arch.vocab_size
+    rng = random.Random(11)
+    shared = [rng.randrange(3, vocab) for _ in range(900)]
+    reqs = [GenerationRequest(id=i, prompt_token_ids=shared + [rng.randrange(3, vocab) for _ in range(7 + 61 * i)],
+                              params=SamplingParams(max_tokens=24, ignore_eos=True)) for i in range(6)]
+    expected = [o.token_ids for o in base.generate(reqs, use_tqdm=False)]
+    del base
+    llm = _llm("triton_mla", True)
+    assert llm.runner.graphs is not None
+    steps = []
+    prepare = llm.runner.backend.prepare
+
+    def recording(meta):
+        prepare(meta)
+        plan = meta.attn.get("extend_plan")
+        if plan is not None:
+            steps.append((meta.num_decode_reqs, plan.k_end - plan.k_begin))
+
+    llm.runner.backend.prepare = recording
+    outs = llm.generate(reqs, use_tqdm=False)
+    assert [o.error for o in outs] == [None] * len(reqs)
+    assert [o.token_ids for o in outs] == expected
+    assert llm.stats().cached_prompt_tokens >= 4 * 896
+    assert any(nd > 0 and keys > 4 * 96 for nd, keys in steps), "no mixed step over a long cached prefix"
