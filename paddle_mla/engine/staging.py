@@ -87,6 +87,7 @@ class Uploader:
     def commit(self, handles: list) -> list:
         """Send everything staged since the last commit; returns the device tensors of ``handles``
         (the values ``add`` returned), in order."""
+        self.num_commits += 1
         if not self.gpu:
             return handles
         parts, used = self._parts, self._used
@@ -108,7 +109,6 @@ class Uploader:
             dev[:used].copy_(slot.tensor[:used], non_blocking=True)
         slot.event = torch.cuda.Event()
         slot.event.record()
-        self.num_commits += 1
         out = []
         for start, a in handles:
             out.append(dev[start:start + max(a.nbytes, 1)].view(_TORCH_DTYPES[a.dtype])[:a.size].view(a.shape)
