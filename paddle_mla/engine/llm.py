@@ -48,7 +48,9 @@ class _Pending:
 
 
 class LLM:
-    def __init__(self, config: EngineConfig | str | None = None, overrides: tuple[str, ...] = ()):
+    def __init__(self, config: EngineConfig | str | None = None, overrides: tuple[str, ...] = (), model=None):
+        """``model``: a prebuilt model (benchmarks and tests with random weights); ``config.model``
+        then only names the tokenizer's folder."""
         if not isinstance(config, EngineConfig):
             config = load_config(config, overrides)
         runtime.select(config.runtime)
@@ -65,7 +67,7 @@ class LLM:
         model_dir = str(ensure_tiny_model()) if config.model == "tiny" else config.model
         self.model_dir = model_dir
         self.tokenizer = load_tokenizer(model_dir)   # TokenIdsOnly without tokenizer.json: texts are None
-        self.runner = ModelRunner(config, model_dir)
+        self.runner = ModelRunner(config, model_dir, model=model)
         self.max_model_len = self.runner.limits.max_model_len
         self.pool = BlockPool(self.runner.limits.num_blocks, config.cache.block_size,
                               config.cache.enable_prefix_caching)
