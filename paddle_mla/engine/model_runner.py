@@ -2,7 +2,9 @@
 
 One step: host arrays from the SchedulerOutput -> ``ForwardMeta.build`` once -> ``backend.prepare``
 once -> ``model.forward`` (every layer reads the same meta) -> logits of the sampling rows ->
-sampler -> the single device-to-host read of the sampled tokens and their logprobs.
+sampler -> the single device-to-host read of the sampled tokens and their logprobs. The host
+arrays come from persistent per-request state (``input_state``) and go up in one pinned copy
+(``staging``); ``launch`` enqueues a step without waiting, so the LLM can overlap the next one.
 """
 
 from __future__ import annotations
