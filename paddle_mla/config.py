@@ -42,6 +42,9 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = False
+    # overlapped scheduling: the host schedules and builds step N+1 while the GPU runs step N (same
+    # outputs); auto: on for a GPU, off on CPU (where every copy is synchronous: nothing to hide)
+    overlap: Union[bool, Literal["auto"]] = AUTO
 
 
 @dataclass

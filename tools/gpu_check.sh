@@ -35,6 +35,10 @@ TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/test_trit
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 python3 tools/bench_mixed_step.py --json "$OUT/bench_mixed_step.json" 2>&1 | tee "$OUT/bench_mixed_step.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== whole engine step (issue 9): decode at 4k, batch 1 and 64, host time at batch 256; overlap on and off"
+python3 tools/bench_engine_step.py --layers 4 --batch 1,64 --context 4096 --host-batch 256 \
+  --json "$OUT/bench_engine_step.json" 2>&1 | tee "$OUT/bench_engine_step.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== fused MoE vs SGLang (quick: M 16 and 4096, V2-Lite and V3, bf16 and fp8; needs third_party/sglang_fused_moe)"
 python3 tools/bench_fused_moe.py --quick --json "$OUT/bench_fused_moe_quick.json" 2>&1 | tee "$OUT/bench_fused_moe_quick.md" \
   || status=1

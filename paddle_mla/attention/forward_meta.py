@@ -1,8 +1,10 @@
 """Per-step metadata, built ONCE per step by the model runner (ARCHITECTURE section 4).
 
 Host-side lengths come from the scheduler (numpy); device tensors are computed by the metadata
-custom ops (``paddle_mla.ops.metadata``) from small uploaded arrays. No layer recomputes any of it,
-and nothing here reads a device tensor back to the host.
+custom ops (``paddle_mla.ops.metadata``) from small uploaded arrays. The arrays go up through an
+``engine.staging.Uploader``: one pinned, non-blocking copy per step (with the sampler's arrays when
+the runner stages them too), never a pageable ``.to(device)``. No layer recomputes any of it, and
+nothing here reads a device tensor back to the host.
 """
 
 from __future__ import annotations
@@ -65,26 +67,37 @@ class ForwardMeta:
     # them through the decode kernel, and only the rows after them through extend
     num_decode_reqs: int = 0
     num_decode_tokens: int = 0
+    sample_indices: Any = None   # int64 [sampling rows]: token row of each sampling request's last new token
+    extra: dict[str, Any] = field(default_factory=dict)   # the caller's arrays uploaded in the same copy
 
     @staticmethod
-    def build(batch: StepBatch, block_size: int, device: str, key_windows: Any = None) -> "ForwardMeta":
+    def build(batch: StepBatch, block_size: int, device: str, key_windows: Any = None, uploader: Any = None,
+              extra: dict[str, np.ndarray] | None = None) -> "ForwardMeta":
         """``key_windows`` (``attention.dsa.key_window.KeyWindows``, deepseek_v32): fills ``index_ks``/
-        ``index_ke`` with one kernel launch, skipped when the step is pure decode."""
-        num_new = batch.num_new.astype(np.int32)
-        num_cached = batch.num_cached.astype(np.int32)
+        ``index_ke`` with one kernel launch, skipped when the step is pure decode. ``uploader``
+        (``engine.staging.Uploader``; a throwaway one when None) carries the step's arrays and
+        ``extra`` (device tensors in ``meta.extra``) in one copy."""
+        if uploader is None:
+            from paddle_mla.engine.staging import Uploader
+
+            uploader = Uploader(device)
+        num_new = batch.num_new.astype(np.int32, copy=False)
+        num_cached = batch.num_cached.astype(np.int32, copy=False)
         seq_lens_k = num_cached + num_new
         num_tokens = int(num_new.sum())
         enc = np.where(batch.is_prefill, num_new, 0).astype(np.int32)
-
-        def up(a: np.ndarray) -> Any:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
-        this_dev, dec_dev, enc_dev = up(num_new), up(num_cached), up(enc)
-        tables_dev = up(batch.block_tables.astype(np.int32))
+        last = np.cumsum(num_new, dtype=np.int64) - 1
+        names = ["this", "dec", "enc", "tables", "ids", "lens_k", "last", "sample"]
+        arrays = [num_new, num_cached, enc, batch.block_tables.astype(np.int32, copy=False),
+                  batch.token_ids.astype(np.int64, copy=False), seq_lens_k, last, last[batch.sample_mask]]
+        extra = extra or {}
+        names += list(extra)
+        arrays += list(extra.values())
+        dev = dict(zip(names, uploader.commit([uploader.add(a) for a in arrays])))
+        this_dev, dec_dev, enc_dev, tables_dev = dev["this"], dev["dec"], dev["enc"], dev["tables"]
         positions = meta_ops.get_position_ids(enc_dev, dec_dev, this_dev, num_tokens)
         cu_q, cu_k, batch_ids = meta_ops.get_cu_seqlens(this_dev, dec_dev, num_tokens)
         slots = meta_ops.compute_slot_mapping(tables_dev, batch_ids, positions, block_size)
-        last = np.cumsum(num_new, dtype=np.int64) - 1
         decode_only = bool(len(num_new) > 0 and (num_new == 1).all() and not batch.is_prefill.any())
         num_decode = leading_single_token_rows(num_new)
         ks = ke = None
@@ -101,19 +114,21 @@ class ForwardMeta:
             max_seqlen_k=int(seq_lens_k.max(initial=0)),
             is_decode_only=decode_only,
             sample_mask=batch.sample_mask,
-            input_ids=up(batch.token_ids.astype(np.int64)),
+            input_ids=dev["ids"],
             positions=positions,
             cu_seqlens_q=cu_q,
             cu_seqlens_k=cu_k,
             batch_id_per_token=batch_ids,
             slot_mapping=slots,
             block_tables=tables_dev,
-            seq_lens_k_dev=up(seq_lens_k),
-            logits_indices=up(last),
+            seq_lens_k_dev=dev["lens_k"],
+            logits_indices=dev["last"],
             index_ks=ks,
             index_ke=ke,
             num_decode_reqs=num_decode,
             num_decode_tokens=num_decode,
+            sample_indices=dev["sample"],
+            extra={k: dev[k] for k in extra},
         )
 
 

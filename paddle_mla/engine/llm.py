@@ -20,6 +20,7 @@ from paddle_mla.cache.block_pool import BlockPool
 from paddle_mla.config import EngineConfig, load_config
 from paddle_mla.engine.request import (CompletionOutput, EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
                                        SamplingParams, Sequence, Status)
+from paddle_mla.engine.input_state import PENDING, has_pending
 from paddle_mla.engine.scheduler import Scheduler, SchedulerOutput
 from paddle_mla.engine.stop_strings import StopStringMatcher
 
@@ -49,7 +50,9 @@ class _Pending:
 
 
 class LLM:
-    def __init__(self, config: EngineConfig | str | None = None, overrides: tuple[str, ...] = ()):
+    def __init__(self, config: EngineConfig | str | None = None, overrides: tuple[str, ...] = (), model=None):
+        """``model``: a prebuilt model (benchmarks and tests with random weights); ``config.model``
+        then only names the tokenizer's folder."""
         if not isinstance(config, EngineConfig):
             config = load_config(config, overrides)
         runtime.select(config.runtime)
@@ -66,7 +69,7 @@ class LLM:
         model_dir = str(ensure_tiny_model()) if config.model == "tiny" else config.model
         self.model_dir = model_dir
         self.tokenizer = load_tokenizer(model_dir)   # TokenIdsOnly without tokenizer.json: texts are None
-        self.runner = ModelRunner(config, model_dir)
+        self.runner = ModelRunner(config, model_dir, model=model)
         self.max_model_len = self.runner.limits.max_model_len
         self.pool = BlockPool(self.runner.limits.num_blocks, config.cache.block_size,
                               config.cache.enable_prefix_caching)
@@ -76,6 +79,9 @@ class LLM:
         self.runner.eos_token_ids = frozenset(eos)
         self._pending: dict[int, _Pending] = {}
         self._stop_matchers: weakref.WeakKeyDictionary[Sequence, StopStringMatcher] = weakref.WeakKeyDictionary()
+        ov = config.scheduler.overlap
+        self.overlap = self.runner.device_kind == "gpu" if ov == "auto" else bool(ov)
+        self._inflight = None      # overlapped scheduling: (SchedulerOutput, LaunchedStep) still on the device
         self._seed_rng = np.random.default_rng(config.seed)
         self._next_index = 0
         self.reset_stats()
@@ -157,12 +163,12 @@ class LLM:
                     exhausted = True
                     break
                 self._add(req, finished)
-            if self.scheduler.has_work():
+            if self.scheduler.has_work() or self._inflight is not None:
                 self._step(finished)
             while next_out in finished:
                 yield finished.pop(next_out)
                 next_out += 1
-            if exhausted and not self.scheduler.has_work() and next_out == self._next_index:
+            if exhausted and not self.scheduler.has_work() and self._inflight is None and next_out == self._next_index:
                 return
 
     # -- internals --------------------------------------------------------------------------
@@ -220,33 +226,80 @@ class LLM:
         return dataclasses.replace(req, params=params), warnings
 
     def _step(self, finished: dict[int, RequestOutput]) -> None:
+        if self.overlap:
+            self._step_overlapped(finished)
+            return
         out: SchedulerOutput = self.scheduler.schedule()
         if out.scheduled:
             step = self.runner.execute(out)
             self.scheduler.finish_step(out)
-            self._stats.steps += 1
-            now = time.perf_counter()
-            for s, token, logprob in zip(out.scheduled, step.token_ids.tolist(), step.logprobs):
-                seq = s.seq
-                if not s.samples:
-                    continue
-                seq.output_token_ids.append(token)
-                if logprob is not None:
-                    seq.logprobs.append(logprob)
-                self._stats.completion_tokens += 1
-                if seq.metrics.first_token_time is None:
-                    seq.metrics.first_token_time = now
-                seq.metrics.token_times.append(now)
-                if seq.completion == 0:
-                    self._admit_deferred(seq)
-                if self._stopped(seq, token):
-                    seq.metrics.finish_time = now
-                    self.scheduler.finish(seq)
-                    self._completed(seq, finished)
+            self._apply(out, step, finished)
         # After the step's tokens: a failed sequence fails its whole request, and its siblings
         # (maybe scheduled in this very step) are dropped from the scheduler.
         for seq in out.failed:
             self._failed(seq, finished)
+
+    def _step_overlapped(self, finished: dict[int, RequestOutput]) -> None:
+        """Schedule and launch step N+1, then read step N's tokens while N+1 runs (docs/overlap.md).
+
+        Step N's sampled tokens are PENDING on the host when N+1 is scheduled: a decode row's input
+        token is taken on the device from N's sampled ids. Stop checks thus lag one step; a sequence
+        that step N finished has its row of N+1 discarded. Rows that need their tokens on the host
+        (penalties) make the loop read step N first."""
+        out: SchedulerOutput = self.scheduler.schedule()
+        prev, self._inflight = self._inflight, None
+        if prev is not None and out.scheduled and any(self._needs_host_tokens(s) for s in out.scheduled):
+            self._complete(prev, finished)
+            prev = None
+            out.scheduled = [s for s in out.scheduled if s.seq.status is Status.RUNNING]
+        launched = self.runner.launch(out) if out.scheduled else None
+        if prev is not None:
+            self._complete(prev, finished)
+        if launched is not None:
+            live = [s for s in out.scheduled if s.seq.status is Status.RUNNING]
+            self.scheduler.finish_step(SchedulerOutput(scheduled=live))
+            for s in live:
+                if s.samples:
+                    s.seq.output_token_ids.append(PENDING)
+            self._inflight = (out, launched)
+        for seq in out.failed:
+            self._failed(seq, finished)
+
+    @staticmethod
+    def _needs_host_tokens(s) -> bool:
+        if not has_pending(s.seq):
+            return False
+        p = s.seq.params
+        return s.num_new != 1 or bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0)
+
+    def _complete(self, inflight, finished: dict[int, RequestOutput]) -> None:
+        out, launched = inflight
+        self._apply(out, launched.result(), finished)
+
+    def _apply(self, out: SchedulerOutput, step, finished: dict[int, RequestOutput]) -> None:
+        """A step's sampled tokens: append (or resolve the PENDING one), stop checks, outputs."""
+        self._stats.steps += 1
+        now = time.perf_counter()
+        for s, token, logprob in zip(out.scheduled, step.token_ids.tolist(), step.logprobs):
+            seq = s.seq
+            if not s.samples or seq.status is Status.FINISHED:   # finished: an overlapped extra step
+                continue
+            if has_pending(seq):
+                seq.output_token_ids[-1] = token
+            else:
+                seq.output_token_ids.append(token)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            self._stats.completion_tokens += 1
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = now
+            seq.metrics.token_times.append(now)
+            if seq.completion == 0:
+                self._admit_deferred(seq)
+            if self._stopped(seq, token):
+                seq.metrics.finish_time = now
+                self.scheduler.finish(seq)
+                self._completed(seq, finished)
 
     def _stopped(self, seq: Sequence, token: int) -> bool:
         p = seq.params

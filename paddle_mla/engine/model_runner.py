@@ -2,7 +2,9 @@
 
 One step: host arrays from the SchedulerOutput -> ``ForwardMeta.build`` once -> ``backend.prepare``
 once -> ``model.forward`` (every layer reads the same meta) -> logits of the sampling rows ->
-sampler -> the single device-to-host read of the sampled tokens and their logprobs.
+sampler -> the single device-to-host read of the sampled tokens and their logprobs. The host
+arrays come from persistent per-request state (``input_state``) and go up in one pinned copy
+(``staging``); ``launch`` enqueues a step without waiting, so the LLM can overlap the next one.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from paddle_mla.cache.kv_cache import (allocate_index_caches, allocate_latent_ca
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
 from paddle_mla.engine.request import TokenLogprob  # noqa: E402
-from paddle_mla.engine.sampling_batch import build_sampling_batch, unpack  # noqa: E402
+from paddle_mla.engine.input_state import InputState, gather_step  # noqa: E402
+from paddle_mla.engine.sampling_batch import SamplingBatch, build_sampling_batch, unpack  # noqa: E402
+from paddle_mla.engine.staging import PendingRead, ResultReader, Uploader  # noqa: E402
 from paddle_mla.engine.scheduler import SchedulerOutput  # noqa: E402
 from paddle_mla.models import load_model  # noqa: E402
 
@@ -117,12 +121,24 @@ class ModelRunner:
             self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
                                                       self.dtype, self.device)
             self.model.attach_index_caches(self.index_caches)
+        self._init_inputs()
         self.graphs = None
         if self.use_cuda_graph():
             from paddle_mla.engine.cuda_graph import DecodeGraphs
 
             self.graphs = DecodeGraphs(self.model, self.backend, self.kv_caches, cfg.scheduler.max_num_seqs,
                                        self.limits.max_blocks_per_seq, bs, self.device)
+
+    def _init_inputs(self) -> None:
+        """Persistent step inputs, sized from the limits: per-request host rows, the pinned staging
+        and device buffers of the one upload per step, the pinned buffers of the one read, and each
+        request's last sampled token on the device (read there by overlapped scheduling)."""
+        sc, lim = self.cfg.scheduler, self.limits
+        self.inputs = InputState(sc.max_num_seqs, lim.max_blocks_per_seq)
+        nbytes = 16 * sc.max_num_batched_tokens + 4 * sc.max_num_seqs * (lim.max_blocks_per_seq + 64) + 4096
+        self.uploader = Uploader(self.device, nbytes)
+        self.reader = ResultReader(self.device, sc.max_num_seqs * 4)
+        self.last_sampled = torch.zeros(sc.max_num_seqs, dtype=torch.int64, device=self.device)
 
     def use_cuda_graph(self) -> bool:
         caps = self.backend.caps
@@ -134,46 +150,74 @@ class ModelRunner:
         return bool(self.cfg.cuda_graph)
 
     def step_batch(self, out: SchedulerOutput) -> StepBatch:
-        sched = out.scheduled
-        width = max(len(s.seq.block_ids) for s in sched)
-        tables = np.full((len(sched), width), -1, dtype=np.int32)
-        tokens = []
-        for i, s in enumerate(sched):
-            tables[i, :len(s.seq.block_ids)] = s.seq.block_ids
-            all_ids = s.seq.token_ids()
-            tokens.append(all_ids[s.num_cached:s.num_cached + s.num_new])
-        return StepBatch(
-            token_ids=np.fromiter((t for ids in tokens for t in ids), dtype=np.int64),
-            num_new=np.array([s.num_new for s in sched], dtype=np.int32),
-            num_cached=np.array([s.num_cached for s in sched], dtype=np.int32),
-            block_tables=tables,
-            is_prefill=np.array([s.is_prefill for s in sched], dtype=bool),
-            sample_mask=np.array([s.samples for s in sched], dtype=bool),
-        )
+        """The step's host arrays from the persistent per-request state (block-table rows by deltas,
+        new tokens sliced, never the whole token list). PENDING tokens are filled on the device."""
+        return self._gather(out)[0]
+
+    def _gather(self, out: SchedulerOutput):
+        host = gather_step(self.inputs, out.scheduled)
+        batch = StepBatch(token_ids=host.token_ids, num_new=host.num_new, num_cached=host.num_cached,
+                          block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask)
+        return batch, host
+
+    def _forward(self, batch: StepBatch, extra: dict | None = None):
+        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows, self.uploader,
+                                 extra)
+        if "pending_pos" in meta.extra:     # overlapped scheduling: tokens sampled by the step before
+            ids = self.last_sampled.gather(0, meta.extra["pending_slot"])
+            meta.input_ids.scatter_(0, meta.extra["pending_pos"], ids)
+        if self.graphs is not None and self.graphs.can_run(meta):
+            return self.graphs.run(meta), meta       # decode: every row samples
+        self.backend.prepare(meta)
+        hidden = self.model.forward(meta, self.kv_caches)
+        return self.model.compute_logits(hidden[meta.sample_indices]), meta
 
     def forward_step(self, batch: StepBatch):
         """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
-        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows)
-        if self.graphs is not None and self.graphs.can_run(meta):
-            return self.graphs.run(meta)           # decode: every row samples
-        self.backend.prepare(meta)
-        hidden = self.model.forward(meta, self.kv_caches)
+        return self._forward(batch)[0]
+
+    def launch(self, out: SchedulerOutput) -> "LaunchedStep":
+        """Enqueue one step (inputs, model, sampler, and the start of the one read) without waiting."""
+        batch, host = self._gather(out)
         rows = np.flatnonzero(batch.sample_mask)
-        last_token = (np.cumsum(batch.num_new, dtype=np.int64) - 1)[rows]
-        return self.model.compute_logits(hidden[torch.from_numpy(last_token).to(self.device)])
+        sb = None
+        extra: dict[str, np.ndarray] = {}
+        if len(rows):
+            sb = build_sampling_batch([out.scheduled[r].seq for r in rows], self.eos_token_ids,
+                                      self.arch.vocab_size)
+            extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
+            extra["sample_slots"] = host.slots[rows]
+        if len(host.pending_pos):
+            extra.update(pending_pos=host.pending_pos, pending_slot=host.pending_slot)
+        logits, meta = self._forward(batch, extra)
+        if sb is None:
+            return LaunchedStep(len(out.scheduled), rows, None, None)
+        dev = {k[2:]: v for k, v in meta.extra.items() if k.startswith("s_")}
+        packed, ids = sampler.sample_step_ids(logits, sb, dev)
+        self.last_sampled.scatter_(0, meta.extra["sample_slots"], ids)
+        return LaunchedStep(len(out.scheduled), rows, sb, self.reader.start(packed))
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Run one step: the sampled token (and logprobs where asked) of each scheduled row."""
-        batch = self.step_batch(out)
-        rows = np.flatnonzero(batch.sample_mask)
-        result = StepResult(np.full(len(out.scheduled), -1, dtype=np.int64), [None] * len(out.scheduled))
-        logits = self.forward_step(batch)
-        if len(rows) == 0:
+        return self.launch(out).result()
+
+
+@dataclass
+class LaunchedStep:
+    """A step on the device; ``result()`` does the step's one read (waiting for it)."""
+
+    num_rows: int
+    rows: np.ndarray
+    sampling: SamplingBatch | None
+    read: PendingRead | None
+
+    def result(self) -> StepResult:
+        result = StepResult(np.full(self.num_rows, -1, dtype=np.int64), [None] * self.num_rows)
+        if self.sampling is None:
             return result
-        sb = build_sampling_batch([out.scheduled[r].seq for r in rows], self.eos_token_ids, logits.shape[-1])
-        host = sampler.read_to_host(sampler.sample_step(logits, sb))   # the one read of the step
-        token_ids, logprobs = unpack(host, sb)
-        result.token_ids[rows] = token_ids
-        for r, lp in zip(rows, logprobs):     # rows: host numpy indices
+        host = sampler.read_to_host(self.read)   # the one read of the step
+        token_ids, logprobs = unpack(host, self.sampling)
+        result.token_ids[self.rows] = token_ids
+        for r, lp in zip(self.rows, logprobs):     # rows: host numpy indices
             result.logprobs[int(r)] = lp
         return result

@@ -3,7 +3,8 @@ unpacking of the step's single device-to-host read.
 
 Building is O(rows) for plain rows. Rows with penalties also list their counted tokens (prompt +
 output with a repetition penalty, output only otherwise) and rows still under ``min_tokens`` list
-their masked stop ids; both are uploaded each step (issue 9 will keep them on the device).
+their masked stop ids; both go up with the step's other inputs in its one pinned copy
+(``sampler.device_arrays``); the penalty rows' lists are still O(context) per step.
 This module imports no tensor library.
 """
 

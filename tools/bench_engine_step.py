@@ -1,0 +1,173 @@
+"""The whole LLM step on a GPU: schedule, input build, forward, sampling, output handling.
+
+Dense DeepSeek-V3-dims model (``bench_e2e_decode.V3``, random bf16 weights, ``--layers`` layers),
+triton_mla with CUDA graphs, prefix caching off. ``batch`` requests of ``context - 8`` prompt tokens
+are prefilled (chunked), then the decode steps where all ``batch`` requests decode are measured
+through ``LLM.generate`` itself, with overlapped scheduling on and off. Per decode step:
+
+- period: wall time from one ``LLM._step`` to the next (what throughput sees);
+- host: time the host spends in ``_step`` minus the time it waits for the sampled tokens;
+- GPU: CUDA events around ``runner.launch`` (its kernels, the graph replay, sampling and the read's
+  copy), and the gap: device time between the end of step N-1's work and the start of step N's;
+- syncs: blocking syncs flagged by ``torch.cuda.set_sync_debug_mode("warn")`` inside the step (the
+  one read waits on its event, which the mode does not flag: counted as ``reads``);
+- roofline: (weight bytes + KV bytes of the batch) / copy bandwidth measured in this process.
+
+    python tools/bench_engine_step.py --layers 4 --batch 1,64 --context 4096 --host-batch 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import warnings
+
+import numpy as np
+
+from paddle_mla import runtime
+
+runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
+
+from bench_e2e_decode import V3, _model_tensors, copy_bandwidth, random_weights  # noqa: E402
+
+from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.engine import sampler  # noqa: E402
+from paddle_mla.engine.llm import LLM  # noqa: E402
+from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.models import parse_arch  # noqa: E402
+from paddle_mla.models.deepseek import CausalLM  # noqa: E402
+from paddle_mla.tensor_api import torch  # noqa: E402
+
+PAGE = 64
+
+
+class StepProbe:
+    """Wraps ``llm._step``, ``runner.launch`` and ``sampler.read_to_host`` of one engine."""
+
+    def __init__(self, llm: LLM, batch: int):
+        self.llm, self.batch, self.recs = llm, batch, []
+        self._launches, self._wait, self._reads = [], 0.0, 0
+        self._real = (llm._step, llm.runner.launch, sampler.read_to_host)
+        llm._step, llm.runner.launch, sampler.read_to_host = self._step, self._launch, self._read
+
+    def close(self) -> None:
+        self.llm._step, self.llm.runner.launch, sampler.read_to_host = self._real
+
+    def _read(self, pending):
+        t = time.perf_counter()
+        try:
+            return self._real[2](pending)
+        finally:
+            self._wait += time.perf_counter() - t
+            self._reads += 1
+
+    def _launch(self, out):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launched = self._real[1](out)
+        end.record()
+        decode = len(out.scheduled) == self.batch and not any(s.is_prefill for s in out.scheduled)
+        self._launches.append((decode, start, end))
+        return launched
+
+    def _step(self, finished):
+        self._wait, self._reads, n0 = 0.0, 0, len(self._launches)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            t0 = time.perf_counter()
+            try:
+                self._real[0](finished)
+            finally:
+                t1 = time.perf_counter()
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        launch = self._launches[n0] if len(self._launches) > n0 else None
+        self.recs.append(dict(t0=t0, host=t1 - t0 - self._wait, syncs=syncs, reads=self._reads, launch=launch))
+
+    def summary(self) -> dict:
+        """Medians over the steps that launched a full decode batch and follow one (steady state)."""
+        runtime.synchronize()
+        rows = []
+        for i in range(1, len(self.recs) - 1):
+            cur, prev = self.recs[i], self.recs[i - 1]
+            if not (cur["launch"] and cur["launch"][0] and prev["launch"] and prev["launch"][0]):
+                continue
+            _, s, e = cur["launch"]
+            rows.append(dict(period=(self.recs[i + 1]["t0"] - cur["t0"]) * 1e3, host=cur["host"] * 1e3,
+                             gpu=s.elapsed_time(e), gap=prev["launch"][2].elapsed_time(s), syncs=cur["syncs"],
+                             reads=cur["reads"]))
+        if not rows:
+            raise RuntimeError("no steady decode steps were measured (raise --steps)")
+        return {k: float(np.median([r[k] for r in rows])) for k in rows[0]} | {"steps": len(rows)}
+
+
+def run_case(model, batch: int, context: int, steps: int, overlap: bool) -> dict:
+    blocks = batch * (-(-(context + steps + 16) // PAGE)) + 8
+    cfg = config_from_dict({
+        "model": "tiny", "device": "gpu", "dtype": "bfloat16", "cuda_graph": True,
+        "attention": {"backend": "triton_mla"}, "max_model_len": context + steps + 64,
+        "cache": {"block_size": PAGE, "num_blocks": blocks},
+        "scheduler": {"max_num_seqs": batch, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
+                      "overlap": overlap}})
+    llm = LLM(cfg, model=model)
+    rng = np.random.default_rng(batch)
+    vocab = llm.runner.arch.vocab_size
+    reqs = [GenerationRequest(i, rng.integers(3, vocab, context - 8).tolist(),
+                              SamplingParams(max_tokens=steps + 8, ignore_eos=True)) for i in range(batch)]
+    probe = StepProbe(llm, batch)
+    try:
+        llm.generate(reqs, use_tqdm=False)
+        res = probe.summary()
+    finally:
+        probe.close()
+        llm.close()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", default="1,64")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--host-batch", type=int, default=256, help="a batch measured for host time (0: none)")
+    ap.add_argument("--host-context", type=int, default=1024, help="its context (host work is O(batch))")
+    ap.add_argument("--steps", type=int, default=40, help="decode steps per case")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    device = runtime.device_string("gpu")
+    cfg = dict(V3, num_hidden_layers=args.layers)
+    arch = parse_arch(cfg)
+    model = CausalLM(arch, random_weights(cfg, args.layers, device, torch.bfloat16), device, torch.bfloat16)
+    weight_bytes = sum(p.numel() * p.element_size() for p in _model_tensors(model))
+    bw = copy_bandwidth(device)
+    cases = [(int(b), args.context) for b in args.batch.split(",") if b]
+    if args.host_batch:
+        cases.append((args.host_batch, args.host_context))
+    rows = []
+    for b, ctx in cases:
+        for overlap in (True, False):
+            r = run_case(model, b, ctx, args.steps, overlap)
+            kv_bytes = b * ctx * arch.mla.latent_dim * 2 * args.layers
+            r.update(batch=b, context=ctx, overlap=overlap, roofline_ms=(weight_bytes + kv_bytes) / bw * 1e3)
+            r["x_roofline"] = r["period"] / r["roofline_ms"]
+            rows.append(r)
+            print(f"batch {b} context {ctx} overlap {overlap}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float)), flush=True)
+    print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s, weights {weight_bytes / 1e9:.2f} GB, layers {args.layers}")
+    print("| batch | context | overlap | step period ms | host ms | GPU ms | gap ms | gap / step | syncs | reads "
+          "| roofline ms | period / roofline |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['batch']} | {r['context']} | {r['overlap']} | {r['period']:.3f} | {r['host']:.3f} | "
+              f"{r['gpu']:.3f} | {r['gap']:.3f} | {r['gap'] / r['period']:.1%} | {r['syncs']:.0f} | {r['reads']:.0f} | "
+              f"{r['roofline_ms']:.3f} | {r['x_roofline']:.2f}x |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_bw": bw, "weight_bytes": weight_bytes, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
