@@ -33,6 +33,11 @@ class FakeRunner:
 
     def execute(self, out) -> list[int]:
         bs = self.block_size
+        # decodes lead every batch (attention backends run the leading one-token rows through their
+        # decode kernel and only the rest through extend)
+        decode = [not s.is_prefill for s in out.scheduled]
+        assert decode == sorted(decode, reverse=True), "a decode row after a prefill row"
+        assert all(s.num_new == 1 for s in out.scheduled if not s.is_prefill)
         sampled = []
         for s in out.scheduled:
             ids = s.seq.token_ids()
