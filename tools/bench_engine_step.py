@@ -21,12 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import warnings
 
 import numpy as np
 
-from paddle_mla import runtime
+_TOOLS = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(_TOOLS), _TOOLS]   # this checkout, and bench_e2e_decode next to it
+
+from paddle_mla import runtime  # noqa: E402
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
