@@ -35,7 +35,7 @@ BACKEND_CAPS: dict[str, BackendCaps] = {
 
 
 # Checkpoint model_types whose attention is GQA (the others are MLA); models/arch.py parses them.
-GQA_MODEL_TYPES = ("qwen3", "ernie4_5", "llama")
+GQA_MODEL_TYPES = ("qwen3", "ernie4_5", "llama", "qwen3_moe", "ernie4_5_moe")
 
 
 def model_family(model_type: str | None) -> str:

@@ -45,9 +45,26 @@ def test_family_rope_styles_and_defaults():
                                1.0 / 100.0 ** (np.arange(0, 12, 2) / 12) / 2, rtol=1e-6)
 
 
+def test_moe_families_routing_and_layers():
+    q = parse_arch({**LLAMA, "model_type": "qwen3_moe", "num_hidden_layers": 4, "num_local_experts": 16,
+                    "num_experts_per_tok": 4, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+                    "norm_topk_prob": True})
+    m = q.moe
+    assert (m.n_routed_experts, m.num_experts_per_tok, m.n_shared_experts, m.topk_method) == (16, 4, 0, "greedy")
+    assert m.norm_topk_prob and m.scale_after_norm and m.routed_scaling_factor == 1.0
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, False]
+    e = parse_arch({**LLAMA, "model_type": "ernie4_5_moe", "num_hidden_layers": 5, "moe_num_experts": 8, "moe_k": 2,
+                    "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 3,
+                    "moe_layer_interval": 1, "head_dim": 8})
+    m = e.moe
+    assert (m.n_routed_experts, m.num_experts_per_tok, m.n_shared_experts, m.topk_method, m.n_group) == \
+        (8, 2, 2, "noaux_tc", 1)
+    assert [m.is_moe_layer(i) for i in range(5)] == [False, True, True, True, False]
+    assert e.rope.interleave and e.tie_word_embeddings
+    assert parse_arch(LLAMA).moe is None
+
+
 @pytest.mark.parametrize("cfg,match", [
-    ({**LLAMA, "model_type": "qwen3_moe"}, "Qwen3-MoE"),
-    ({**LLAMA, "model_type": "ernie4_5_moe"}, "ERNIE-4.5-MoE"),
     ({**LLAMA, "num_key_value_heads": 4}, "not a multiple"),
     ({**LLAMA, "model_type": "qwen3", "use_sliding_window": True}, "sliding-window"),
     ({**LLAMA, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "unsupported rope type"),

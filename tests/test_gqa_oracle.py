@@ -1,4 +1,5 @@
-"""HF transformers Qwen3 / Ernie4_5 / Llama ForCausalLM as the oracle for our GQA models, CPU fp32.
+"""HF transformers Qwen3 / Ernie4_5 / Llama (+ Qwen3Moe, Ernie4_5_Moe) ForCausalLM as the oracle for our
+GQA models, CPU fp32.
 
 Tiny random configs (head dims and hidden sizes not powers of two, GQA group sizes 1, 2 and 3, each
 family's rope: qwen3 neox + yarn, ernie4_5 interleaved, llama llama3 / linear scaling; biases; tied
@@ -58,6 +59,16 @@ CONFIGS = {
     "llama_g3_linear_tied": ("Llama", dict(
         hidden_size=42, intermediate_size=50, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
         tie_word_embeddings=True, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}), {}),
+    # routed MoE (models/moe.py): layer 0 dense, layer 1 MoE; HF's grouped expert GEMM wants rows of
+    # 16-byte multiples, so hidden and expert sizes are multiples of 4 (still not powers of two)
+    "qwen3_moe_g2_norm": ("Qwen3Moe", dict(
+        hidden_size=44, intermediate_size=52, moe_intermediate_size=20, num_experts=8, num_experts_per_tok=3,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0], num_attention_heads=6, num_key_value_heads=3,
+        head_dim=12, tie_word_embeddings=False, rope_parameters=_DEFAULT), {}),
+    "ernie4_5_moe_g3_shared_bias": ("Ernie4_5_Moe", dict(
+        hidden_size=52, intermediate_size=44, moe_intermediate_size=12, moe_num_experts=8, moe_k=2,
+        moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=1, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=14, tie_word_embeddings=True, rope_parameters=_DEFAULT), {}),
 }
 
 
@@ -119,7 +130,10 @@ def test_arch_matches_hf_config(pair):
     assert ours.arch.family == "gqa" and ours.arch.mla is None
     assert (g.num_heads, g.num_kv_heads) == (extra["num_attention_heads"], extra["num_key_value_heads"])
     assert g.head_dim == (extra["head_dim"] or extra["hidden_size"] // extra["num_attention_heads"])
-    assert ours.arch.rope.interleave == (prefix == "Ernie4_5")
+    assert ours.arch.rope.interleave == prefix.startswith("Ernie4_5")
+    assert (ours.arch.moe is not None) == prefix.endswith("Moe")
+    if ours.arch.moe is not None:
+        assert [ours.arch.moe.is_moe_layer(i) for i in range(ours.arch.num_layers)] == [False, True]
     assert (ours.lm_head is ours.embed) == extra["tie_word_embeddings"]
     assert ours.arch.eos_token_ids == [1]
 
@@ -158,9 +172,12 @@ def test_engine_matches_hf(pair):
 
 
 @pytest.mark.parametrize("backend", ["triton_mla", "dsa"])
-def test_mla_backends_on_gqa_checkpoint_are_config_errors(pair, backend):
+def test_mla_backends_on_gqa_checkpoint_are_config_errors(tmp_path, backend):
+    """Refused from config.json alone, before any weight is read (the folder has no weights)."""
+    import json
+
     from paddle_mla.config import ConfigError
 
-    _, path, _, _ = pair
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", **_BASE, **CONFIGS["qwen3_g2_yarn_sharded"][1]}))
     with pytest.raises(ConfigError, match=f"{backend}.*GQA.*native"):
-        LLM(config_from_dict({"model": str(path), "device": "cpu", "attention": {"backend": backend}}))
+        LLM(config_from_dict({"model": str(tmp_path), "device": "cpu", "attention": {"backend": backend}}))

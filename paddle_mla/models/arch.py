@@ -18,9 +18,6 @@ from paddle_mla.backend_caps import GQA_MODEL_TYPES
 
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 SUPPORTED_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
-# known checkpoints that do not run yet, with what to say
-NOT_YET = {"qwen3_moe": "Qwen3-MoE (GQA + routed experts) is not supported yet",
-           "ernie4_5_moe": "ERNIE-4.5-MoE (GQA + routed experts) is not supported yet"}
 ROPE_TYPES = ("default", "yarn", "linear", "llama3")
 
 
@@ -58,8 +55,12 @@ class MoESpec:
     # DeepSeek-V2's own code scales by routed_scaling_factor only when it does NOT normalise;
     # V3 normalises and then always scales.
     scale_after_norm: bool = True
+    # the MoE layers when a family lists them some other way (qwen3_moe, ernie4_5_moe)
+    moe_layers: frozenset[int] | None = None
 
     def is_moe_layer(self, i: int) -> bool:
+        if self.moe_layers is not None:
+            return i in self.moe_layers
         return i >= self.first_k_dense_replace and i % max(self.moe_layer_freq, 1) == 0
 
 
@@ -193,9 +194,6 @@ def eos_ids_of(cfg: dict, generation_cfg: dict | None) -> list[int]:
 
 def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
     model_type = cfg.get("model_type", "")
-    if model_type in NOT_YET:
-        raise ValueError(f"unsupported model_type {model_type!r}: {NOT_YET[model_type]}; "
-                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if model_type in GQA_MODEL_TYPES:

@@ -1,4 +1,5 @@
-"""GQA causal LMs (qwen3, ernie4_5, llama) over head-major paged K/V caches, attention via a GQABackend.
+"""GQA causal LMs (qwen3, ernie4_5, llama; qwen3_moe, ernie4_5_moe with the routed MoE of
+``models/moe.py``) over head-major paged K/V caches, attention via a GQABackend.
 
 Plain classes holding tensors; the semantics follow transformers' Qwen3 / Ernie4_5 / Llama modeling
 code: RMSNorm in fp32 then cast, per-head q/k RMSNorm before rope (qwen3), rope from one
@@ -15,10 +16,11 @@ import torch.nn.functional as F
 
 from paddle_mla.attention.backend import LayerRope
 from paddle_mla.models.arch import ModelArch
-from paddle_mla.models.deepseek import DenseMLP, Rope, rms_norm
+from paddle_mla.models.deepseek import CausalLM, DenseMLP, Rope, rms_norm
 from paddle_mla.models.fp8 import linear
+from paddle_mla.models.moe import MoE, MoEExec
 
-QK_NORM_FAMILIES = ("qwen3",)
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
 
 
 def rope_table(arch: ModelArch, device: str) -> LayerRope:
@@ -55,14 +57,25 @@ class GQAAttention:
         return linear(out.reshape(T, d.num_heads * d.head_dim).to(x.dtype), self.o_proj, self.o_bias)
 
 
+def _moe(arch: ModelArch, w: dict[str, Any], p: str, moe_exec: MoEExec) -> MoE:
+    """The routed MoE; ernie4_5_moe's correction bias [1, E] (``moe_statics``) becomes the router's [E]."""
+    bias = w.get(p + "moe_statics.e_score_correction_bias")
+    if bias is not None:
+        w = {**w, p + "gate.e_score_correction_bias": bias.reshape(-1)}
+    return MoE(arch, w, p, moe_exec, DenseMLP)
+
+
 class GQADecoderLayer:
-    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int):
+    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, moe_exec: MoEExec):
         p = f"model.layers.{i}."
         self.eps = arch.rms_norm_eps
         self.in_norm = w[p + "input_layernorm.weight"]
         self.post_norm = w[p + "post_attention_layernorm.weight"]
         self.attn = GQAAttention(arch, w, p)
-        self.mlp = DenseMLP(w, p + "mlp.")
+        if arch.moe and arch.moe.is_moe_layer(i):
+            self.mlp = _moe(arch, w, p + "mlp.", moe_exec)
+        else:
+            self.mlp = DenseMLP(w, p + "mlp.")
 
     def forward(self, h, backend, kv, meta, layer_rope):
         h = h + self.attn.forward(rms_norm(h, self.in_norm, self.eps), backend, kv[0], kv[1], meta, layer_rope)
@@ -81,12 +94,12 @@ class GQACausalLM:
         self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
         if self.lm_head is None:
             raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
-        self.layers = [GQADecoderLayer(arch, weights, i) for i in range(arch.num_layers)]
+        self.moe_exec = MoEExec(device, dtype)
+        self.layers = [GQADecoderLayer(arch, weights, i, self.moe_exec) for i in range(arch.num_layers)]
         self.rope = rope_table(arch, device)
         self.backend = None
 
-    def reserve_moe_workspace(self, max_num_tokens: int) -> None:
-        """Dense families: nothing to reserve."""
+    reserve_moe_workspace = CausalLM.reserve_moe_workspace     # the same rule: size from the first MoE layer
 
     def set_backend(self, backend) -> None:
         self.backend = backend

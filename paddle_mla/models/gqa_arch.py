@@ -1,17 +1,48 @@
-"""config.json of a GQA family (qwen3, ernie4_5, llama) -> ModelArch with ``gqa`` dims and its rope.
+"""config.json of a GQA family (qwen3, ernie4_5, llama, qwen3_moe, ernie4_5_moe) -> ModelArch with
+``gqa`` dims, its rope and (the MoE ones) its routing as a ``MoESpec`` for ``models/moe.py``.
 
 Per family: qwen3 has per-head q/k RMSNorm (found by its weights) and neox rope; llama has neox
 rope, optionally llama3 scaling; ernie4_5 rotates interleaved pairs and ties its embeddings by
 default. Any of them may carry linear / yarn scaling; rope covers the whole head.
+Routing, as transformers computes it: qwen3_moe softmax -> top-k (-> renormalised when
+norm_topk_prob); ernie4_5_moe softmax -> top-k of (probs + e_score_correction_bias) -> the chosen
+probs renormalised, plus shared experts.
 """
 
 from __future__ import annotations
 
 from paddle_mla.attention.backend import GQADims
-from paddle_mla.models.arch import ModelArch, eos_ids_of, rope_spec_from
+from paddle_mla.models.arch import ModelArch, MoESpec, eos_ids_of, rope_spec_from
 
-INTERLEAVED_ROPE = ("ernie4_5",)          # GPT-J style pairs (x[2i], x[2i+1]); the others rotate halves
-TIED_BY_DEFAULT = ("ernie4_5",)           # transformers' config default for tie_word_embeddings
+INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe")   # GPT-J style pairs (x[2i], x[2i+1]); the others rotate halves
+TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe")    # transformers' config default for tie_word_embeddings
+
+
+def gqa_moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
+    n_layers = int(cfg["num_hidden_layers"])
+    if model_type == "qwen3_moe":
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense = set(cfg.get("mlp_only_layers") or [])
+        layers = frozenset(i for i in range(n_layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
+        top_k, shared, method = int(cfg["num_experts_per_tok"]), 0, "greedy"
+        norm = bool(cfg.get("norm_topk_prob", False))
+    elif model_type == "ernie4_5_moe":
+        experts = int(cfg.get("moe_num_experts") or cfg.get("num_experts") or 0)
+        step = int(cfg.get("moe_layer_interval") or 1)
+        start, end = int(cfg.get("moe_layer_start_index", 0)), int(cfg.get("moe_layer_end_index", n_layers - 1))
+        layers = frozenset(i for i in range(n_layers) if (i + 1) % step == 0 and start <= i <= end)
+        top_k, shared = int(cfg.get("moe_k") or cfg["num_experts_per_tok"]), int(cfg.get("moe_num_shared_experts") or 0)
+        # top-k of probs + correction bias (noaux_tc with one group), weights from the probs, renormalised
+        method, norm = "noaux_tc", True
+    else:
+        return None
+    if not experts:
+        return None
+    return MoESpec(n_routed_experts=experts, num_experts_per_tok=top_k, n_shared_experts=shared,
+                   first_k_dense_replace=0, moe_layer_freq=1, topk_method=method, scoring_func="softmax", n_group=1,
+                   topk_group=1, norm_topk_prob=norm, routed_scaling_factor=1.0, scale_after_norm=True,
+                   moe_layers=layers)
 
 
 def parse_gqa_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
@@ -44,5 +75,5 @@ def parse_gqa_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
         gqa=GQADims(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, softmax_scale=head_dim ** -0.5),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope=rope,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
-        hidden_act=act, fp8_block_size=tuple(block) if block else None, raw=cfg,
+        hidden_act=act, fp8_block_size=tuple(block) if block else None, moe=gqa_moe_spec(cfg, model_type), raw=cfg,
     )

@@ -38,7 +38,8 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 _FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 # kept in float32 whatever the model dtype (the router runs in fp32, as in transformers)
-_FP32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+_FP32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias",
+                  "mlp.moe_statics.e_score_correction_bias")   # ernie4_5_moe's spelling
 _TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
                  "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
