@@ -181,3 +181,14 @@ def test_mla_backends_on_gqa_checkpoint_are_config_errors(tmp_path, backend):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", **_BASE, **CONFIGS["qwen3_g2_yarn_sharded"][1]}))
     with pytest.raises(ConfigError, match=f"{backend}.*GQA.*native"):
         LLM(config_from_dict({"model": str(tmp_path), "device": "cpu", "attention": {"backend": backend}}))
+
+
+@pytest.mark.gpu
+def test_gpu_native_matches_hf(pair):
+    """The same models on the GPU (native backend, fp32 weights and caches): same tokens as HF on CPU."""
+    from paddle_mla import runtime
+
+    _, path, _, expected = pair
+    dev = runtime.device_string("gpu")
+    ours = load_model(str(path), torch.float32, dev, progress=False)
+    _check(run_greedy(ours, PROMPTS, NEW_TOKENS, block_size=4, chunk=3, seed=5, device=dev), expected, "gpu chunked")
