@@ -29,7 +29,7 @@ _runtime.require_selected(__name__)
 import torch  # noqa: E402
 
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
-from paddle_mla.cache.kv_cache import allocate_index_caches, allocate_latent_caches, usable_num_blocks  # noqa: E402
+from paddle_mla.cache.kv_cache import allocate_index_caches, allocate_kv_caches, usable_num_blocks  # noqa: E402
 
 GiB = float(1 << 30)
 # The sampler works on fp32 logits [max_num_seqs, vocab]: probabilities, sorted values and int64 sort
@@ -138,7 +138,7 @@ def profile_kv_cache(runner, per_block: int, max_model_len: int, index_dim: int,
     prefill = dummy_prefill_batch(sc.max_num_batched_tokens, sc.max_num_seqs, max_model_len, bs, vocab)
     decode = dummy_decode_batch(sc.max_num_seqs, vocab)
     nblk = prefill.block_tables.shape[1]
-    caches = allocate_latent_caches(arch.num_layers, nblk, bs, arch.mla.latent_dim, runner.dtype, runner.device)
+    caches = allocate_kv_caches(arch, nblk, bs, runner.dtype, runner.device)
     if index_dim:
         runner.model.attach_index_caches(allocate_index_caches(arch.num_layers, nblk, bs, index_dim, runner.dtype,
                                                                runner.device))

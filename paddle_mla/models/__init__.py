@@ -15,6 +15,7 @@ _EXPORTS = {
     "load_arch": "paddle_mla.models.arch",
     "parse_arch": "paddle_mla.models.arch",
     "CausalLM": "paddle_mla.models.deepseek",
+    "GQACausalLM": "paddle_mla.models.gqa",
     "load_model": "paddle_mla.models.loader",
     "ensure_tiny_model": "paddle_mla.models.tiny",
     "make_tiny_model": "paddle_mla.models.tiny",
