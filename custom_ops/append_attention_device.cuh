@@ -147,7 +147,7 @@ __device__ __forceinline__ void attend_tile(WarpState<R, DPL>& st, const uint8_t
   for (int r = 0; r < R; ++r) s[r] = 0.0f;
   const uint8_t* krow = ksm + lane * row_bytes;
   for (int c = 0; c < D / VE; ++c) {
-    T kv[VE];
+    alignas(VB) T kv[VE];
     if constexpr (VB == 16) {
       *reinterpret_cast<uint4*>(kv) = *reinterpret_cast<const uint4*>(krow + c * VB);
     } else {

@@ -219,7 +219,9 @@ const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_fl
   const size_t base = static_cast<size_t>(R) * geo.q_stride * sizeof(float);
   const size_t per_warp = 4 * static_cast<size_t>(kTileKeys) * geo.row_bytes + kTileKeys * R * sizeof(float);
   geo.nwarps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (kMaxSmem - base) / per_warp)));
-  geo.smem = base + geo.nwarps * per_warp;
+  // The warps' (m, l, o) exchange reuses the stages; only tiny head dims need more than they hold.
+  const size_t merge = static_cast<size_t>(geo.nwarps) * R * (32 * DPL + 2) * sizeof(float);
+  geo.smem = base + std::max(geo.nwarps * per_warp, merge);
   // Splits from shapes only: enough blocks for the GPU, at least ~256 keys of a full row per split,
   // and no more than the workspace holds.
   const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * geo.hchunks);
