@@ -24,7 +24,7 @@ class BackendCaps:
 
 
 BACKEND_CAPS: dict[str, BackendCaps] = {
-    "native": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True),
+    "native": BackendCaps(("mla", "gqa"), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True),
     "triton_mla": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
                               note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "dsa": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True,
@@ -34,11 +34,24 @@ BACKEND_CAPS: dict[str, BackendCaps] = {
 }
 
 
+# Checkpoint model_types whose attention is GQA (the others are MLA); models/arch.py parses them.
+GQA_MODEL_TYPES = ("qwen3", "ernie4_5", "llama")
+
+
+def model_family(model_type: str | None) -> str:
+    """``gqa`` for the GQA checkpoints, ``mla`` for DeepSeek ones (and when not known yet)."""
+    return "gqa" if model_type in GQA_MODEL_TYPES else "mla"
+
+
 def resolve_backend(name: str, device_kind: str, model_type: str | None = None) -> str:
     """``auto`` -> on a GPU when triton is importable, ``dsa`` for deepseek_v32 checkpoints and
-    ``triton_mla`` for the others; else ``native``. Other names as given."""
+    ``triton_mla`` for the other MLA ones; else ``native``. Other names as given.
+    GQA checkpoints resolve to ``native`` everywhere until the append_attn op lands (its merge
+    makes ``auto`` pick append_attn on a GPU)."""
     if name != "auto":
         return name
+    if model_family(model_type) == "gqa":
+        return "native"
     if device_kind == "gpu" and importlib.util.find_spec("triton") is not None:
         return "dsa" if model_type == "deepseek_v32" else "triton_mla"
     return "native"
@@ -54,6 +67,9 @@ def resolved_config(cfg: EngineConfig, device_kind: str, model_type: str | None 
     out = dataclasses.replace(cfg, device=device_kind,
                               attention=dataclasses.replace(cfg.attention, backend=backend))
     errors = check_backend(out)
+    mismatch = check_model_backend(model_type, backend) if model_type else None
+    if mismatch:
+        errors.append(mismatch)
     if errors:
         source = f"attention.backend auto resolved to {backend!r} on {device_kind}: " \
             if cfg.attention.backend == "auto" else ""
@@ -94,6 +110,13 @@ def check_backend(cfg: EngineConfig, name: str | None = None) -> list[str]:
 
 def check_model_backend(model_type: str, backend: str) -> str | None:
     """The error for a checkpoint/backend pair that cannot work together (known once config.json is read)."""
+    family = model_family(model_type)
+    caps = BACKEND_CAPS.get(backend)
+    if caps is not None and family not in caps.families:
+        fits = [n for n, c in BACKEND_CAPS.items() if family in c.families and c.implemented
+                and (n != "dsa" or model_type == "deepseek_v32")]
+        return (f"attention.backend {backend!r} runs {'/'.join(caps.families).upper()} models; this {model_type!r} "
+                f"checkpoint is {family.upper()}: use {' or '.join(fits)}")
     if model_type == "deepseek_v32" and backend == "triton_mla":
         return ("a deepseek_v32 checkpoint needs sparse attention: set attention.backend: dsa on the GPU "
                 "(or native); triton_mla is dense")

@@ -1,4 +1,4 @@
-"""A small driver that runs a CausalLM through the paged latent cache, the way the engine does.
+"""A small driver that runs a CausalLM (MLA or GQA) through the paged KV cache, the way the engine does.
 
 Block tables are random permutations of the physical blocks; every step may mix prompt chunks
 and decodes; greedy sampling on the host. Used by the HF oracle tests and the tiny-model tests.
@@ -12,6 +12,7 @@ import numpy as np
 
 from paddle_mla.attention.backend import create_backend
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch
+from paddle_mla.cache.kv_cache import allocate_gqa_caches
 from paddle_mla.tensor_api import torch
 
 
@@ -22,8 +23,12 @@ class RunResult:
 
 
 def allocate_caches(model, num_blocks: int, block_size: int, device: str = "cpu", dtype=None):
-    d = model.arch.mla
     dtype = dtype or torch.float32
+    if model.arch.family == "gqa":
+        g = model.arch.gqa
+        return allocate_gqa_caches(model.arch.num_layers, g.num_kv_heads, num_blocks, block_size, g.head_dim, dtype,
+                                   device)
+    d = model.arch.mla
     if model.arch.indexer is not None:   # deepseek_v32: indexer key caches with the same block ids
         model.attach_index_caches([torch.zeros(num_blocks, block_size, 1, model.arch.indexer.head_dim, dtype=dtype,
                                                device=device) for _ in range(model.arch.num_layers)])
@@ -46,7 +51,8 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
     num_blocks = per_req * len(prompts) + 3
     perm = rng.permutation(num_blocks).astype(np.int32)
     tables = perm[:per_req * len(prompts)].reshape(len(prompts), per_req)
-    be = create_backend(backend, dims=arch.mla, max_num_seqs=len(prompts), max_model_len=max_len,
+    be = create_backend(backend, family=arch.family, dims=arch.gqa if arch.family == "gqa" else arch.mla,
+                        max_num_seqs=len(prompts), max_model_len=max_len,
                         block_size=block_size, device=device, dtype=model.dtype)
     model.set_backend(be)
     key_windows = None
@@ -97,6 +103,7 @@ def run_greedy(model, prompts: list[list[int]], max_new_tokens: int, block_size:
                           batch.is_prefill[keep], batch.sample_mask[keep])
         rows = np.flatnonzero(keep)
         meta = ForwardMeta.build(batch, block_size, device, key_windows)
+        be.prepare(meta)                     # once per step, as the model runner does
         hidden = model.forward(meta, caches)
         logits = model.compute_logits(hidden[meta.logits_indices]).cpu().numpy()
         for j, r in enumerate(rows):

@@ -190,4 +190,4 @@ def test_rope_parameters_and_rope_scaling_spellings(tiny, tmp_path):
 
 def test_unsupported_model_type_is_clear():
     with pytest.raises(ValueError, match="unsupported model_type"):
-        parse_arch({"model_type": "llama"})
+        parse_arch({"model_type": "gpt2"})

@@ -1,9 +1,11 @@
-"""Attention backend interface and registry.
+"""Attention backend interfaces and registry.
 
-A backend turns per-layer MLA inputs into attention outputs over the paged latent cache. The
-model runner calls ``prepare(meta)`` once per step (backend metadata goes into ``meta.attn``);
-every layer then calls ``forward``. Capabilities are declared in ``paddle_mla.backend_caps`` so
-configs are validated before anything is loaded.
+A backend turns per-layer attention inputs into outputs over the paged KV cache: ``MLABackend``
+for DeepSeek models (latent cache), ``GQABackend`` for qwen3 / ernie4_5 / llama (head-major K/V
+caches). The model runner calls ``prepare(meta)`` once per step (backend metadata goes into
+``meta.attn``); every layer then calls ``forward``. One registry holds both kinds, keyed by
+(name, family): ``native`` has one of each. Capabilities are declared in
+``paddle_mla.backend_caps`` so configs are validated before anything is loaded.
 """
 
 from __future__ import annotations
@@ -66,30 +68,98 @@ class MLABackend(ABC):
                 kv_cache: Any, meta: Any) -> Any: ...
 
 
-_REGISTRY: dict[str, Callable[..., MLABackend]] = {}
+@dataclass
+class GQADims:
+    num_heads: int                        # query heads
+    num_kv_heads: int
+    head_dim: int
+    softmax_scale: float
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+@dataclass
+class LayerRope:
+    """What a GQA layer's rope is, for the backend that applies it (the op does it in-kernel)."""
+
+    cos_sin: Any                          # float32 [max_position, rot_dim]: cos || sin, scaling included
+    neox: bool                            # halves (qwen3, llama) vs interleaved pairs (ernie4_5)
+    rot_dim: int                          # dims >= rot_dim pass through
+
+
+class GQABackend(ABC):
+    """Contract for GQA backends (``_notes/GQA_CONTRACT.md``; ``attention/gqa_reference.py`` is its
+    plain-tensor definition).
+
+    ``forward`` receives, for the T new tokens of the step, q [T, Hq, D], k and v [T, Hkv, D] with
+    RoPE NOT applied (per-head q/k RMSNorm already applied), this layer's ``k_cache`` / ``v_cache``
+    [Hkv, num_blocks, block_size, D], the step's ``meta`` (``meta.block_tables`` uniform
+    [B, max_blocks] or head-wise [B, Hkv, max_blocks]) and the layer's ``LayerRope``. It ropes q and
+    k, writes k and v into the caches at each token's slot, attends causally (the last
+    ``num_swa_heads`` KV heads within ``window`` + ``sink``) and returns [T, Hq, D].
+    """
+
+    name: str = ""
+    family = "gqa"
+
+    def __init__(self, dims: GQADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str,
+                 dtype: Any, num_swa_heads: int = 0, window: int = 0, sink: int = 0):
+        self.dims = dims
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.device = device
+        self.dtype = dtype
+        self.num_swa_heads, self.window, self.sink = num_swa_heads, window, sink
+
+    @property
+    def caps(self) -> BackendCaps:
+        return BACKEND_CAPS[self.name]
+
+    def prepare(self, meta: Any) -> None:
+        """Per-step backend metadata into ``meta.attn``; called once per step, never per layer."""
+
+    @abstractmethod
+    def forward(self, q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, meta: Any,
+                layer_rope: LayerRope) -> Any: ...
+
+
+_REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
+# Importing the module registers its backend; keeps unused backends (and Triton) unimported.
+_MODULES = {("native", "mla"): "paddle_mla.attention.native",
+            ("triton_mla", "mla"): "paddle_mla.attention.triton_mla.backend",
+            ("dsa", "mla"): "paddle_mla.attention.dsa.backend",
+            ("native", "gqa"): "paddle_mla.attention.native_gqa",
+            ("append_attn", "gqa"): "paddle_mla.attention.append_attn"}
 
 
 def register_backend(name: str):
+    """Class decorator: registers an MLABackend or GQABackend subclass under (name, its family)."""
     def deco(cls):
         cls.name = name
-        _REGISTRY[name] = cls
+        _REGISTRY[(name, "gqa" if issubclass(cls, GQABackend) else "mla")] = cls
         return cls
 
     return deco
 
 
-def create_backend(name: str, **kwargs: Any) -> MLABackend:
+def create_backend(name: str, family: str = "mla", **kwargs: Any):
+    """The ``family`` (mla | gqa) backend called ``name``, built with ``kwargs`` (its constructor's)."""
     if name == "auto":
-        from paddle_mla.backend_caps import resolve_backend
+        from paddle_mla.backend_caps import GQA_MODEL_TYPES, resolve_backend
 
-        name = resolve_backend(name, "cpu" if kwargs.get("device") == "cpu" else "gpu")
-    if name not in _REGISTRY:
-        # Importing the module registers it; keeps unused backends (and Triton) unimported.
+        any_gqa = GQA_MODEL_TYPES[0] if family == "gqa" else None    # auto depends only on the family here
+        name = resolve_backend(name, "cpu" if kwargs.get("device") == "cpu" else "gpu", any_gqa)
+    key = (name, family)
+    if key not in _REGISTRY:
         import importlib
 
-        module = {"native": "paddle_mla.attention.native", "triton_mla": "paddle_mla.attention.triton_mla.backend",
-                  "dsa": "paddle_mla.attention.dsa.backend"}.get(name)
+        module = _MODULES.get(key)
         if module is None:
-            raise ValueError(f"unknown attention backend {name!r}; available: native, triton_mla, dsa")
+            names = sorted(n for n, f in _MODULES if f == family)
+            raise ValueError(f"unknown attention backend {name!r} for {family.upper()} models; "
+                             f"available: {', '.join(names)}")
         importlib.import_module(module)
-    return _REGISTRY[name](**kwargs)
+    return _REGISTRY[key](**kwargs)

@@ -1,4 +1,6 @@
-"""Allocation and sizing of the paged latent KV caches (one tensor per layer)."""
+"""Allocation and sizing of the paged KV caches: MLA latent caches (one tensor per layer) and GQA
+K/V caches (a head-major pair per layer). The block pool and scheduler are the same for both; only
+the bytes a block holds differ (``kv_width``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,16 @@ CPU_AUTO_CACHE_BYTES = 1 << 30   # CPU has no free-memory probe worth trusting; 
 
 
 def bytes_per_block(num_layers: int, block_size: int, latent_dim: int, element_size: int) -> int:
+    """``latent_dim``: elements one token stores per layer (``kv_width`` of the model)."""
     return num_layers * block_size * latent_dim * element_size
+
+
+def kv_width(arch) -> int:
+    """Elements one token stores per layer: K and V of every KV head (GQA), or the latent + the
+    deepseek_v32 indexer key (MLA)."""
+    if arch.family == "gqa":
+        return 2 * arch.gqa.num_kv_heads * arch.gqa.head_dim
+    return arch.mla.latent_dim + (arch.indexer.head_dim if arch.indexer is not None else 0)
 
 
 def auto_num_blocks(device_kind: str, per_block: int, max_num_seqs: int, max_model_len: int, block_size: int,
@@ -37,6 +48,15 @@ def auto_num_blocks(device_kind: str, per_block: int, max_num_seqs: int, max_mod
 def allocate_latent_caches(num_layers: int, num_blocks: int, block_size: int, latent_dim: int, dtype, device: str):
     """[num_blocks, block_size, 1, latent_dim] per layer (ARCHITECTURE section 5)."""
     return [torch.zeros(num_blocks, block_size, 1, latent_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def allocate_gqa_caches(num_layers: int, num_kv_heads: int, num_blocks: int, block_size: int, head_dim: int,
+                        dtype, device: str):
+    """(K, V) per layer, each [num_kv_heads, num_blocks, block_size, head_dim] (ARCHITECTURE section 5):
+    head-major, so a KV head's blocks are its own (head-wise block tables index them)."""
+    shape = (num_kv_heads, num_blocks, block_size, head_dim)
+    return [(torch.zeros(*shape, dtype=dtype, device=device), torch.zeros(*shape, dtype=dtype, device=device))
+            for _ in range(num_layers)]
 
 
 def allocate_index_caches(num_layers: int, num_blocks: int, block_size: int, head_dim: int, dtype, device: str):

@@ -20,8 +20,8 @@ import torch  # noqa: E402
 from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
 from paddle_mla.backend_caps import check_model_backend, resolve_backend  # noqa: E402
-from paddle_mla.cache.kv_cache import (allocate_index_caches, allocate_latent_caches, auto_num_blocks,  # noqa: E402
-                                       bytes_per_block)
+from paddle_mla.cache.kv_cache import (allocate_gqa_caches, allocate_index_caches,  # noqa: E402
+                                       allocate_latent_caches, auto_num_blocks, bytes_per_block, kv_width)
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
 from paddle_mla.engine.request import TokenLogprob  # noqa: E402
@@ -86,19 +86,25 @@ class ModelRunner:
         max_model_len = resolve_max_model_len(cfg, arch.max_position_embeddings)
         elt = torch.zeros(1, dtype=self.dtype).element_size()
         index_dim = arch.indexer.head_dim if arch.indexer is not None else 0   # deepseek_v32 indexer keys
-        per_block = bytes_per_block(arch.num_layers, bs, arch.mla.latent_dim + index_dim, elt)
+        per_block = bytes_per_block(arch.num_layers, bs, kv_width(arch), elt)
         num_blocks = cfg.cache.num_blocks
         if num_blocks == AUTO:
             num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
                                          cfg.cache.gpu_memory_utilization)
         self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
-        self.kv_caches = allocate_latent_caches(arch.num_layers, self.limits.num_blocks, bs, arch.mla.latent_dim,
-                                                self.dtype, self.device)
+        gqa = arch.family == "gqa"      # GQA: a head-major (K, V) pair per layer; MLA: one latent cache
+        if gqa:
+            self.kv_caches = allocate_gqa_caches(arch.num_layers, arch.gqa.num_kv_heads, self.limits.num_blocks, bs,
+                                                 arch.gqa.head_dim, self.dtype, self.device)
+        else:
+            self.kv_caches = allocate_latent_caches(arch.num_layers, self.limits.num_blocks, bs, arch.mla.latent_dim,
+                                                    self.dtype, self.device)
         if index_dim:
             self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
                                                       self.dtype, self.device)
             self.model.attach_index_caches(self.index_caches)
-        self.backend = create_backend(backend_name, dims=arch.mla, max_num_seqs=cfg.scheduler.max_num_seqs,
+        self.backend = create_backend(backend_name, family=arch.family, dims=arch.gqa if gqa else arch.mla,
+                                      max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype)
         self.model.set_backend(self.backend)

@@ -2,6 +2,8 @@
 
 Both spellings of the rope settings are accepted: ``rope_scaling`` + top-level ``rope_theta``
 (the published DeepSeek checkpoints) and ``rope_parameters`` (what transformers 5 writes).
+Two families: ``mla`` (DeepSeek; ``ModelArch.mla``) and ``gqa`` (qwen3, ernie4_5, llama;
+``ModelArch.gqa``, parsed in ``models/gqa_arch.py``).
 """
 
 from __future__ import annotations
@@ -11,16 +13,22 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paddle_mla.attention.backend import MLADims
+from paddle_mla.attention.backend import GQADims, MLADims
+from paddle_mla.backend_caps import GQA_MODEL_TYPES
 
-SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
+SUPPORTED_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
+# known checkpoints that do not run yet, with what to say
+NOT_YET = {"qwen3_moe": "Qwen3-MoE (GQA + routed experts) is not supported yet",
+           "ernie4_5_moe": "ERNIE-4.5-MoE (GQA + routed experts) is not supported yet"}
+ROPE_TYPES = ("default", "yarn", "linear", "llama3")
 
 
 @dataclass
 class RopeSpec:
     dim: int
     theta: float
-    rope_type: str = "default"            # "default" or "yarn"
+    rope_type: str = "default"            # one of ROPE_TYPES
     factor: float = 1.0
     original_max_position_embeddings: int = 0
     beta_fast: float = 32.0
@@ -30,6 +38,8 @@ class RopeSpec:
     attention_factor: float | None = None
     truncate: bool = True
     interleave: bool = True               # rope pairs are (x0, x1), (x2, x3), ... rather than halves
+    low_freq_factor: float = 1.0          # llama3
+    high_freq_factor: float = 4.0         # llama3
 
 
 @dataclass
@@ -72,7 +82,7 @@ class ModelArch:
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_ids: list[int]
-    mla: MLADims
+    mla: MLADims | None                   # family "mla"
     # below: what the DeepSeek layers need beyond the contract
     rms_norm_eps: float = 1e-6
     q_lora_rank: int | None = None
@@ -82,6 +92,7 @@ class ModelArch:
     hidden_act: str = "silu"
     fp8_block_size: tuple[int, int] | None = None
     indexer: IndexerSpec | None = None    # deepseek_v32 only
+    gqa: GQADims | None = None            # family "gqa"
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -91,19 +102,25 @@ def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
     return 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _rope_spec(cfg: dict, model_type: str) -> RopeSpec:
+def rope_spec_from(cfg: dict, dim: int, interleave: bool) -> RopeSpec:
+    """The rope of ``dim`` rotated dims from either spelling of the settings (any family)."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    if rope_type not in ("default", "yarn"):
-        raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, yarn)")
-    # HF DeepseekV2 and V3.2 always rotate interleaved pairs in MLA; V3 follows rope_interleave.
-    interleave = True if model_type in ("deepseek_v2", "deepseek_v32") else bool(cfg.get("rope_interleave", True))
-    spec = RopeSpec(dim=int(cfg["qk_rope_head_dim"]), theta=float(theta), rope_type=rope_type, interleave=interleave)
-    if rope_type == "yarn":
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"unsupported rope type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
+    spec = RopeSpec(dim=dim, theta=float(theta), rope_type=rope_type, interleave=interleave)
+    if rope_type in ("yarn", "llama3"):
         spec.original_max_position_embeddings = int(
             params.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings",
                                                                    cfg["max_position_embeddings"])))
+    if rope_type == "linear":
+        spec.factor = float(params["factor"])
+    if rope_type == "llama3":
+        spec.factor = float(params["factor"])
+        spec.low_freq_factor = float(params.get("low_freq_factor", 1.0))
+        spec.high_freq_factor = float(params.get("high_freq_factor", 4.0))
+    if rope_type == "yarn":
         factor = params.get("factor")
         spec.factor = float(factor) if factor is not None else (
             cfg["max_position_embeddings"] / spec.original_max_position_embeddings)
@@ -113,6 +130,15 @@ def _rope_spec(cfg: dict, model_type: str) -> RopeSpec:
         spec.mscale_all_dim = params.get("mscale_all_dim")
         spec.attention_factor = params.get("attention_factor")
         spec.truncate = bool(params.get("truncate", True))
+    return spec
+
+
+def _rope_spec(cfg: dict, model_type: str) -> RopeSpec:
+    # HF DeepseekV2 and V3.2 always rotate interleaved pairs in MLA; V3 follows rope_interleave.
+    interleave = True if model_type in ("deepseek_v2", "deepseek_v32") else bool(cfg.get("rope_interleave", True))
+    spec = rope_spec_from(cfg, int(cfg["qk_rope_head_dim"]), interleave)
+    if spec.rope_type not in ("default", "yarn"):
+        raise ValueError(f"unsupported rope type {spec.rope_type!r} for {model_type} (supported: default, yarn)")
     return spec
 
 
@@ -156,10 +182,26 @@ def _eos_ids(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
+def eos_ids_of(cfg: dict, generation_cfg: dict | None) -> list[int]:
+    """config.json's eos ids, then generation_config.json's that are not among them."""
+    eos = _eos_ids(cfg.get("eos_token_id"))
+    for e in _eos_ids((generation_cfg or {}).get("eos_token_id")):
+        if e not in eos:
+            eos.append(e)
+    return eos
+
+
 def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
     model_type = cfg.get("model_type", "")
+    if model_type in NOT_YET:
+        raise ValueError(f"unsupported model_type {model_type!r}: {NOT_YET[model_type]}; "
+                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if model_type in GQA_MODEL_TYPES:
+        from paddle_mla.models.gqa_arch import parse_gqa_arch
+
+        return parse_gqa_arch(cfg, generation_cfg)
     rope = _rope_spec(cfg, model_type)
     nope, rope_dim, v = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
     scale = (nope + rope_dim) ** -0.5
@@ -168,10 +210,7 @@ def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
         scale = scale * m * m
     mla = MLADims(num_heads=int(cfg["num_attention_heads"]), kv_lora_rank=int(cfg["kv_lora_rank"]),
                   qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=v, softmax_scale=scale)
-    eos = _eos_ids(cfg.get("eos_token_id"))
-    for e in _eos_ids((generation_cfg or {}).get("eos_token_id")):
-        if e not in eos:
-            eos.append(e)
+    eos = eos_ids_of(cfg, generation_cfg)
     quant = cfg.get("quantization_config") or {}
     block = quant.get("weight_block_size")
     return ModelArch(

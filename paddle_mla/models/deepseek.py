@@ -24,8 +24,21 @@ def rms_norm(x, weight, eps: float):
     return weight * xf.to(x.dtype)
 
 
+def llama3_inv_freq(inv, spec: RopeSpec):
+    """transformers' llama3 scaling: long wavelengths / factor, short ones kept, a smooth ramp between."""
+    orig = spec.original_max_position_embeddings
+    low_wavelen, high_wavelen = orig / spec.low_freq_factor, orig / spec.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / spec.factor, inv)
+    smooth = (orig / wavelen - spec.low_freq_factor) / (spec.high_freq_factor - spec.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / spec.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
 class Rope:
-    """cos/sin of the rope dims for given positions (yarn or default), as transformers computes them."""
+    """cos/sin of the rope dims for given positions (default, yarn, linear or llama3), as transformers
+    computes them."""
 
     def __init__(self, spec: RopeSpec, device: str):
         self.spec = spec
@@ -47,6 +60,10 @@ class Rope:
                 scaling = yarn_get_mscale(spec.factor, spec.mscale) / yarn_get_mscale(spec.factor, spec.mscale_all_dim)
             else:
                 scaling = yarn_get_mscale(spec.factor)
+        elif spec.rope_type == "linear":
+            inv = inv_extra / spec.factor
+        elif spec.rope_type == "llama3":
+            inv = llama3_inv_freq(inv_extra, spec)
         else:
             inv = inv_extra
         self.inv_freq = inv.to(device)
@@ -132,11 +149,14 @@ class MLAAttention:
 
 
 class DenseMLP:
+    """SwiGLU MLP; biases where the checkpoint has them (ernie4_5 use_bias, llama mlp_bias)."""
+
     def __init__(self, w: dict[str, Any], p: str):
         self.gate, self.up, self.down = w[p + "gate_proj.weight"], w[p + "up_proj.weight"], w[p + "down_proj.weight"]
+        self.gate_b, self.up_b, self.down_b = (w.get(p + n + ".bias") for n in ("gate_proj", "up_proj", "down_proj"))
 
     def forward(self, x):
-        return linear(F.silu(linear(x, self.gate)) * linear(x, self.up), self.down)
+        return linear(F.silu(linear(x, self.gate, self.gate_b)) * linear(x, self.up, self.up_b), self.down, self.down_b)
 
 
 class DecoderLayer:

@@ -1,6 +1,7 @@
-"""HF checkpoint folder -> CausalLM: config.json + safetensors (single file or sharded index), streamed.
+"""HF checkpoint folder -> CausalLM (DeepSeek) or GQACausalLM (qwen3, ernie4_5, llama): config.json +
+safetensors (single file or sharded index), streamed.
 
-Tensor names are those of the published DeepSeek checkpoints (per-expert
+Tensor names are those of the published checkpoints (transformers' names); for DeepSeek (per-expert
 ``mlp.experts.E.{gate,up,down}_proj.weight``, which transformers 5 ``save_pretrained`` also
 writes); fused ``mlp.experts.gate_up_proj`` [E, 2I, h] / ``mlp.experts.down_proj`` [E, h, I]
 are accepted too. Layers >= num_hidden_layers (MTP / nextn) are ignored.
@@ -30,6 +31,7 @@ import torch
 from paddle_mla.models.arch import ModelArch, load_arch
 from paddle_mla.models.deepseek import CausalLM
 from paddle_mla.models.fp8 import Fp8Weight, dequant_blocks, fp8_kernels_available
+from paddle_mla.models.gqa import GQACausalLM
 from paddle_mla.models.safetensors_io import RAW_VIEW_DTYPES, CheckpointReader
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -264,8 +266,9 @@ def load_weights(model_dir: str | Path, arch: ModelArch, dtype: Any, device: str
 
 
 def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "auto", expert_fp8: bool | None = None,
-               threads: int | None = None, progress: bool = True) -> CausalLM:
-    """Load a deepseek_v2 / deepseek_v3 checkpoint folder onto ``device`` with weights in ``dtype``.
+               threads: int | None = None, progress: bool = True) -> CausalLM | GQACausalLM:
+    """Load a checkpoint folder (deepseek_v2/v3/v32: CausalLM; qwen3, ernie4_5, llama: GQACausalLM)
+    onto ``device`` with weights in ``dtype``.
 
     ``quantization`` (config key): auto | none | fp8, see ``resolve_keep_fp8``. ``expert_fp8``
     keeps the routed experts in FP8 too; None (default): whenever FP8 is kept (the MoE layer runs
@@ -277,4 +280,6 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
         expert_fp8 = keep
     weights = load_weights(model_dir, arch, dtype, device, keep_fp8=keep, expert_fp8=expert_fp8, threads=threads,
                            progress=progress)
+    if arch.family == "gqa":
+        return GQACausalLM(arch, weights, device, dtype)
     return CausalLM(arch, weights, device, dtype)

@@ -1,0 +1,103 @@
+"""GQA causal LMs (qwen3, ernie4_5, llama) over head-major paged K/V caches, attention via a GQABackend.
+
+Plain classes holding tensors; the semantics follow transformers' Qwen3 / Ernie4_5 / Llama modeling
+code: RMSNorm in fp32 then cast, per-head q/k RMSNorm before rope (qwen3), rope from one
+[max_position, rot_dim] cos||sin table built once (scaling folded in) and applied by the backend,
+optional biases (ernie4_5 use_bias, llama attention_bias / mlp_bias), logits in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from paddle_mla.attention.backend import LayerRope
+from paddle_mla.models.arch import ModelArch
+from paddle_mla.models.deepseek import DenseMLP, Rope, rms_norm
+from paddle_mla.models.fp8 import linear
+
+QK_NORM_FAMILIES = ("qwen3",)
+
+
+def rope_table(arch: ModelArch, device: str) -> LayerRope:
+    """cos||sin of every position up to max_position_embeddings, as transformers computes them."""
+    rope = Rope(arch.rope, device)
+    positions = torch.arange(arch.max_position_embeddings, dtype=torch.int64, device=device)
+    cos, sin = rope.cos_sin(positions)
+    return LayerRope(cos_sin=torch.cat([cos, sin], -1).contiguous(), neox=not arch.rope.interleave,
+                     rot_dim=arch.rope.dim)
+
+
+class GQAAttention:
+    def __init__(self, arch: ModelArch, w: dict[str, Any], prefix: str):
+        self.dims, self.eps = arch.gqa, arch.rms_norm_eps
+        a = prefix + "self_attn."
+        self.q_proj, self.q_bias = w[a + "q_proj.weight"], w.get(a + "q_proj.bias")
+        self.k_proj, self.k_bias = w[a + "k_proj.weight"], w.get(a + "k_proj.bias")
+        self.v_proj, self.v_bias = w[a + "v_proj.weight"], w.get(a + "v_proj.bias")
+        self.o_proj, self.o_bias = w[a + "o_proj.weight"], w.get(a + "o_proj.bias")
+        self.q_norm, self.k_norm = w.get(a + "q_norm.weight"), w.get(a + "k_norm.weight")
+        if arch.model_type in QK_NORM_FAMILIES and (self.q_norm is None or self.k_norm is None):
+            raise ValueError(f"{arch.model_type} checkpoint lacks {a}q_norm.weight / k_norm.weight")
+
+    def forward(self, x, backend, k_cache, v_cache, meta, layer_rope: LayerRope):
+        d = self.dims
+        T = x.shape[0]
+        q = linear(x, self.q_proj, self.q_bias).view(T, d.num_heads, d.head_dim)
+        k = linear(x, self.k_proj, self.k_bias).view(T, d.num_kv_heads, d.head_dim)
+        v = linear(x, self.v_proj, self.v_bias).view(T, d.num_kv_heads, d.head_dim)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, self.eps)
+            k = rms_norm(k, self.k_norm, self.eps)
+        out = backend.forward(q.contiguous(), k.contiguous(), v.contiguous(), k_cache, v_cache, meta, layer_rope)
+        return linear(out.reshape(T, d.num_heads * d.head_dim).to(x.dtype), self.o_proj, self.o_bias)
+
+
+class GQADecoderLayer:
+    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int):
+        p = f"model.layers.{i}."
+        self.eps = arch.rms_norm_eps
+        self.in_norm = w[p + "input_layernorm.weight"]
+        self.post_norm = w[p + "post_attention_layernorm.weight"]
+        self.attn = GQAAttention(arch, w, p)
+        self.mlp = DenseMLP(w, p + "mlp.")
+
+    def forward(self, h, backend, kv, meta, layer_rope):
+        h = h + self.attn.forward(rms_norm(h, self.in_norm, self.eps), backend, kv[0], kv[1], meta, layer_rope)
+        return h + self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
+
+
+class GQACausalLM:
+    """``forward(meta, kv_caches)`` with ``kv_caches`` a list of (k_cache, v_cache) per layer."""
+
+    def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any):
+        if arch.family != "gqa":
+            raise ValueError(f"GQACausalLM got a {arch.family} arch ({arch.model_type})")
+        self.arch, self.device, self.dtype = arch, device, dtype
+        self.embed = weights["model.embed_tokens.weight"]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
+        if self.lm_head is None:
+            raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+        self.layers = [GQADecoderLayer(arch, weights, i) for i in range(arch.num_layers)]
+        self.rope = rope_table(arch, device)
+        self.backend = None
+
+    def reserve_moe_workspace(self, max_num_tokens: int) -> None:
+        """Dense families: nothing to reserve."""
+
+    def set_backend(self, backend) -> None:
+        self.backend = backend
+
+    def forward(self, meta, kv_caches: list):
+        if self.backend is None:
+            raise RuntimeError("call set_backend() before forward()")
+        h = F.embedding(meta.input_ids, self.embed)
+        for layer, kv in zip(self.layers, kv_caches):
+            h = layer.forward(h, self.backend, kv, meta, self.rope)
+        return rms_norm(h, self.norm, self.arch.rms_norm_eps)
+
+    def compute_logits(self, hidden_rows):
+        return F.linear(hidden_rows, self.lm_head).to(torch.float32)
