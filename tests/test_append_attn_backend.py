@@ -1,8 +1,9 @@
 """The ``append_attn`` backend (the compiled append_attention op) against ``native`` (the plain-tensor
 reference) on tiny random GQA checkpoints in fp32: identical greedy tokens and first logits within
 1e-5 through batched prefill, chunked prefill mixed with decodes, a cached prefix and preemption
-(tests/model_harness.py), and through the whole engine with prefix caching and chunked prefill on
-and off. CPU here (the C++ op); the GPU variant runs the CUDA op with an fp32 cache.
+(tests/model_harness.py), and through the whole engine with prefix caching, chunked prefill and a
+pool that preempts. CPU here (the C++ op); the GPU variants run the CUDA op with an fp32 cache, with
+prefix caching / chunked prefill on and off and CUDA graphs on and off.
 The checkpoints come from HF transformers classes (as in tests/test_gqa_oracle.py).
 """
 
