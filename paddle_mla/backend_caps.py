@@ -29,8 +29,8 @@ BACKEND_CAPS: dict[str, BackendCaps] = {
                               note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "dsa": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True,
                        note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
-    "append_attn": BackendCaps(("gqa",), chunked_prefill=False, prefix_cache=False, cuda_graph=False, cpu=False,
-                               implemented=False, note="GQA paged attention is not built yet"),
+    "append_attn": BackendCaps(("gqa",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
+                               note="the append_attention custom op: C++ on CPU, CUDA on the GPU"),
 }
 
 
@@ -46,12 +46,11 @@ def model_family(model_type: str | None) -> str:
 def resolve_backend(name: str, device_kind: str, model_type: str | None = None) -> str:
     """``auto`` -> on a GPU when triton is importable, ``dsa`` for deepseek_v32 checkpoints and
     ``triton_mla`` for the other MLA ones; else ``native``. Other names as given.
-    GQA checkpoints resolve to ``native`` everywhere until the append_attn op lands (its merge
-    makes ``auto`` pick append_attn on a GPU)."""
+    GQA checkpoints resolve to ``append_attn`` on a GPU, ``native`` on CPU."""
     if name != "auto":
         return name
     if model_family(model_type) == "gqa":
-        return "native"
+        return "append_attn" if device_kind == "gpu" else "native"
     if device_kind == "gpu" and importlib.util.find_spec("triton") is not None:
         return "dsa" if model_type == "deepseek_v32" else "triton_mla"
     return "native"

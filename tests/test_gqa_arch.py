@@ -80,7 +80,7 @@ def test_backends_for_gqa_models():
     assert model_family("qwen3") == "gqa" and model_family("deepseek_v3") == "mla" and model_family(None) == "mla"
     assert "gqa" in BACKEND_CAPS["native"].families and "mla" in BACKEND_CAPS["native"].families
     for mt in ("qwen3", "ernie4_5", "llama"):
-        assert resolve_backend("auto", "gpu", mt) == "native"      # until append_attn lands
+        assert resolve_backend("auto", "gpu", mt) == "append_attn"
         assert resolve_backend("auto", "cpu", mt) == "native"
         assert check_model_backend(mt, "native") is None
         for mla_only in ("triton_mla", "dsa"):

@@ -21,12 +21,14 @@ for std in c++17 c++20; do
       status=1
     fi
   done
-  # The CPU header must stay plain C++ too (the CUDA kernels share its per-element helpers).
-  if echo '#include "metadata_cpu.h"' | c++ -std=$std -Wall -Wextra -Werror -fsyntax-only -Icustom_ops -x c++ -; then
-    echo "ok    custom_ops/metadata_cpu.h (c++, $std)"
-  else
-    echo "FAIL  custom_ops/metadata_cpu.h (c++, $std)" >&2
-    status=1
-  fi
+  # The CPU headers must stay plain C++ too (the CUDA kernels share their per-element helpers).
+  for hdr in metadata_cpu.h append_attention_cpu.h; do
+    if echo "#include \"$hdr\"" | c++ -std=$std -Wall -Wextra -Werror -fsyntax-only -Icustom_ops -x c++ -; then
+      echo "ok    custom_ops/$hdr (c++, $std)"
+    else
+      echo "FAIL  custom_ops/$hdr (c++, $std)" >&2
+      status=1
+    fi
+  done
 done
 exit $status

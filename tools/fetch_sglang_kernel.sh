@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fetches SGLang's Triton MLA decode kernel for benchmarks ONLY (tools/bench_mla_decode.py).
+# Fetches SGLang's Triton decode kernels for benchmarks ONLY: decode_attention_fwd serves MLA
+# (tools/bench_mla_decode.py) and GQA (grouped kernel, tools/bench_gqa_attention.py) from one file.
 # It lands in ./third_party/sglang_decode/, which .gitignore excludes: never commit it, never
 # copy its code into paddle_mla. The GPU machine has no network, so run this here and carry
 # third_party to the device run.

@@ -61,5 +61,14 @@ python3 tools/bench_dsa.py --quick --e2e --json "$OUT/bench_dsa.json" 2>&1 | tee
 echo "=== chunked prefill on a shared-prefix 8k workload (paddle-mla bench): ITL p99/p50, throughput on/off"
 python3 tools/bench_chunked_itl.py --json "$OUT/bench_chunked_itl.json" 2>&1 | tail -n 12 | tee "$OUT/bench_chunked_itl.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== GQA append_attention: decode vs copy bandwidth and SGLang (third_party/sglang_decode), prefill vs SDPA flash"
+python3 tools/bench_gqa_attention.py --json "$OUT/bench_gqa_attention.json" 2>&1 | tee "$OUT/bench_gqa_attention.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if command -v compute-sanitizer >/dev/null; then
+  echo "=== GQA append_attention under compute-sanitizer memcheck (small cases)"
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_append_attention_gpu.py -k "reference or padding or splits" 2>&1 | tail -n 30 | tee "$OUT/gqa_memcheck.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 echo "gpu_check status: $status"
 exit $status

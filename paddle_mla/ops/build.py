@@ -50,8 +50,12 @@ import torch  # the real torch on the torch runtime; used only there
 from paddle_mla import runtime
 from paddle_mla.ops import reference
 
-KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu")
-BINDINGS = {"paddle": "paddle_binding.cc", "torch": "torch_binding.cc"}
+KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "append_attention_common.h",
+                  "append_attention_cpu.h", "append_attention_cuda.h", "append_attention_device.cuh",
+                  "append_attention_prefill.cuh", "append_attention_kernels.cu")
+CUDA_SOURCES = ("metadata_kernels.cu", "append_attention_kernels.cu")
+BINDINGS = {"paddle": ("paddle_binding.cc", "paddle_binding_attention.cc"),
+            "torch": ("torch_binding.cc", "torch_binding_attention.cc")}
 LIB_NAME = "paddle_mla_ops"
 CXX_FLAGS = ["-O3"]  # the C++ standard comes from the framework (torch 2.14 headers need C++20)
 CUDA_FLAGS = ["-O3"]
@@ -65,6 +69,10 @@ class CompiledOps:
     get_position_ids: Callable[..., Any]
     get_cu_seqlens: Callable[..., Any]
     compute_slot_mapping: Callable[..., Any]
+    # (q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, batch_id_per_token, positions,
+    #  cos_sin, out, workspace, softmax_scale, neox, rot_dim, num_swa_heads, window, sink, decode_only):
+    # updates k_cache, v_cache, out in place; see paddle_mla/ops/append_attention.py
+    append_attention: Callable[..., Any]
     runtime: str
     with_cuda: bool
     build_dir: str
@@ -170,7 +178,7 @@ def cache_root() -> Path:
 def build_dir(rt: str, with_cuda: bool, arch_flags: list[str]) -> Path:
     src = sources_dir()
     h = hashlib.sha256()
-    for name in (*KERNEL_SOURCES, BINDINGS[rt]):
+    for name in (*KERNEL_SOURCES, *BINDINGS[rt]):
         h.update(name.encode() + b"\0" + (src / name).read_bytes())
     h.update(json.dumps([rt, _runtime_version(rt), sys.version, platform.machine(), with_cuda,
                          CXX_FLAGS, CUDA_FLAGS, arch_flags]).encode())
@@ -239,7 +247,7 @@ def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str,
     """Compile into ``out`` and load; returns the shared library's path and Paddle's op module
     (None on torch). Compiler output goes to build.log."""
     src = sources_dir()
-    sources = [str(src / BINDINGS[rt])] + ([str(src / "metadata_kernels.cu")] if with_cuda else [])
+    sources = [str(src / name) for name in BINDINGS[rt] + (CUDA_SOURCES if with_cuda else ())]
     defines = ["-DPADDLE_MLA_WITH_CUDA"] if with_cuda else []
     verbose = _env_flag("PADDLE_MLA_OPS_VERBOSE")
     with _output_to(None if verbose else out / "build.log"), warnings.catch_warnings():
@@ -304,6 +312,7 @@ def _bind(rt: str, lib: str, module: Any) -> dict[str, Callable[..., Any]]:
             "get_cu_seqlens": lambda this, dec, n: tuple(module.pmla_get_cu_seqlens(this, dec, int(n))),
             "compute_slot_mapping": lambda tables, ids, pos, bs: module.pmla_compute_slot_mapping(
                 tables, ids, pos, int(bs)),
+            "append_attention": lambda *args: module.pmla_append_attention(*args[:13], float(args[13]), *args[14:]),
         }
         on_gpu = lambda x: x.place.is_gpu_place()
     else:
@@ -314,11 +323,13 @@ def _bind(rt: str, lib: str, module: Any) -> dict[str, Callable[..., Any]]:
             "get_position_ids": lambda enc, dec, this, n: ns.get_position_ids(enc, dec, this, int(n)),
             "get_cu_seqlens": lambda this, dec, n: ns.get_cu_seqlens(this, dec, int(n)),
             "compute_slot_mapping": lambda tables, ids, pos, bs: ns.compute_slot_mapping(tables, ids, pos, int(bs)),
+            "append_attention": ns.append_attention,
         }
         on_gpu = lambda x: x.is_cuda
     if wants_cuda():
         return ops
-    return {name: _cpu_only(name, fn, on_gpu) for name, fn in ops.items()}
+    # append_attention has no plain-tensor twin in ops.reference: its wrapper checks with_cuda itself
+    return {name: fn if name == "append_attention" else _cpu_only(name, fn, on_gpu) for name, fn in ops.items()}
 
 
 def _cpu_only(name: str, fn: Callable[..., Any], on_gpu: Callable[[Any], bool]) -> Callable[..., Any]:
@@ -374,6 +385,11 @@ def _register_torch_fakes() -> None:
     @torch.library.register_fake("paddle_mla::compute_slot_mapping")
     def _(tables, ids, pos, block_size):
         return pos.new_empty(pos.shape, dtype=torch.int64)
+
+    @torch.library.register_fake("paddle_mla::append_attention")
+    def _(q, k, v, k_cache, v_cache, tables, cu_q, lens, ids, pos, cos_sin, out, ws, scale, neox, rot, swa, window,
+          sink, decode_only):
+        return None  # mutates k_cache, v_cache, out
 
 
 def main() -> int:

@@ -1,0 +1,218 @@
+// append_attention, CUDA device helpers shared by the kernels of append_attention_kernels.cu:
+// dtype conversion, RoPE of one element, the paged K/V tile copy (cp.async) and one warp's online-
+// softmax step over a tile of 32 keys. Framework-neutral (nvcc alone compiles it).
+//
+// Layout of a K/V tile in shared memory: 32 key rows of `row_bytes` = D * sizeof(T) + pad, so that
+// lane n reading its own row in VB-byte vectors meets no bank conflict. Lane n of a warp owns key n
+// of the tile for QK^T (scores for every row of the warp), and dims lane + 32 i for PV.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "append_attention_common.h"
+
+namespace paddle_mla {
+namespace attn {
+
+constexpr int kTileKeys = 32;  // keys per tile: one per lane
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <typename T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
+
+// Element d of one head's row, roped at position p (dims >= rot_dim pass through).
+template <typename T>
+__device__ __forceinline__ float roped(const AppendAttentionArgs& a, const T* row, int64_t d, int64_t p) {
+  const float x = to_f(row[d]);
+  if (d >= a.rot_dim) return x;
+  const float* cs = a.cos_sin + p * a.rot_dim;
+  const int64_t half = a.rot_dim / 2;
+  if (a.neox) {
+    if (d < half) return x * cs[d] - to_f(row[d + half]) * cs[half + d];
+    return x * cs[d - half] + to_f(row[d - half]) * cs[d];  // cs[half + (d - half)] == cs[d]
+  }
+  const int64_t i = d / 2;
+  if (d % 2 == 0) return x * cs[i] - to_f(row[d + 1]) * cs[half + i];
+  return x * cs[i] + to_f(row[d - 1]) * cs[half + i];
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Copies the K and V rows of virtual key indices [first, first + 32) of `keys` (those < end, whose
+// block exists) into one tile stage with cp.async, by `nthreads` threads numbered `tid`; other rows
+// are zero-filled, so a masked key never multiplies garbage (or a poisoned NaN) into the output.
+template <typename T, int VB>
+__device__ __forceinline__ void load_tile(const AppendAttentionArgs& a, int64_t b, int64_t g, const KeyRanges& keys,
+                                          int64_t first, int64_t end, uint8_t* ksm, uint8_t* vsm, int row_bytes,
+                                          int tid, int nthreads) {
+  const int per_row = static_cast<int>(a.head_dim * sizeof(T)) / VB;
+  const uint8_t* kc = static_cast<const uint8_t*>(a.k_cache);
+  const uint8_t* vc = static_cast<const uint8_t*>(a.v_cache);
+  for (int c = tid; c < kTileKeys * per_row; c += nthreads) {
+    const int n = c / per_row, part = c % per_row;
+    uint8_t* kd = ksm + n * row_bytes + part * VB;
+    uint8_t* vd = vsm + n * row_bytes + part * VB;
+    const int64_t i = first + n;
+    const int64_t j = i < end ? keys.position(i) : -1;
+    const int64_t blk = j >= 0 ? block_of(a, b, g, j) : -1;
+    if (blk >= 0) {
+      const int64_t off = cache_offset(a, g, blk, j) * static_cast<int64_t>(sizeof(T)) + part * VB;
+      __pipeline_memcpy_async(kd, kc + off, VB);
+      __pipeline_memcpy_async(vd, vc + off, VB);
+    } else {
+      for (int x = 0; x < VB; x += 4) {
+        *reinterpret_cast<uint32_t*>(kd + x) = 0u;
+        *reinterpret_cast<uint32_t*>(vd + x) = 0u;
+      }
+    }
+  }
+}
+
+// The key position lane `n` holds in a tile starting at virtual index `first`, or -1 (masked).
+__device__ __forceinline__ int64_t lane_key(const AppendAttentionArgs& a, int64_t b, int64_t g,
+                                            const KeyRanges& keys, int64_t first, int64_t end, int n) {
+  const int64_t i = first + n;
+  if (i >= end) return -1;
+  const int64_t j = keys.position(i);
+  return block_of(a, b, g, j) >= 0 ? j : -1;
+}
+
+// Running softmax state of up to R rows (query heads, or query x head pairs) in one warp.
+template <int R, int DPL>
+struct WarpState {
+  float m[R], l[R], o[R][DPL];
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) o[r][i] = 0.0f;
+    }
+  }
+};
+
+template <int VE>
+__device__ __forceinline__ void load_floats(const float* p, float (&x)[VE]) {
+  if constexpr (VE % 4 == 0) {
+#pragma unroll
+    for (int e = 0; e < VE; e += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(p + e);
+      x[e] = v.x;
+      x[e + 1] = v.y;
+      x[e + 2] = v.z;
+      x[e + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VE; ++e) x[e] = p[e];
+  }
+}
+
+// One tile for one warp: scores of its R rows (q rows in shared memory, fp32, pre-scaled by
+// softmax_scale * log2 e, stride q_stride floats) against the lane's key, masked per row by the
+// contract's rule (row_p[r] < 0: a padding row), online-softmax update, then P V.
+// `psm` is the warp's own [32][R] float scratch.
+template <typename T, int VB, int R, int DPL>
+__device__ __forceinline__ void attend_tile(WarpState<R, DPL>& st, const uint8_t* ksm, const uint8_t* vsm,
+                                            int row_bytes, const float* qsm, int q_stride, int D, int64_t key_j,
+                                            const int64_t (&row_p)[R], bool swa, int64_t window, int64_t sink,
+                                            float* psm) {
+  constexpr int VE = VB / static_cast<int>(sizeof(T));
+  const int lane = threadIdx.x & 31;
+  float s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) s[r] = 0.0f;
+  const uint8_t* krow = ksm + lane * row_bytes;
+  for (int c = 0; c < D / VE; ++c) {
+    alignas(VB) T kv[VE];
+    if constexpr (VB == 16) {
+      *reinterpret_cast<uint4*>(kv) = *reinterpret_cast<const uint4*>(krow + c * VB);
+    } else {
+      *reinterpret_cast<uint32_t*>(kv) = *reinterpret_cast<const uint32_t*>(krow + c * VB);
+    }
+    float kf[VE];
+#pragma unroll
+    for (int e = 0; e < VE; ++e) kf[e] = to_f(kv[e]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float qf[VE];
+      load_floats<VE>(qsm + r * q_stride + c * VE, qf);
+#pragma unroll
+      for (int e = 0; e < VE; ++e) s[r] = fmaf(qf[e], kf[e], s[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t p = row_p[r];
+    const bool vis = key_j >= 0 && p >= 0 && key_j <= p && (!swa || key_j < sink || key_j > p - window);
+    const float sv = vis ? s[r] : -INFINITY;
+    const float m_new = fmaxf(st.m[r], warp_max(sv));
+    const float pr = vis ? exp2f(sv - m_new) : 0.0f;
+    const float keep = st.m[r] == -INFINITY ? 0.0f : exp2f(st.m[r] - m_new);
+    st.l[r] = st.l[r] * keep + warp_sum(pr);
+    st.m[r] = m_new;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) st.o[r][i] *= keep;
+    psm[lane * R + r] = pr;
+  }
+  __syncwarp();
+  for (int n = 0; n < kTileKeys; ++n) {
+    float pn[R];
+    load_floats<R>(psm + n * R, pn);
+    const T* vrow = reinterpret_cast<const T*>(vsm + n * row_bytes);
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int d = lane + 32 * i;
+      if (d < D) {
+        const float vv = to_f(vrow[d]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) st.o[r][i] = fmaf(pn[r], vv, st.o[r][i]);
+      }
+    }
+  }
+  __syncwarp();  // psm is rewritten by the next tile
+}
+
+// Roped, scaled (softmax_scale * log2 e) query rows into shared memory: row r of `rows` gets head
+// heads[r] of token tokens[r] (token < 0: zeros).
+template <typename T>
+__device__ void load_q_rows(const AppendAttentionArgs& a, const int64_t* tokens, const int64_t* heads, int rows,
+                            float* qsm, int q_stride) {
+  const float scale = a.softmax_scale * kLog2e;
+  for (int e = threadIdx.x; e < rows * a.head_dim; e += blockDim.x) {
+    const int r = e / static_cast<int>(a.head_dim);
+    const int64_t d = e % a.head_dim, t = tokens[r];
+    float x = 0.0f;
+    if (t >= 0) {
+      const T* row = static_cast<const T*>(a.q) + t * a.q_stride + heads[r] * a.head_dim;
+      x = roped(a, row, d, a.positions[t]) * scale;
+    }
+    qsm[r * q_stride + d] = x;
+  }
+}
+
+}  // namespace attn
+}  // namespace paddle_mla

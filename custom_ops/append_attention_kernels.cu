@@ -1,0 +1,313 @@
+// append_attention, CUDA kernels and launcher. Framework-neutral: nvcc compiles this file alone
+// (tools/check_cuda_compile.sh). Semantics: append_attention_common.h; CPU twin: append_attention_cpu.h.
+//
+// Three steps on one stream, every launch sized from shapes only (CUDA-graph replayable):
+// 1. rope_write_kernel, one block per token: ropes k into the paged caches, copies v, and zeroes the
+//    output rows of padding tokens.
+// 2. decode_kernel for requests with exactly one new token: grid (batch, KV head x head chunk, split);
+//    the split owns a contiguous part of the request's visible keys (for an SWA head only its sinks
+//    and window), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
+//    query heads at once, merge in shared memory, and write either the output (one split) or a
+//    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
+// 3. prefill_kernel for requests with >= 2 new tokens: one block per (query tile, KV head); the tile
+//    holds 32 (query, head) rows of one request, so a group's heads share every K/V tile load. The
+//    block finds its (request, tile) from cu_seqlens_q itself (grid: ceil(T / queries) + batch).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "append_attention_cuda.h"
+#include "append_attention_device.cuh"
+#include "append_attention_prefill.cuh"
+
+namespace paddle_mla {
+namespace {
+
+using attn::kTileKeys;
+
+constexpr int kMaxDecodeSplits = 16;  // == MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py
+constexpr int kMaxSmem = 160 * 1024;  // dynamic shared memory a decode block may take
+
+template <typename T>
+__global__ void rope_write_kernel(AppendAttentionArgs a) {
+  const int64_t t = blockIdx.x;
+  const int64_t b = token_request(a, t);
+  if (b < 0) {
+    T* out = static_cast<T*>(a.out) + t * a.num_q_heads * a.head_dim;
+    for (int64_t e = threadIdx.x; e < a.num_q_heads * a.head_dim; e += blockDim.x) out[e] = attn::from_f<T>(0.0f);
+    return;
+  }
+  const int64_t p = a.positions[t];
+  const T* k = static_cast<const T*>(a.k) + t * a.k_stride;
+  const T* v = static_cast<const T*>(a.v) + t * a.v_stride;
+  T* kc = static_cast<T*>(a.k_cache);
+  T* vc = static_cast<T*>(a.v_cache);
+  for (int64_t e = threadIdx.x; e < a.num_kv_heads * a.head_dim; e += blockDim.x) {
+    const int64_t g = e / a.head_dim, d = e % a.head_dim;
+    const int64_t blk = block_of(a, b, g, p);
+    if (blk < 0) continue;
+    const int64_t off = cache_offset(a, g, blk, p) + d;
+    kc[off] = attn::from_f<T>(attn::roped(a, k + g * a.head_dim, d, p));
+    vc[off] = v[g * a.head_dim + d];
+  }
+}
+
+struct DecodeGeometry {
+  int row_bytes, q_stride, nwarps, hchunks, splits;
+  size_t smem;
+};
+
+template <typename T, int VB, int R, int DPL>
+__global__ void decode_kernel(AppendAttentionArgs a, DecodeGeometry geo, float* ws_o, float* ws_lse) {
+  const int64_t b = blockIdx.x;
+  const int32_t t0 = a.cu_seqlens_q[b];
+  if (a.cu_seqlens_q[b + 1] - t0 != 1 || token_request(a, t0) != b) return;
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  const int64_t g = blockIdx.y / geo.hchunks, h0 = (blockIdx.y % geo.hchunks) * R;
+  const int hc = static_cast<int>(min(static_cast<int64_t>(R), group - h0));
+  const int64_t p = a.positions[t0];
+  const KeyRanges keys = key_ranges(a, g, p);
+  const int64_t nvis = keys.count(), split = blockIdx.z;
+  int64_t per_split = (nvis + geo.splits - 1) / geo.splits;
+  per_split = (per_split + kTileKeys - 1) / kTileKeys * kTileKeys;
+  const int64_t lo = split * per_split, hi = min(nvis, lo + per_split);
+  const int64_t head_row = b * a.num_q_heads + g * group + h0;  // first (request, query head) row
+  if (lo >= hi) {  // nothing to see in this split (every split, when an SWA head has no window)
+    if (geo.splits > 1) {
+      if (threadIdx.x < hc) ws_lse[(head_row + threadIdx.x) * geo.splits + split] = -INFINITY;
+    } else {
+      T* out = static_cast<T*>(a.out) + (t0 * a.num_q_heads + g * group + h0) * a.head_dim;
+      for (int64_t e = threadIdx.x; e < hc * a.head_dim; e += blockDim.x) out[e] = attn::from_f<T>(0.0f);
+    }
+    return;
+  }
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* qsm = reinterpret_cast<float*>(smem);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const size_t stage = static_cast<size_t>(kTileKeys) * geo.row_bytes;
+  uint8_t* mine = smem + R * geo.q_stride * sizeof(float) + warp * (4 * stage + kTileKeys * R * sizeof(float));
+  float* psm = reinterpret_cast<float*>(mine + 4 * stage);
+  __shared__ int64_t tokens[R], heads[R];
+  if (threadIdx.x < R) {
+    tokens[threadIdx.x] = threadIdx.x < hc ? t0 : -1;
+    heads[threadIdx.x] = g * group + h0 + threadIdx.x;
+  }
+  __syncthreads();
+  attn::load_q_rows<T>(a, tokens, heads, R, qsm, geo.q_stride);
+  __syncthreads();
+  int64_t row_p[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) row_p[r] = r < hc ? p : -1;
+  attn::WarpState<R, DPL> st;
+  st.init();
+  const int D = static_cast<int>(a.head_dim);
+  const bool swa = is_swa_head(a, g);
+  // Warp w takes tiles w, w + nwarps, ...: two stages, the next tile's copy overlaps this one's math.
+  const int64_t step = static_cast<int64_t>(geo.nwarps) * kTileKeys;
+  int64_t first = lo + warp * kTileKeys;
+  if (first < hi) attn::load_tile<T, VB>(a, b, g, keys, first, hi, mine, mine + stage, geo.row_bytes, lane, 32);
+  __pipeline_commit();
+  for (int it = 0; first < hi; ++it, first += step) {
+    uint8_t* cur = mine + (it % 2) * 2 * stage;
+    uint8_t* nxt = mine + ((it + 1) % 2) * 2 * stage;
+    if (first + step < hi)
+      attn::load_tile<T, VB>(a, b, g, keys, first + step, hi, nxt, nxt + stage, geo.row_bytes, lane, 32);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncwarp();
+    const int64_t kj = attn::lane_key(a, b, g, keys, first, hi, lane);
+    attn::attend_tile<T, VB, R, DPL>(st, cur, cur + stage, geo.row_bytes, qsm, geo.q_stride, D, kj, row_p, swa,
+                                     a.window, a.sink, psm);
+  }
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  // Merge the warps: each publishes (m, l, o) of its rows; then every thread combines some (row, dim).
+  const int ostride = 32 * DPL + 2;
+  float* merge = reinterpret_cast<float*>(smem + R * geo.q_stride * sizeof(float));  // stages are free now
+  float* my = merge + warp * R * ostride;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (lane == 0) {
+      my[r * ostride] = st.m[r];
+      my[r * ostride + 1] = st.l[r];
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) my[r * ostride + 2 + lane + 32 * i] = st.o[r][i];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < hc * D; e += blockDim.x) {
+    const int r = e / D, d = e % D;
+    float mx = -INFINITY;
+    for (int w = 0; w < geo.nwarps; ++w) mx = fmaxf(mx, merge[(w * R + r) * ostride]);
+    float l = 0.0f, o = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < geo.nwarps; ++w) {
+        const float* src = merge + (w * R + r) * ostride;
+        const float f = src[0] == -INFINITY ? 0.0f : exp2f(src[0] - mx);
+        l += f * src[1];
+        o += f * src[2 + d];
+      }
+    }
+    const float val = l > 0.0f ? o / l : 0.0f;
+    if (geo.splits == 1) {
+      static_cast<T*>(a.out)[(t0 * a.num_q_heads + g * group + h0 + r) * a.head_dim + d] = attn::from_f<T>(val);
+    } else {
+      ws_o[((head_row + r) * geo.splits + split) * a.head_dim + d] = val;
+      if (d == 0) ws_lse[(head_row + r) * geo.splits + split] = l > 0.0f ? mx + log2f(l) : -INFINITY;
+    }
+  }
+}
+
+template <typename T>
+__global__ void merge_kernel(AppendAttentionArgs a, int splits, const float* ws_o, const float* ws_lse) {
+  const int64_t b = blockIdx.x, h = blockIdx.y;
+  const int32_t t0 = a.cu_seqlens_q[b];
+  if (a.cu_seqlens_q[b + 1] - t0 != 1 || token_request(a, t0) != b) return;
+  const int64_t row = b * a.num_q_heads + h;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ws_lse[row * splits + s]);
+  for (int64_t d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
+    float l = 0.0f, o = 0.0f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < splits; ++s) {
+        const float lse = ws_lse[row * splits + s];
+        if (lse == -INFINITY) continue;
+        const float f = exp2f(lse - mx);
+        l += f;
+        o += f * ws_o[(row * splits + s) * a.head_dim + d];
+      }
+    }
+    static_cast<T*>(a.out)[(t0 * a.num_q_heads + h) * a.head_dim + d] = attn::from_f<T>(l > 0.0f ? o / l : 0.0f);
+  }
+}
+
+const char* launched() {
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename K>
+const char* allow_smem(K kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return nullptr;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(bytes));
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 132;
+  return n > 0 ? n : 132;
+}
+
+// Row pitch of a K/V tile row: VB-byte vectors of consecutive lanes fall in distinct banks.
+template <typename T, int VB>
+int tile_row_bytes(int64_t head_dim) {
+  const int bytes = static_cast<int>(head_dim * sizeof(T));
+  if (VB == 16) return bytes + 16;
+  return bytes + ((bytes / 4) % 2 == 0 ? 4 : 0);
+}
+
+template <typename T, int VB, int R, int DPL>
+const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
+  DecodeGeometry geo{};
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  geo.row_bytes = tile_row_bytes<T, VB>(a.head_dim);
+  geo.q_stride = static_cast<int>((a.head_dim + 3) / 4 * 4);
+  geo.hchunks = static_cast<int>((group + R - 1) / R);
+  const size_t base = static_cast<size_t>(R) * geo.q_stride * sizeof(float);
+  const size_t per_warp = 4 * static_cast<size_t>(kTileKeys) * geo.row_bytes + kTileKeys * R * sizeof(float);
+  geo.nwarps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (kMaxSmem - base) / per_warp)));
+  // The warps' (m, l, o) exchange reuses the stages; only tiny head dims need more than they hold.
+  const size_t merge = static_cast<size_t>(geo.nwarps) * R * (32 * DPL + 2) * sizeof(float);
+  geo.smem = base + std::max(geo.nwarps * per_warp, merge);
+  // Splits from shapes only: enough blocks for the GPU, at least ~256 keys of a full row per split,
+  // and no more than the workspace holds.
+  const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * geo.hchunks);
+  int64_t splits = (4 * sm_count() + blocks - 1) / blocks;
+  splits = std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256);
+  const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
+  splits = std::min<int64_t>(splits, per_split_floats > 0 ? ws_floats / per_split_floats : 0);
+  geo.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits)));
+  float* ws_o = geo.splits > 1 ? ws : nullptr;
+  float* ws_lse = geo.splits > 1 ? ws + a.batch * a.num_q_heads * geo.splits * a.head_dim : nullptr;
+  auto kernel = decode_kernel<T, VB, R, DPL>;
+  if (const char* err = allow_smem(kernel, geo.smem)) return err;
+  const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads * geo.hchunks),
+                  static_cast<unsigned>(geo.splits));
+  kernel<<<grid, 32 * geo.nwarps, geo.smem, stream>>>(a, geo, ws_o, ws_lse);
+  if (const char* err = launched()) return err;
+  if (geo.splits == 1) return nullptr;
+  merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)), 128, 0, stream>>>(
+      a, geo.splits, ws_o, ws_lse);
+  return launched();
+}
+
+template <typename T, int VB, int DPL>
+const char* launch_prefill(const AppendAttentionArgs& a, cudaStream_t stream) {
+  attn::PrefillGeometry geo{};
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  geo.row_bytes = tile_row_bytes<T, VB>(a.head_dim);
+  geo.q_stride = static_cast<int>((a.head_dim + 3) / 4 * 4);
+  geo.queries = static_cast<int>(attn::kPrefillBlockRows / group);
+  geo.smem = static_cast<size_t>(attn::kPrefillBlockRows) * geo.q_stride * sizeof(float) +
+             4 * static_cast<size_t>(kTileKeys) * geo.row_bytes +
+             static_cast<size_t>(attn::kPrefillWarps) * kTileKeys * attn::kPrefillRows * sizeof(float);
+  auto kernel = attn::prefill_kernel<T, VB, DPL>;
+  if (const char* err = allow_smem(kernel, geo.smem)) return err;
+  const int64_t tiles = (a.num_tokens + geo.queries - 1) / geo.queries + a.batch;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads));
+  kernel<<<grid, 32 * attn::kPrefillWarps, geo.smem, stream>>>(a, geo);
+  return launched();
+}
+
+template <typename T, int VB, int DPL>
+const char* launch_all(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, bool decode_only,
+                       cudaStream_t stream) {
+  rope_write_kernel<T><<<static_cast<unsigned>(a.num_tokens), 128, 0, stream>>>(a);
+  if (const char* err = launched()) return err;
+  if (a.batch == 0) return nullptr;
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  const char* err = group <= 4 ? launch_decode<T, VB, 4, DPL>(a, ws, ws_floats, stream)
+                               : launch_decode<T, VB, 8, DPL>(a, ws, ws_floats, stream);
+  if (err != nullptr || decode_only) return err;
+  return launch_prefill<T, VB, DPL>(a, stream);
+}
+
+template <typename T, int VB>
+const char* by_head_dim(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, bool decode_only,
+                        cudaStream_t stream) {
+  if (a.head_dim <= 64) return launch_all<T, VB, 2>(a, ws, ws_floats, decode_only, stream);
+  if (a.head_dim <= 128) return launch_all<T, VB, 4>(a, ws, ws_floats, decode_only, stream);
+  return launch_all<T, VB, 8>(a, ws, ws_floats, decode_only, stream);
+}
+
+template <typename T>
+const char* by_vector(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, bool decode_only,
+                      cudaStream_t stream) {
+  const int64_t bytes = a.head_dim * static_cast<int64_t>(sizeof(T));
+  if (bytes % 16 == 0) return by_head_dim<T, 16>(a, ws, ws_floats, decode_only, stream);
+  return by_head_dim<T, 4>(a, ws, ws_floats, decode_only, stream);
+}
+
+}  // namespace
+
+const char* append_attention_cuda(const AppendAttentionArgs& a, float* workspace, int64_t workspace_floats,
+                                  bool decode_only, void* stream) {
+  if (a.num_tokens == 0) return nullptr;
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  if (a.head_dim > 256) return "append_attention_cuda: head_dim > 256 is not supported";
+  if (group > attn::kPrefillBlockRows) return "append_attention_cuda: more than 32 query heads per KV head";
+  const int64_t es = a.dtype == AttnDtype::kFloat32 ? 4 : 2;
+  if ((a.head_dim * es) % 4 != 0) return "append_attention_cuda: head_dim * element size must be a multiple of 4";
+  const auto st = static_cast<cudaStream_t>(stream);
+  switch (a.dtype) {
+    case AttnDtype::kFloat32: return by_vector<float>(a, workspace, workspace_floats, decode_only, st);
+    case AttnDtype::kBFloat16: return by_vector<__nv_bfloat16>(a, workspace, workspace_floats, decode_only, st);
+    case AttnDtype::kFloat16: return by_vector<__half>(a, workspace, workspace_floats, decode_only, st);
+  }
+  return "append_attention_cuda: unknown dtype";
+}
+
+}  // namespace paddle_mla

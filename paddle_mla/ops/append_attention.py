@@ -1,0 +1,60 @@
+"""The ``append_attention`` custom op: RoPE, paged K/V cache write and causal GQA attention in one
+call per layer (contract: the GQA contract notes; semantics: ``attention.gqa_reference``).
+
+C++ on CPU tensors, CUDA on GPU tensors, both compiled by ``paddle_mla.ops.build`` (setup.py or first
+use). When the ops are not built (or were built without CUDA and the tensors are on a GPU) the
+plain-tensor reference runs instead, with the build's one warning.
+
+Beyond the contract's signature, two keyword-only extras serve the GPU path and change nothing in
+the result: ``workspace`` (fp32, ``workspace_numel(max_num_seqs, ...)`` elements, allocated once by
+the backend so decode steps replay in CUDA graphs; without it a GPU call allocates one) and
+``decode_only`` (every request has exactly one new token: the prefill kernel is not launched).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paddle_mla.ops import build
+
+# Must equal kMaxDecodeSplits in custom_ops/append_attention_kernels.cu (a smaller workspace only
+# lowers the number of splits the kernel uses; it never overflows it).
+MAX_DECODE_SPLITS = 16
+
+
+def workspace_numel(max_num_seqs: int, num_q_heads: int, head_dim: int) -> int:
+    """fp32 elements of the decode workspace for up to ``max_num_seqs`` requests a step."""
+    return max(1, max_num_seqs * num_q_heads * MAX_DECODE_SPLITS * (head_dim + 1))
+
+
+def implementation(on_gpu: bool = False) -> str:
+    """'custom_op' when the compiled op serves calls on that device, else 'reference'."""
+    ops = build.load_ops()
+    return "custom_op" if ops is not None and (ops.with_cuda or not on_gpu) else "reference"
+
+
+def append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, batch_id_per_token,
+                     positions, cos_sin, out, *, softmax_scale: float, neox: bool, rot_dim: int,
+                     num_swa_heads: int = 0, window: int = 0, sink: int = 0, workspace=None,
+                     decode_only: bool = False):
+    """Writes the step's roped K/V into ``k_cache``/``v_cache`` and the attention output into ``out``
+    ([T, Hq, D], dtype of q); returns ``out``."""
+    on_gpu = bool(q.is_cuda)
+    if implementation(on_gpu) == "reference":
+        if on_gpu and build.load_ops() is not None:
+            build.warn_once("attention-cpu-only", "paddle_mla custom ops were built without CUDA (nvcc not found); "
+                                                  "append_attention on the GPU uses the plain-tensor reference")
+        from paddle_mla.attention.gqa_reference import append_attention_reference
+
+        return append_attention_reference(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k,
+                                          batch_id_per_token, positions, cos_sin, out, softmax_scale=softmax_scale,
+                                          neox=neox, rot_dim=rot_dim, num_swa_heads=num_swa_heads, window=window,
+                                          sink=sink)
+    if workspace is None:
+        n = workspace_numel(int(seq_lens_k.shape[0]), int(q.shape[1]), int(q.shape[2])) if on_gpu else 0
+        workspace = torch.empty(n, dtype=torch.float32, device=q.device)
+    build.load_ops().append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k,
+                                      batch_id_per_token, positions, cos_sin, out, workspace, float(softmax_scale),
+                                      bool(neox), int(rot_dim), int(num_swa_heads), int(window), int(sink),
+                                      bool(decode_only))
+    return out

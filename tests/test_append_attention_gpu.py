@@ -1,0 +1,136 @@
+"""The CUDA ``append_attention`` op against the C++ op (CPU, same dtype) and the plain-tensor
+reference, on random paged inputs (tests/append_attention_cases.py): block sizes 16 and 64, contexts
+crossing block edges, zero-length rows and padding tokens, bf16 / fp16 / fp32, uniform and head-wise
+tables with -1 (NaN-poisoned) slots and SWA heads, decode splits, and CUDA-graph replay.
+Run on the GPU machine: ``python -m pytest -q -m gpu tests/test_append_attention_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from append_attention_cases import Case, make_data, run_case
+from paddle_mla import runtime
+from paddle_mla.attention.gqa_reference import append_attention_reference
+from paddle_mla.ops import append_attention as op
+from paddle_mla.tensor_api import torch
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"float32": 2e-4, "bfloat16": 3e-2, "float16": 4e-3}
+REQS = {
+    "mixed": ((0, 5), (4, 1), (7, 9), (15, 2), (0, 1), (0, 0), (33, 40)),
+    "edges": ((15, 1), (16, 1), (63, 1), (64, 1), (0, 0), (127, 2), (0, 65)),
+    "decode": ((15, 1), (16, 1), (63, 1), (64, 1), (1000, 1), (3071, 1), (200, 1)),
+    "long_prefill": ((0, 300), (500, 77)),
+}
+TABLES = [(16, False, (0, 0, 0)), (64, False, (0, 0, 0)), (16, True, (0, 0, 0)), (16, True, (1, 40, 16)),
+          (64, True, (2, 100, 4)), (16, False, (1, 7, 0))]
+
+
+def gpu() -> str:
+    return runtime.device_string("gpu")
+
+
+def compare(got, want, tol):
+    for name, g, w in zip(("out", "k_cache", "v_cache"), got, want):
+        np.testing.assert_allclose(g, w, atol=tol, rtol=tol, equal_nan=True, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", sorted(TOL))
+@pytest.mark.parametrize("reqs", sorted(REQS))
+@pytest.mark.parametrize("table", TABLES, ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
+@pytest.mark.parametrize("shape", [(32, 8, 128, 128, True), (12, 4, 80, 64, False), (6, 2, 24, 24, True)],
+                         ids=lambda s: "h{}x{}d{}".format(*s[:3]))
+def test_cuda_op_matches_cpu_op(dtype, reqs, table, shape):
+    hq, hkv, d, rot, neox = shape
+    bs, head_wise, swa = table
+    c = Case(REQS[reqs], hq, hkv, d, rot, neox, bs, head_wise, (min(swa[0], hkv), swa[1], swa[2]), pad=3, seed=11)
+    data = make_data(c)
+    dt = getattr(torch, dtype)
+    got = run_case(c, op.append_attention, dt, gpu(), data)
+    assert not np.isnan(got[0]).any(), "NaN in the output: a masked or -1 slot was read"
+    assert np.all(got[0][-3:] == 0), "padding tokens must come back as zeros"
+    want = run_case(c, op.append_attention, dt, "cpu", data)
+    compare(got, want, TOL[dtype])
+
+
+@pytest.mark.parametrize("table", TABLES[:4], ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
+def test_cuda_op_matches_reference_fp32(table):
+    bs, head_wise, swa = table
+    c = Case(REQS["mixed"], 6, 2, 40, 32, False, bs, head_wise, swa, pad=1, seed=5)
+    data = make_data(c)
+    got = run_case(c, op.append_attention, torch.float32, gpu(), data)
+    want = run_case(c, append_attention_reference, torch.float32, gpu(), data)
+    compare(got, want, 2e-4)
+
+
+@pytest.mark.parametrize("ws_seqs", [0, 1, 64])
+def test_decode_splits_and_workspace(ws_seqs):
+    """A small workspace lowers the number of splits (one split: no workspace at all); results agree."""
+    c = Case(REQS["decode"], 32, 8, 128, 128, True, 16, seed=3)
+    data = make_data(c)
+    ws = torch.empty(op.workspace_numel(ws_seqs, 32, 128) if ws_seqs else 0, dtype=torch.float32, device=gpu())
+    got = run_case(c, op.append_attention, torch.bfloat16, gpu(), data, workspace=ws, decode_only=True)
+    want = run_case(c, op.append_attention, torch.bfloat16, "cpu", data)
+    compare(got, want, TOL["bfloat16"])
+
+
+def test_graph_padding_rows_touch_nothing():
+    """CUDA-graph padding: one token per padded row, seq_lens_k 0 and a stale table row. Nothing is
+    written into the blocks the stale row names, and the padded outputs are zeros."""
+    dev, hq, hkv, d, bs = gpu(), 8, 2, 64, 16
+    kc = torch.randn(hkv, 8, bs, d, device=dev, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    k0, v0 = kc.clone(), vc.clone()
+    tables = torch.tensor([[0, 1], [2, 3], [2, 3]], dtype=torch.int32, device=dev)   # rows 1, 2: padding
+    lens = torch.tensor([20, 0, 0], dtype=torch.int32, device=dev)
+    cu = torch.arange(4, dtype=torch.int32, device=dev)
+    ids = torch.arange(3, dtype=torch.int32, device=dev)
+    pos = torch.tensor([19, 0, 0], dtype=torch.int64, device=dev)
+    q = torch.randn(3, hq, d, device=dev, dtype=torch.bfloat16)
+    k, v = torch.randn(3, hkv, d, device=dev, dtype=torch.bfloat16), torch.randn(3, hkv, d, device=dev,
+                                                                                  dtype=torch.bfloat16)
+    cs = torch.randn(64, d, device=dev)
+    out = torch.full_like(q, float("nan"))
+    ws = torch.empty(op.workspace_numel(3, hq, d), dtype=torch.float32, device=dev)
+    op.append_attention(q, k, v, kc, vc, tables, cu, lens, ids, pos, cs, out, softmax_scale=0.125, neox=True,
+                        rot_dim=d, workspace=ws, decode_only=True)
+    assert torch.equal(kc[:, 2:4], k0[:, 2:4]) and torch.equal(vc[:, 2:4], v0[:, 2:4])
+    assert torch.all(out[1:] == 0) and not torch.isnan(out[0]).any()
+
+
+def test_decode_replays_in_a_cuda_graph():
+    """Captured once; replayed with new lengths, tables and tokens it matches an eager call."""
+    dev, B, hq, hkv, d, bs, M = gpu(), 8, 16, 4, 128, 16, 64
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dev, torch.bfloat16)  # noqa: E731
+    kc, vc = rnd(hkv, B * M, bs, d), rnd(hkv, B * M, bs, d)
+    tables = torch.arange(B * M, dtype=torch.int32, device=dev).reshape(B, M)
+    cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
+    ids = torch.arange(B, dtype=torch.int32, device=dev)
+    lens = torch.ones(B, dtype=torch.int32, device=dev)
+    pos = torch.zeros(B, dtype=torch.int64, device=dev)
+    q, k, v = rnd(B, hq, d), rnd(B, hkv, d), rnd(B, hkv, d)
+    cs = torch.randn(bs * M, d, generator=g).to(dev)
+    out = torch.empty_like(q)
+    ws = torch.empty(op.workspace_numel(B, hq, d), dtype=torch.float32, device=dev)
+    kw = dict(softmax_scale=d ** -0.5, neox=True, rot_dim=d, workspace=ws, decode_only=True)
+    call = lambda kc_, vc_, out_: op.append_attention(q, k, v, kc_, vc_, tables, cu, lens, ids, pos, cs, out_,  # noqa: E731
+                                                      **kw)
+    call(kc, vc, out)   # warm-up (lazy build, smem attributes) outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(kc, vc, out)
+    for new_lens in ([1, 17, 33, 100, 512, 1023, 5, 64], [900, 2, 3, 16, 15, 1024, 300, 77]):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        pos.copy_(torch.tensor(new_lens, dtype=torch.int64) - 1)
+        q.copy_(rnd(B, hq, d))
+        k.copy_(rnd(B, hkv, d))
+        kc2, vc2, want = kc.clone(), vc.clone(), torch.empty_like(out)
+        call(kc2, vc2, want)
+        graph.replay()
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(out.float().cpu().numpy(), want.float().cpu().numpy(), atol=1e-2, rtol=1e-2)
+        assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
