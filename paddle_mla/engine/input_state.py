@@ -113,8 +113,9 @@ def gather_step(state: InputState, scheduled) -> HostStep:
         num_new[i], num_cached[i] = s.num_new, s.num_cached
         is_prefill[i], sample_mask[i] = s.is_prefill, s.samples
         width = max(width, r.written)
-        if s.num_new == 1:
-            ids = [token_slice(seq, s.num_cached, s.num_cached + 1)[0]]
+        if s.num_new == 1:       # decode: one token, by index
+            prompt, c = seq.request.prompt_token_ids, s.num_cached
+            ids = [prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)]]
         else:
             ids = token_slice(seq, s.num_cached, s.num_cached + s.num_new)
         if ids[-1] == PENDING:       # only ever the last token of a sequence, sampled by the running step

@@ -22,7 +22,7 @@ _BLOCK_T = 16
 _BLOCK_D = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k_start", "num_rows"])   # per-chunk values: one compile for all
 def _interleave_kernel(
     CACHE, BT, NEW, CU_Q, CU_K, OUT,
     k_start, num_rows, bs, D,

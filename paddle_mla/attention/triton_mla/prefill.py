@@ -31,7 +31,7 @@ from paddle_mla.attention.triton_mla._util import interpreting, next_pow2, prev_
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k_start", "k_rows"])   # per-chunk values: one compile for all
 def _extend_kernel(
     QA, QB, KA, KB, V, O, LSE, CU_Q, CU_K, sm_scale_log2, k_start, k_rows,
     stride_qat, stride_qah, stride_qbt, stride_qbh, stride_kat, stride_kah, stride_kbt, stride_kbh,
