@@ -13,7 +13,7 @@ import pytest
 from head_pool_fakes import FakeHeadCache, check_invariants, make_seq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_scheduler import next_token, workload
+from test_scheduler import drive, next_token, workload
 
 from paddle_mla.cache.block_pool import BlockPool
 from paddle_mla.cache.head_pool import HeadWisePool, split_head_blocks
@@ -30,25 +30,18 @@ def run(prompts, max_tokens, pool, chunked=False, budget=512, max_num_seqs=8):
     cache = FakeHeadCache(pool) if isinstance(pool, HeadWisePool) else None
     seqs = [make_seq(i, p, max_tokens) for i, p in enumerate(prompts)]
     sched.add(*seqs)
-    steps = 0
-    while sched.has_work():
-        out = sched.schedule()
-        sampled = []
+
+    def execute(out):
         for s in out.scheduled:
             if cache is not None:
                 cache.step(s.seq, s.num_cached, s.num_new)
-            ids = s.seq.token_ids()[: s.num_cached + s.num_new]
-            sampled.append(next_token(ids) if s.samples else -1)
-        sched.finish_step(out)
+        return [next_token(s.seq.token_ids()[: s.num_cached + s.num_new]) if s.samples else -1 for s in out.scheduled]
+
+    def check(out):
         if cache is not None:
             check_invariants(pool, sched.running)
-        for s, tok in zip(out.scheduled, sampled):
-            if s.samples:
-                s.seq.output_token_ids.append(tok)
-                if len(s.seq.output_token_ids) >= max_tokens:
-                    sched.finish(s.seq)
-        steps += 1
-        assert steps < 20_000, "scheduler made no progress"
+
+    steps = drive(sched, execute, max_tokens, check)
     pools = pool.pools if isinstance(pool, HeadWisePool) else [pool]
     assert all(p.num_free == p.num_blocks for p in pools), "blocks leaked"
     return [s.output_token_ids for s in seqs], [s.error for s in seqs], sched, steps
@@ -149,3 +142,14 @@ def test_long_request_runs_in_a_small_all_swa_cache_only_with_recycling():
     _, errors, _, _ = run([prompt], 20, head_pool(2, False, 12, False, window=8, sink=4, heads=2),
                           chunked=True, budget=16)
     assert "needs 26 KV blocks in every KV head but a head's range has 12" in errors[0]
+
+
+def test_request_that_cannot_fit_alone_fails_alone():
+    """The SWA heads' range (10 blocks, no recycling) takes request 1's 30-token prompt but not
+    its growth to 41 tokens: it fails, alone, when it runs out; the others finish."""
+    prompts = [[1] * 5, [2] * 30, [3] * 6]
+    pool = head_pool(1, False, 200, False, swa_num_blocks=10)
+    got, errors, _, _ = run(prompts, 20, pool, chunked=True, budget=16)
+    assert errors[0] is None and errors[2] is None and len(got[0]) == len(got[2]) == 20
+    assert errors[1] == ("request needs KV blocks for 41 tokens, more than a KV head's range holds (full heads 200 "
+                         "blocks, SWA heads 10 blocks, of 4 tokens); raise cache.num_blocks or lower max_tokens")

@@ -30,7 +30,8 @@ def test_keys_load_and_make_the_plan():
 
 
 @pytest.mark.parametrize("attention, needle", [
-    ({"head_wise_swa_ratio": 1.5, "sliding_window": 8}, "'attention.head_wise_swa_ratio' is 1.5; allowed: a number in [0, 1]"),
+    ({"head_wise_swa_ratio": 1.5, "sliding_window": 8},
+     "'attention.head_wise_swa_ratio' is 1.5; allowed: a number in [0, 1]"),
     ({"head_wise_swa_ratio": -0.1, "sliding_window": 8}, "'attention.head_wise_swa_ratio' is -0.1"),
     ({"head_wise_swa_ratio": float("nan"), "sliding_window": 8}, "'attention.head_wise_swa_ratio' is nan"),
     ({"head_wise_swa_ratio": 0.5}, "'attention.sliding_window' is not set"),

@@ -189,10 +189,10 @@ class HeadWisePool:
                 f"has {cap}; raise cache.num_blocks")
 
     def grow_problem(self, num_tokens: int) -> str:
-        return (f"request needs KV blocks for {num_tokens} tokens ({self.blocks_for(num_tokens)} blocks of "
-                f"{self.block_size} tokens on full heads) but a KV head's range has too few (full heads "
-                f"{self.num_blocks if self.full else 0}, SWA heads {self.swa[0].num_blocks}); raise "
-                "cache.num_blocks or lower max_tokens")
+        full = f"full heads {self.full.num_blocks} blocks, " if self.full else ""
+        return (f"request needs KV blocks for {num_tokens} tokens, more than a KV head's range holds ({full}SWA "
+                f"heads {self.swa[0].num_blocks} blocks, of {self.block_size} tokens); raise cache.num_blocks or "
+                "lower max_tokens")
 
     # -- what the model runner uploads ---------------------------------------------------------------
     def block_tables(self, seqs: list[Sequence], width: int) -> np.ndarray:
