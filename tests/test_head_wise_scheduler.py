@@ -153,3 +153,54 @@ def test_request_that_cannot_fit_alone_fails_alone():
     assert errors[0] is None and errors[2] is None and len(got[0]) == len(got[2]) == 20
     assert errors[1] == ("request needs KV blocks for 41 tokens, more than a KV head's range holds (full heads 200 "
                          "blocks, SWA heads 10 blocks, of 4 tokens); raise cache.num_blocks or lower max_tokens")
+
+
+class NoMemoScheduler(Scheduler):
+    def schedule(self):
+        self._blocked = None
+        return super().schedule()
+
+
+def trace(cls, prompts, pool, chunked, budget, max_num_seqs):
+    """Every step's schedule, rows and free queues as plain data."""
+    sched = cls(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                enable_chunked_prefill=chunked), pool, max_model_len=10_000)
+    seqs = [make_seq(i, p, 6) for i, p in enumerate(prompts)]
+    sched.add(*seqs)
+    steps = []
+
+    def record(out):
+        steps.append(([(s.seq.index, s.num_new, s.num_cached, tuple(s.seq.block_ids),
+                        tuple(map(tuple, s.seq.swa_block_ids))) for s in out.scheduled],
+                      [f.index for f in out.failed], out.num_preempted, [tuple(p.free) for p in pool.pools]))
+
+    execute = lambda out: [next_token(s.seq.token_ids()[: s.num_cached + s.num_new]) if s.samples else -1  # noqa: E731
+                           for s in out.scheduled]
+    drive(sched, execute, 6, record)
+    return steps
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), recycle=st.booleans(), prefix=st.booleans(), chunked=st.booleans(),
+       budget=st.integers(3, 40), max_num_seqs=st.integers(1, 4), swa_blocks=st.integers(10, 30))
+def test_blocked_head_memo_changes_no_head_wise_schedule(seed, recycle, prefix, chunked, budget, max_num_seqs,
+                                                         swa_blocks):
+    """The scheduler's blocked-head memo reads HeadWisePool.version: it must skip only retries
+    that would fail again, so the schedule is step for step the one without the memo."""
+    prompts = workload(seed, n=6, shared=12, block_size=2)
+    if not chunked:
+        budget = max(budget, max(len(p) for p in prompts) + 8)
+    make = lambda: head_pool(2, recycle, 30, prefix, window=5, sink=2, block_size=2,  # noqa: E731
+                             swa_num_blocks=swa_blocks)
+    base = trace(NoMemoScheduler, prompts, make(), chunked, budget, max_num_seqs)
+    assert trace(Scheduler, prompts, make(), chunked, budget, max_num_seqs) == base
+
+
+def test_first_chunk_too_big_for_swa_heads_fails_instead_of_waiting_forever():
+    """All heads SWA with recycling: no up-front bound on the prompt, so a whole unchunked prompt
+    larger than an SWA range is caught at admission, when nothing else holds blocks."""
+    prompts = [[1] * 50, [2] * 6]
+    got, errors, _, _ = run(prompts, 4, head_pool(2, True, 10, False, window=4, sink=0, heads=2), budget=64)
+    assert errors[0] == ("request needs KV blocks for 50 tokens, more than a KV head's range holds (SWA heads 10 "
+                         "blocks, of 4 tokens); raise cache.num_blocks or lower max_tokens")
+    assert errors[1] is None and len(got[1]) == 4

@@ -1,28 +1,41 @@
 """Paged KV block pool with a prefix cache (pure Python, host side).
 
-Blocks have reference counts. A full block can be registered under a key that chains its parent's
-key with its token ids, so equal prefixes map to equal keys. Unreferenced blocks sit in a free
-queue in least-recently-used order; a cached block keeps its key while free and is reused on a hit
-until allocation evicts it (from the queue's head). The dict key holds the exact token tuple, so a
-hit is never a hash collision.
+Blocks have reference counts. A full block can be registered under a key that digests its whole
+token ancestry: key = SHA-256(parent block's key || the block's token ids as 8-byte integers), the
+first block's parent being 32 zero bytes (as vLLM's prefix cache does). So equal prefixes map to
+equal keys, and two different ancestries share a key only through a SHA-256 collision: the key is
+256 bits wide and does not pass through Python's 64-bit ``hash`` anywhere (the dict only uses
+``hash`` to find a bucket, then compares the full 32 bytes). Token ids are packed at a fixed width,
+so no two token lists share a byte string. Unreferenced blocks sit in a free queue in
+least-recently-used order; a cached block keeps its key while free and is reused on a hit until
+allocation evicts it (from the queue's head).
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
-from typing import Hashable
 
-BlockKey = Hashable
+BlockKey = bytes          # 32-byte SHA-256 digest of the block's token ancestry
+
+ROOT_KEY: BlockKey = bytes(32)   # the parent of a sequence's first block
+_TOKEN_FORMAT = "q"              # signed 64-bit: token ids packed at a fixed width
+assert array(_TOKEN_FORMAT).itemsize == 8
+
+
+def block_key(parent: BlockKey, token_ids) -> BlockKey:
+    """Digest of one full block given its parent's digest."""
+    return hashlib.sha256(parent + array(_TOKEN_FORMAT, token_ids).tobytes()).digest()
 
 
 def extend_chain(keys: list[BlockKey], token_ids: list[int], block_size: int, num_full_blocks: int) -> None:
-    """Extend ``keys`` in place to the first ``num_full_blocks`` blocks: key = (parent hash, tokens).
-    Incremental, so a long sequence is hashed once, not once per step."""
-    parent = keys[-1] if keys else None
+    """Extend ``keys`` in place to the first ``num_full_blocks`` blocks. Incremental: each block is
+    digested once in the sequence's life, not once per step."""
+    parent = keys[-1] if keys else ROOT_KEY
     for i in range(len(keys), num_full_blocks):
-        key = (hash(parent) if parent is not None else 0, tuple(token_ids[i * block_size:(i + 1) * block_size]))
-        keys.append(key)
-        parent = key
+        parent = block_key(parent, token_ids[i * block_size:(i + 1) * block_size])
+        keys.append(parent)
 
 
 class BlockPool:
@@ -37,6 +50,13 @@ class BlockPool:
         self.cached: dict[BlockKey, int] = {}
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.peak_used = 0
+        # Bumped by every change that can make the watched (blocked) request admissible where it
+        # was not: a block freed, the cache reset, its next missing block cached (more hits), one of
+        # its hit blocks evicted (fewer hits can leave more blocks free). Anything else only makes
+        # admission harder: the scheduler's blocked-head memo reads it (see ``watch``).
+        self.version = 0
+        self._watch_blocks: frozenset[int] = frozenset()
+        self._watch_key: BlockKey | None = None
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -62,6 +82,8 @@ class BlockPool:
             if key is not None:
                 del self.cached[key]
                 self.block_key[block] = None
+                if block in self._watch_blocks:
+                    self.version += 1
             self.ref_count[block] = 1
             out.append(block)
         self.peak_used = max(self.peak_used, self.num_used)
@@ -75,6 +97,7 @@ class BlockPool:
             if self.ref_count[block] < 0:
                 raise RuntimeError(f"block {block} released more often than taken")
             if self.ref_count[block] == 0:
+                self.version += 1
                 if self.block_key[block] is None:
                     self.free[block] = None
                     self.free.move_to_end(block, last=False)   # uncached blocks are reused first
@@ -88,6 +111,7 @@ class BlockPool:
             return False
         self.cached.clear()
         self.block_key = [None] * self.num_blocks
+        self.version += 1
         return True
 
     def match_prefix(self, token_ids: list[int], keys: list[BlockKey]) -> list[int]:
@@ -111,6 +135,13 @@ class BlockPool:
         self.peak_used = max(self.peak_used, self.num_used)
         return hits
 
+    def watch(self, hits: list[int], keys: list[BlockKey], num_tokens: int) -> None:
+        """Watch a request whose admission just failed after ``match_prefix`` returned ``hits``
+        (already released): ``version`` then moves when its match could change."""
+        self._watch_blocks = frozenset(hits)
+        max_blocks = (num_tokens - 1) // self.block_size
+        self._watch_key = keys[len(hits)] if self.enable_prefix_caching and len(hits) < max_blocks else None
+
     def register_full_blocks(self, token_ids: list[int], block_ids: list[int], num_computed: int,
                              keys: list[BlockKey], start: int) -> int:
         """Make blocks ``start..`` whose tokens are all computed findable by later requests;
@@ -124,6 +155,8 @@ class BlockPool:
                 continue   # already cached, here or (same content) in another block
             self.block_key[block] = key
             self.cached[key] = block
+            if key == self._watch_key:
+                self.version += 1
         return n_full
 
     def acquire(self, blocks: list[int]) -> None:

@@ -44,6 +44,7 @@ class HeadWisePool:
         self.swa = [BlockPool(swa_num_blocks, block_size, enable_prefix_caching) for _ in range(spec.num_swa_heads)]
         self.pools = ([self.full] if self.full else []) + self.swa
         self.num_blocks = self.pools[0].num_blocks   # the full heads' range (the SWA heads' when all are SWA)
+        self._changes = 0    # see version
 
     # -- per head -----------------------------------------------------------------------------
     def head_pool(self, head: int) -> BlockPool:
@@ -90,6 +91,7 @@ class HeadWisePool:
     def reset_prefix_cache(self) -> bool:
         if any(p.num_used for p in self.pools):
             return False
+        self._changes += 1
         return all([p.reset_prefix_cache() for p in self.pools])
 
     # -- SeqBlocks ------------------------------------------------------------------------------
@@ -97,10 +99,21 @@ class HeadWisePool:
         need = self.blocks_for(num_tokens) - self.num_logical_blocks(seq)
         return need <= 0 or all(need <= p.num_free for p in self.pools)
 
+    @property
+    def version(self) -> int:
+        """Moves whenever any pool's state changes other than by a match_prefix that give_up
+        undoes: a superset of BlockPool.version's events (a hit here is not one chain: an SWA
+        row's window blocks can be registered or evicted anywhere), so never stale."""
+        return self._changes + sum(p.version for p in self.pools)
+
+    def give_up(self, seq: Sequence, num_tokens: int) -> None:
+        self.free(seq)
+
     def hold(self, seq: Sequence, num_tokens: int) -> None:
         need = self.blocks_for(num_tokens) - self.num_logical_blocks(seq)
         if need <= 0:
             return
+        self._changes += 1     # allocation may evict cached blocks: hits can shrink
         if not self.can_hold(seq, num_tokens):    # all heads or none
             raise MemoryError(f"need {need} KV blocks in every head; free per head: {self.head_free()}")
         if not seq.swa_block_ids:
@@ -154,6 +167,7 @@ class HeadWisePool:
         start = seq.num_registered_blocks
         if c // self.block_size > start:
             # rows[start:] have no -1: only indices below the last registration are ever dropped
+            self._changes += self.enable_prefix_caching     # new keys: hits can grow
             tokens = seq.token_ids()
             for pool, row in zip(self.pools, self.rows(seq)):
                 seq.num_registered_blocks = pool.register_full_blocks(tokens, row, c, seq.block_keys, start)
@@ -169,6 +183,7 @@ class HeadWisePool:
         end = self.spec.first_window_block(seq.num_computed_tokens, bs)
         if end <= start:
             return
+        self._changes += 1
         for pool, row in zip(self.swa, seq.swa_block_ids):
             dead = [b for b in row[start:end] if b >= 0]
             row[start:end] = [-1] * (end - start)

@@ -31,6 +31,14 @@ class SeqBlocks(Protocol):
     def match_prefix(self, seq: Sequence, token_ids: list[int]) -> int:
         """Take the usable cached prefix of ``token_ids`` for an empty ``seq``; returns its tokens."""
 
+    def give_up(self, seq: Sequence, num_tokens: int) -> None:
+        """Admission failed after match_prefix: release the hit and watch for what could change that."""
+
+    @property
+    def version(self) -> int:
+        """Moves on every change that can make a failed admission (give_up) succeed; while it and
+        the request stay the same, retrying must fail again (the scheduler's blocked-head memo)."""
+
     def after_step(self, seq: Sequence) -> None:
         """``seq.num_computed_tokens`` grew: register its full blocks (and recycle dead ones)."""
 
@@ -64,6 +72,15 @@ class UniformSeqBlocks:
         seq.block_ids = self.pool.match_prefix(token_ids, seq.block_keys)
         seq.num_registered_blocks = len(seq.block_ids)
         return len(seq.block_ids) * self.block_size
+
+    def give_up(self, seq: Sequence, num_tokens: int) -> None:
+        hits = seq.block_ids
+        self.free(seq)
+        self.pool.watch(hits, seq.block_keys, num_tokens)
+
+    @property
+    def version(self) -> int:
+        return self.pool.version
 
     def after_step(self, seq: Sequence) -> None:
         if seq.num_computed_tokens // self.block_size <= seq.num_registered_blocks:

@@ -50,6 +50,10 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.cached_prompt_tokens = 0   # prefix-cache hits at first admission (recomputes not counted)
+        # (head of the waiting queue, pool version, token budget) of the last admission that failed
+        # for want of blocks or budget. While all three are unchanged the attempt must fail again
+        # (see SeqBlocks.version), so a blocked step skips match_prefix/release: O(1), not O(prompt).
+        self._blocked: tuple | None = None
 
     def add(self, *seqs: Sequence, front: bool = False) -> None:
         """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
@@ -116,6 +120,8 @@ class Scheduler:
             return out   # do not admit new work in a step that had to preempt
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
+            if self._blocked is not None and self._blocked == (seq, self.kv.version, budget):
+                break
             tokens = seq.token_ids()
             problem = self.kv.prompt_problem(len(tokens))
             if problem:
@@ -127,7 +133,15 @@ class Scheduler:
             need = len(tokens) - num_cached
             n = min(need, budget) if chunked else need
             if n > budget or not self.kv.can_hold(seq, num_cached + n):
-                self.kv.free(seq)
+                if n <= budget and not self.running and not out.scheduled:
+                    # every pool is free but for this request's hit: it can never fit (head-wise
+                    # pools: prompt_problem cannot bound an SWA head's first chunk up front)
+                    self.waiting.popleft()
+                    self._fail(seq, self.kv.grow_problem(num_cached + n))
+                    out.failed.append(seq)
+                    continue
+                self.kv.give_up(seq, len(tokens))
+                self._blocked = (seq, self.kv.version, budget)
                 break
             self.waiting.popleft()
             self.kv.hold(seq, num_cached + n)
