@@ -184,10 +184,13 @@ def test_long_request_holds_sink_plus_window_blocks(recycle):
         peak = max(peak, live)
         assert len(seq.block_ids) == -(-seq.num_computed_tokens // bs)
     check_invariants(pool, d.running)
+    full_blocks = len(seq.block_ids)
     if recycle:
         assert peak <= bound and pool.swa[0].num_used <= bound
+        assert pool.head_blocks_used() <= full_blocks + bound and pool.peak_head_blocks <= full_blocks + bound
     else:
-        assert peak == len(seq.block_ids) == pool.swa[0].num_used
+        assert peak == full_blocks == pool.swa[0].num_used
+        assert pool.peak_head_blocks == pool.head_blocks_used() == 2 * full_blocks
 
 
 def shared_prefix_after_eviction(recycle: bool):

@@ -45,6 +45,7 @@ class HeadWisePool:
         self.pools = ([self.full] if self.full else []) + self.swa
         self.num_blocks = self.pools[0].num_blocks   # the full heads' range (the SWA heads' when all are SWA)
         self._changes = 0    # see version
+        self.peak_head_blocks = 0   # peak of head_blocks_used(): KV memory, for benchmarks
 
     # -- per head -----------------------------------------------------------------------------
     def head_pool(self, head: int) -> BlockPool:
@@ -57,7 +58,11 @@ class HeadWisePool:
 
     def head_blocks_used(self) -> int:
         """Blocks in use summed over every KV head: the KV memory held, in blocks of one head."""
-        return sum(self.head_pool(h).num_used for h in range(self.spec.num_kv_heads))
+        full = self.full.num_used * self.spec.num_full_heads if self.full else 0
+        return full + sum(p.num_used for p in self.swa)
+
+    def _note_peak(self) -> None:
+        self.peak_head_blocks = max(self.peak_head_blocks, self.head_blocks_used())
 
     def rows(self, seq: Sequence) -> list[list[int]]:
         """``seq``'s row for each pool, in ``self.pools`` order."""
@@ -120,6 +125,7 @@ class HeadWisePool:
             seq.swa_block_ids = [[] for _ in self.swa]
         for pool, row in zip(self.pools, self.rows(seq)):
             row.extend(pool.allocate(need))
+        self._note_peak()
 
     def free(self, seq: Sequence) -> None:
         for pool, row in zip(self.pools, self.rows(seq)):
@@ -158,6 +164,7 @@ class HeadWisePool:
             seq.swa_block_ids.append(row)
         seq.num_registered_blocks = k
         seq.swa_dead_below = self.spec.first_window_block(k * bs, bs)
+        self._note_peak()
         return k * bs
 
     def after_step(self, seq: Sequence) -> None:

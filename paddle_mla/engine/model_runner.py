@@ -85,7 +85,8 @@ class ModelRunner:
             raise ValueError(mismatch)
         # head-wise SWA plan (None at ratio 0): ConfigError on MLA checkpoints or for a ratio that
         # is not a whole number of KV heads
-        self.head_wise_swa = head_wise_swa(cfg, arch.family, int(arch.raw.get("num_key_value_heads", 0)))
+        gqa_dims = getattr(arch, "gqa", None)   # ModelArch.gqa (GQA branch): num_kv_heads
+        self.head_wise_swa = head_wise_swa(cfg, arch.family, gqa_dims.num_kv_heads if gqa_dims else 0)
         if self.head_wise_swa is not None:   # the GQA runner uploads pool.block_tables(...) and passes
             raise NotImplementedError(       # head_wise_swa.backend_kwargs() to the backend
                 "head-wise SWA: the model runner does not upload head-wise block tables yet")
