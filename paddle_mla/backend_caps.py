@@ -21,16 +21,19 @@ class BackendCaps:
     cpu: bool                           # runs on CPU (Triton ones only under TRITON_INTERPRET=1)
     implemented: bool = True
     note: str = ""
+    head_wise_swa: bool = False         # attention.head_wise_swa_ratio > 0 (GQA models only)
 
 
 BACKEND_CAPS: dict[str, BackendCaps] = {
-    "native": BackendCaps(("mla", "gqa"), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True),
+    "native": BackendCaps(("mla", "gqa"), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True,
+                          head_wise_swa=True),
     "triton_mla": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
                               note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "dsa": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True,
                        note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "append_attn": BackendCaps(("gqa",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
-                               note="the append_attention custom op: C++ on CPU, CUDA on the GPU"),
+                               note="the append_attention custom op: C++ on CPU, CUDA on the GPU",
+                               head_wise_swa=True),
 }
 
 
@@ -102,6 +105,9 @@ def check_backend(cfg: EngineConfig, name: str | None = None) -> list[str]:
     if cfg.cache.enable_prefix_caching and not caps.prefix_cache:
         errors.append(f"'cache.enable_prefix_caching' is not supported by {name!r}; "
                       f"use {alternatives(lambda c: c.prefix_cache)}")
+    if cfg.attention.head_wise_swa_ratio > 0 and not caps.head_wise_swa:
+        errors.append(f"'attention.head_wise_swa_ratio' > 0 is not supported by {name!r}; "
+                      f"use {alternatives(lambda c: c.head_wise_swa)} on a GQA model")
     if cfg.device == "cpu" and not caps.cpu:
         errors.append(f"attention.backend {name!r} needs a GPU; on CPU use {alternatives(lambda c: c.cpu)}")
     return errors

@@ -27,6 +27,12 @@ class AttentionConfig:
     # auto: triton_mla on a GPU (when triton is importable), native on CPU; resolved by
     # backend_caps.resolve_backend once the device is known, and validated again then
     backend: Literal["auto", "native", "triton_mla", "dsa", "append_attn"] = AUTO
+    # Head-wise sliding-window attention (GQA models; docs/head_wise_swa.md): the last
+    # ratio x num_key_value_heads KV heads of every layer see only the first sink_tokens keys and
+    # the last sliding_window keys; 0 = every head sees the whole context (today's outputs).
+    head_wise_swa_ratio: float = 0.0
+    sliding_window: int = 0       # W, tokens (required > 0 when the ratio is > 0)
+    sink_tokens: int = 0          # S, tokens
 
 
 @dataclass
@@ -35,6 +41,7 @@ class CacheConfig:
     num_blocks: Union[int, Literal["auto"]] = AUTO
     enable_prefix_caching: bool = False
     gpu_memory_utilization: float = 0.9
+    swa_recycle: bool = False     # give SWA heads' blocks that left every future window back to their pool
 
 
 @dataclass
@@ -177,11 +184,31 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(not (cfg.quantization == "fp8" and cfg.device == "cpu"),
          "'quantization: fp8' needs FP8 kernels, which run only on a GPU (sm_89+: no FP8 dot on CPU); "
          "use quantization: auto (dequantizes FP8 weights on CPU) or none, or device: gpu")
+    a = cfg.attention
+    need(0.0 <= a.head_wise_swa_ratio <= 1.0,
+         f"'attention.head_wise_swa_ratio' is {a.head_wise_swa_ratio}; allowed: a number in [0, 1]")
+    need(a.sliding_window >= 0, f"'attention.sliding_window' is {a.sliding_window}; allowed: an integer >= 1")
+    need(a.sink_tokens >= 0, f"'attention.sink_tokens' is {a.sink_tokens}; allowed: an integer >= 0")
+    need(not (a.head_wise_swa_ratio > 0 and a.sliding_window == 0),
+         f"'attention.head_wise_swa_ratio' is {a.head_wise_swa_ratio} but 'attention.sliding_window' is not set; "
+         "set the window W in tokens (an integer >= 1)")
     backend = cfg.attention.backend
     if backend == AUTO and cfg.device != AUTO:
         backend = resolve_backend(backend, cfg.device)
     if backend in BACKEND_CAPS:   # auto with device auto is checked once the device is known (before weights load)
         errors.extend(check_backend(cfg, backend))
+
+
+def swa_heads(ratio: float, num_kv_heads: int) -> int:
+    """Number of SWA heads, ``ratio x num_kv_heads``, which must be a whole number (the last ones of
+    every layer are the SWA heads). Needs the architecture, so it runs when the checkpoint is known."""
+    exact = ratio * num_kv_heads
+    n = round(exact)
+    if abs(exact - n) > 1e-9 * max(1, num_kv_heads):
+        allowed = ", ".join(f"{k}/{num_kv_heads}" for k in range(num_kv_heads + 1))
+        raise ConfigError([f"'attention.head_wise_swa_ratio' {ratio} x num_key_value_heads {num_kv_heads} = "
+                           f"{exact:g} is not a whole number of heads; allowed ratios: {allowed}"])
+    return n
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

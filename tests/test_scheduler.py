@@ -51,6 +51,26 @@ class FakeRunner:
         return sampled
 
 
+def drive(sched: Scheduler, execute, max_tokens: int, after_step=lambda out: None) -> int:
+    """Run ``sched`` to completion, ``execute(out)`` giving each scheduled row's sampled token (-1
+    where none); returns the number of steps."""
+    steps = 0
+    while sched.has_work():
+        out = sched.schedule()
+        assert out.num_tokens <= sched.cfg.max_num_batched_tokens or not sched.cfg.enable_chunked_prefill
+        sampled = execute(out) if out.scheduled else []
+        sched.finish_step(out)
+        after_step(out)
+        for s, tok in zip(out.scheduled, sampled):
+            if s.samples:
+                s.seq.output_token_ids.append(tok)
+                if len(s.seq.output_token_ids) >= max_tokens:
+                    sched.finish(s.seq)
+        steps += 1
+        assert steps < 20_000, "scheduler made no progress"
+    return steps
+
+
 def run(prompts, max_tokens, num_blocks, block_size, prefix, chunked, budget, max_num_seqs=8):
     pool = BlockPool(num_blocks, block_size, prefix)
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
@@ -62,19 +82,7 @@ def run(prompts, max_tokens, num_blocks, block_size, prefix, chunked, budget, ma
         seq = Sequence(request=req, index=i, seed=0, metrics=RequestMetrics(arrival_time=0.0))
         seqs.append(seq)
         sched.add(seq)
-    steps = 0
-    while sched.has_work():
-        out = sched.schedule()
-        assert out.num_tokens <= budget or not chunked
-        sampled = runner.execute(out) if out.scheduled else []
-        sched.finish_step(out)
-        for s, tok in zip(out.scheduled, sampled):
-            if s.samples:
-                s.seq.output_token_ids.append(tok)
-                if len(s.seq.output_token_ids) >= max_tokens:
-                    sched.finish(s.seq)
-        steps += 1
-        assert steps < 10_000, "scheduler made no progress"
+    drive(sched, runner.execute, max_tokens)
     assert pool.num_free == pool.num_blocks, "blocks leaked"
     return [s.output_token_ids for s in seqs], [s.error for s in seqs], sched, runner
 

@@ -158,3 +158,12 @@ class BlockPool:
             if key == self._watch_key:
                 self.version += 1
         return n_full
+
+    def acquire(self, blocks: list[int]) -> None:
+        """Take one more reference on each of ``blocks`` (cached blocks found by key, for prefix
+        hits that are not one chain from block 0: head-wise SWA rows keep sink and window only)."""
+        for block in blocks:
+            if self.ref_count[block] == 0:
+                del self.free[block]
+            self.ref_count[block] += 1
+        self.peak_used = max(self.peak_used, self.num_used)

@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from paddle_mla import runtime
-from paddle_mla.cache.block_pool import BlockPool
+from paddle_mla.cache.head_pool import make_block_pool
 from paddle_mla.config import EngineConfig, load_config
 from paddle_mla.engine.request import (CompletionOutput, EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
                                        SamplingParams, Sequence, Status)
@@ -71,8 +71,8 @@ class LLM:
         self.tokenizer = load_tokenizer(model_dir)   # TokenIdsOnly without tokenizer.json: texts are None
         self.runner = ModelRunner(config, model_dir, model=model)
         self.max_model_len = self.runner.limits.max_model_len
-        self.pool = BlockPool(self.runner.limits.num_blocks, config.cache.block_size,
-                              config.cache.enable_prefix_caching)
+        self.pool = make_block_pool(self.runner.limits.num_blocks, config.cache.block_size,
+                                    config.cache.enable_prefix_caching, self.runner.head_wise_swa)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.max_model_len)
         eos = set(self.runner.arch.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         self.eos_token_ids = eos

@@ -24,6 +24,7 @@ from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E4
 from paddle_mla.backend_caps import check_model_backend, resolve_backend  # noqa: E402
 from paddle_mla.cache.kv_cache import (allocate_index_caches, allocate_kv_caches,  # noqa: E402
                                        auto_num_blocks, bytes_per_block, kv_width)
+from paddle_mla.cache.swa import head_wise_swa  # noqa: E402
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
 from paddle_mla.engine.request import TokenLogprob  # noqa: E402
@@ -87,6 +88,13 @@ class ModelRunner:
         mismatch = check_model_backend(arch.model_type, backend_name)
         if mismatch:
             raise ValueError(mismatch)
+        # head-wise SWA plan (None at ratio 0): ConfigError on MLA checkpoints or for a ratio that
+        # is not a whole number of KV heads
+        gqa_dims = getattr(arch, "gqa", None)   # ModelArch.gqa (GQA branch): num_kv_heads
+        self.head_wise_swa = head_wise_swa(cfg, arch.family, gqa_dims.num_kv_heads if gqa_dims else 0)
+        if self.head_wise_swa is not None:   # the GQA runner uploads pool.block_tables(...) and passes
+            raise NotImplementedError(       # head_wise_swa.backend_kwargs() to the backend
+                "head-wise SWA: the model runner does not upload head-wise block tables yet")
         bs = cfg.cache.block_size
         max_model_len = resolve_max_model_len(cfg, arch.max_position_embeddings)
         elt = torch.zeros(1, dtype=self.dtype).element_size()

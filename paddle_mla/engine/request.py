@@ -187,6 +187,11 @@ class Sequence:
     num_cached_on_admit: int = -1   # prefix-cache hit of the first admission (-1: not admitted yet)
     block_keys: list = field(default_factory=list)   # prefix-cache key chain of the full blocks
     num_registered_blocks: int = 0
+    # head-wise SWA (cache/head_pool.py): block_ids is then the full heads' row; these are the
+    # SWA heads' rows (one per SWA head, -1 for no block) and the block index below which every
+    # SWA row's non-sink blocks are already gone (recycled, or never taken on a prefix hit)
+    swa_block_ids: list[list[int]] = field(default_factory=list)
+    swa_dead_below: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None
     error: str | None = None

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from paddle_mla.cache.block_pool import BlockPool
+from paddle_mla.cache.seq_blocks import SeqBlocks, UniformSeqBlocks
 from paddle_mla.config import SchedulerConfig
 from paddle_mla.engine.request import Sequence, Status
 
@@ -38,9 +39,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: BlockPool, max_model_len: int):
+    def __init__(self, cfg: SchedulerConfig, pool: BlockPool | SeqBlocks, max_model_len: int):
+        """``pool``: a BlockPool (one block table per sequence, shared by all KV heads) or a
+        head-wise pool (cache/head_pool.py); the scheduler sees either through SeqBlocks."""
         self.cfg = cfg
         self.pool = pool
+        self.kv: SeqBlocks = UniformSeqBlocks(pool) if isinstance(pool, BlockPool) else pool
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -48,7 +52,7 @@ class Scheduler:
         self.cached_prompt_tokens = 0   # prefix-cache hits at first admission (recomputes not counted)
         # (head of the waiting queue, pool version, token budget) of the last admission that failed
         # for want of blocks or budget. While all three are unchanged the attempt must fail again
-        # (see BlockPool.version), so a blocked step skips match_prefix/release: O(1), not O(prompt).
+        # (see SeqBlocks.version), so a blocked step skips match_prefix/release: O(1), not O(prompt).
         self._blocked: tuple | None = None
 
     def add(self, *seqs: Sequence, front: bool = False) -> None:
@@ -62,18 +66,15 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _fail(self, seq: Sequence, message: str) -> None:
-        self.pool.release(seq.block_ids)
-        seq.block_ids = []
+        self.kv.free(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = "error"
         seq.error = message
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.pool.release(seq.block_ids)
-        seq.block_ids = []
+        self.kv.free(seq)
         seq.num_computed_tokens = 0
-        seq.num_registered_blocks = 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -81,15 +82,12 @@ class Scheduler:
     def _grow(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Give ``seq`` blocks for ``num_tokens`` tokens, preempting lower-priority requests.
         Returns False when ``seq`` itself was preempted or failed."""
-        need = self.pool.blocks_for(num_tokens) - len(seq.block_ids)
-        while need > self.pool.num_free:
+        while not self.kv.can_hold(seq, num_tokens):
             victim = self.running[-1]
             if victim is seq:
                 if len(self.running) == 1 and not any(s.seq is not seq for s in out.scheduled):
                     self.running.remove(seq)
-                    self._fail(seq, f"request needs {self.pool.blocks_for(num_tokens)} KV blocks of "
-                                    f"{self.pool.block_size} tokens but the cache has {self.pool.num_blocks}; "
-                                    "raise cache.num_blocks or lower max_tokens")
+                    self._fail(seq, self.kv.grow_problem(num_tokens))
                     out.failed.append(seq)
                 else:
                     self._preempt(seq)
@@ -98,8 +96,7 @@ class Scheduler:
             self._preempt(victim)
             out.num_preempted += 1
             out.scheduled = [s for s in out.scheduled if s.seq is not victim]
-        if need > 0:
-            seq.block_ids.extend(self.pool.allocate(need))
+        self.kv.hold(seq, num_tokens)
         return True
 
     def schedule(self) -> SchedulerOutput:
@@ -123,29 +120,32 @@ class Scheduler:
             return out   # do not admit new work in a step that had to preempt
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
-            if self._blocked is not None and self._blocked == (seq, self.pool.version, budget):
+            if self._blocked is not None and self._blocked == (seq, self.kv.version, budget):
                 break
             tokens = seq.token_ids()
-            if self.pool.blocks_for(len(tokens) + 1) > self.pool.num_blocks:
+            problem = self.kv.prompt_problem(len(tokens))
+            if problem:
                 self.waiting.popleft()
-                self._fail(seq, f"prompt of {len(tokens)} tokens needs {self.pool.blocks_for(len(tokens) + 1)} KV "
-                                f"blocks but the cache has {self.pool.num_blocks}; raise cache.num_blocks")
+                self._fail(seq, problem)
                 out.failed.append(seq)
                 continue
-            hits = self.pool.match_prefix(tokens, seq.block_keys)
-            num_cached = len(hits) * self.pool.block_size
+            num_cached = self.kv.match_prefix(seq, tokens)
             need = len(tokens) - num_cached
             n = min(need, budget) if chunked else need
-            new_blocks = self.pool.blocks_for(num_cached + n) - len(hits)
-            if n > budget or new_blocks > self.pool.num_free:
-                self.pool.release(hits)
-                self.pool.watch(hits, seq.block_keys, len(tokens))
-                self._blocked = (seq, self.pool.version, budget)
+            if n > budget or not self.kv.can_hold(seq, num_cached + n):
+                if n <= budget and not self.running and not out.scheduled:
+                    # every pool is free but for this request's hit: it can never fit (head-wise
+                    # pools: prompt_problem cannot bound an SWA head's first chunk up front)
+                    self.waiting.popleft()
+                    self._fail(seq, self.kv.grow_problem(num_cached + n))
+                    out.failed.append(seq)
+                    continue
+                self.kv.give_up(seq, len(tokens))
+                self._blocked = (seq, self.kv.version, budget)
                 break
             self.waiting.popleft()
-            seq.block_ids = hits + self.pool.allocate(new_blocks)
+            self.kv.hold(seq, num_cached + n)
             seq.num_computed_tokens = num_cached
-            seq.num_registered_blocks = len(hits)
             if seq.num_cached_on_admit < 0:
                 seq.num_cached_on_admit = num_cached
                 self.cached_prompt_tokens += num_cached
@@ -163,14 +163,11 @@ class Scheduler:
         return ScheduledSeq(seq, n, cached, is_prefill, samples=done)
 
     def finish_step(self, out: SchedulerOutput) -> None:
-        """Account the computed tokens and make newly full blocks findable by later requests."""
+        """Account the computed tokens, make newly full blocks findable by later requests and (with
+        head-wise SWA recycling) give back blocks that left every future window."""
         for s in out.scheduled:
-            seq = s.seq
-            seq.num_computed_tokens += s.num_new
-            if seq.num_computed_tokens // self.pool.block_size <= seq.num_registered_blocks:
-                continue
-            seq.num_registered_blocks = self.pool.register_full_blocks(
-                seq.token_ids(), seq.block_ids, seq.num_computed_tokens, seq.block_keys, seq.num_registered_blocks)
+            s.seq.num_computed_tokens += s.num_new
+            self.kv.after_step(s.seq)
 
     def finish(self, seq: Sequence) -> None:
         """A finished sequence, or a waiting or running one dropped because its request failed."""
@@ -178,6 +175,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self.pool.release(seq.block_ids)
-        seq.block_ids = []
+        self.kv.free(seq)
         seq.status = Status.FINISHED
