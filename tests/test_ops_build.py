@@ -26,6 +26,8 @@ from paddle_mla.tensor_api import torch
 PROBE = """
 import json, time
 start = time.perf_counter()
+from paddle_mla import runtime
+runtime.select()                      # no import selects the runtime (PADDLE_MLA_RUNTIME names it)
 from paddle_mla.ops.build import load_ops
 from paddle_mla.tensor_api import torch
 ops = load_ops()
