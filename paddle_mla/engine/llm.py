@@ -57,14 +57,14 @@ class LLM:
         # (ConfigError, ModelPathError, RuntimeError)
         self.run_info, config = describe_run(config)
         self.config = config
-        from paddle_mla.engine.model_runner import ModelRunner
         from paddle_mla.models import ensure_tiny_model
+        from paddle_mla.parallel.launcher import build_runner
         from paddle_mla.tokenizer import load_tokenizer
 
         model_dir = str(ensure_tiny_model()) if config.model == "tiny" else config.model
         self.model_dir = model_dir
         self.tokenizer = load_tokenizer(model_dir)   # TokenIdsOnly without tokenizer.json: texts are None
-        self.runner = ModelRunner(config, model_dir)
+        self.runner = build_runner(config, model_dir)   # rank 0 of N with parallel.tensor_parallel_size N
         self.max_model_len = self.runner.limits.max_model_len
         self.pool = BlockPool(self.runner.limits.num_blocks, config.cache.block_size,
                               config.cache.enable_prefix_caching)
@@ -95,7 +95,10 @@ class LLM:
         return self.pool.reset_prefix_cache()
 
     def close(self) -> None:
-        """Release the model, KV caches and graphs now rather than at garbage collection."""
+        """Release the model, KV caches and graphs (and tensor-parallel workers) now rather than at
+        garbage collection."""
+        if self.runner is not None:
+            self.runner.close()
         self.runner = None
         self.scheduler = None
         runtime.empty_cache()

@@ -67,14 +67,17 @@ def resolve_max_model_len(cfg: EngineConfig, max_position_embeddings: int) -> in
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None):
-        """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights)."""
+    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None, tp=None):
+        """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights).
+        ``tp``: this rank's tensor-parallel group (paddle_mla.parallel); rank 0 then has a
+        ``tp_driver`` that sends each step's batch to the other ranks."""
         self.cfg = cfg
+        self.tp, self.tp_driver = tp, None
         self.device_kind = _runtime.resolve_device(cfg.device)
         self.device = _runtime.device_string(self.device_kind)
         self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
         self.model = model if model is not None else load_model(
-            model_dir, self.dtype, self.device, quantization=cfg.quantization)
+            model_dir, self.dtype, self.device, quantization=cfg.quantization, tp=tp)
         self.model.reserve_moe_workspace(cfg.scheduler.max_num_batched_tokens)
         arch = self.model.arch
         self.arch = arch
@@ -91,6 +94,8 @@ class ModelRunner:
         if num_blocks == AUTO:
             num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
                                          cfg.cache.gpu_memory_utilization)
+        if tp is not None:   # one block pool for all ranks: the smallest rank's count
+            num_blocks = tp.agree_min(num_blocks)
         self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
         self.kv_caches = allocate_latent_caches(arch.num_layers, self.limits.num_blocks, bs, arch.mla.latent_dim,
                                                 self.dtype, self.device)
@@ -144,6 +149,8 @@ class ModelRunner:
 
     def forward_step(self, batch: StepBatch):
         """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
+        if self.tp_driver is not None:   # tensor parallel: every rank runs this same step
+            self.tp_driver.send(batch)
         meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows)
         if self.graphs is not None and self.graphs.can_run(meta):
             return self.graphs.run(meta)           # decode: every row samples
@@ -152,6 +159,12 @@ class ModelRunner:
         rows = np.flatnonzero(batch.sample_mask)
         last_token = (np.cumsum(batch.num_new, dtype=np.int64) - 1)[rows]
         return self.model.compute_logits(hidden[torch.from_numpy(last_token).to(self.device)])
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (a no-op otherwise)."""
+        if self.tp_driver is not None:
+            self.tp_driver.close()
+            self.tp_driver = None
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Run one step: the sampled token (and logprobs where asked) of each scheduled row."""
