@@ -16,7 +16,6 @@ MoE, which is a different engine shape.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 
 from paddle_mla import runtime as _runtime
@@ -28,20 +27,10 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from paddle_mla.parallel.sharding import split_range, vocab_chunk  # noqa: E402
+from paddle_mla.parallel.worker import Rendezvous  # noqa: E402
 
 # torch >= 2.13 names it all_gather_single; the GPU machine's torch 2.11 has only the old name
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-@dataclass
-class Rendezvous:
-    """Where ranks meet: rank 0's TCPStore (plain data, sent to the workers)."""
-
-    host: str
-    port: int
-    size: int
-    device_kind: str               # 'cpu' (gloo) | 'gpu' (nccl)
-    timeout_s: float = 1800.0      # collectives: covers one rank loading weights slower than another
 
 
 def master_store(size: int, timeout_s: float = 120.0):

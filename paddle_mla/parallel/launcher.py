@@ -83,7 +83,8 @@ class TPDriver:
     # -- start-up ---------------------------------------------------------------------------
     def start(self):
         from paddle_mla.engine.model_runner import ModelRunner
-        from paddle_mla.parallel.group import Rendezvous, TPGroup, master_store
+        from paddle_mla.parallel.group import TPGroup, master_store
+        from paddle_mla.parallel.worker import Rendezvous
 
         store = master_store(self.size)
         rdzv = Rendezvous("127.0.0.1", store.port, self.size, self.device_kind)
@@ -100,10 +101,12 @@ class TPDriver:
         threading.Thread(target=self._watch, name="paddle-mla-tp-watchdog", daemon=True).start()
         try:
             with self._guard():
+                for rank, conn in enumerate(self.conns, start=1):
+                    self._wait_for(rank, conn, "joining")
                 self.group = TPGroup.join(0, rdzv, store)
                 runner = ModelRunner(self.config, self.model_dir, tp=self.group)
                 for rank, conn in enumerate(self.conns, start=1):
-                    self._wait_ready(rank, conn)
+                    self._wait_for(rank, conn, "ready")
         except BaseException:
             self.close()
             raise
@@ -112,14 +115,16 @@ class TPDriver:
         runner.execute = lambda out: self._guarded(step, out)   # a dead worker -> TensorParallelError
         return runner
 
-    def _wait_ready(self, rank: int, conn) -> None:
+    def _wait_for(self, rank: int, conn, what: str) -> None:
+        """The worker's ``what`` message, or its start-up failure as a TensorParallelError."""
         proc = self.procs[rank - 1]
-        while not conn.poll(0.5):
-            if proc.exitcode is not None:
+        while not conn.poll(0.2):
+            if proc.exitcode is not None and not conn.poll():
                 raise TensorParallelError(self._failure() or f"tensor-parallel worker {rank} exited at start-up")
         msg = conn.recv()
-        if msg[0] != "ready":
-            raise TensorParallelError(f"tensor-parallel worker {rank} failed at start-up:\n{msg[1]}")
+        if msg[0] != what:
+            detail = msg[1].rstrip() if len(msg) > 1 else msg[0]
+            raise TensorParallelError(f"tensor-parallel worker rank {rank} failed at start-up:\n{detail}")
 
     # -- each step --------------------------------------------------------------------------
     def send(self, batch) -> None:

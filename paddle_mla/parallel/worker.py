@@ -24,9 +24,20 @@ KILL_ENV = "PADDLE_MLA_TP_TEST_KILL"
 
 
 @dataclass
+class Rendezvous:
+    """Where ranks meet: rank 0's TCPStore (plain data, sent to the workers)."""
+
+    host: str
+    port: int
+    size: int
+    device_kind: str               # 'cpu' (gloo) | 'gpu' (nccl)
+    timeout_s: float = 1800.0      # collectives: covers one rank loading weights slower than another
+
+
+@dataclass
 class WorkerSpec:
     rank: int
-    rdzv: Any                    # paddle_mla.parallel.group.Rendezvous
+    rdzv: Rendezvous
     config: Any                  # the resolved EngineConfig
     model_dir: str
     parent_pid: int
@@ -53,9 +64,15 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         from paddle_mla import runtime
 
         runtime.select("torch")
+        import tqdm
+
+        # tqdm's default lock is a multiprocessing semaphore that a killed worker would leak
+        # (a resource_tracker warning after the real error); a worker draws no bars
+        tqdm.tqdm.set_lock(threading.RLock())
         from paddle_mla.engine.model_runner import ModelRunner
         from paddle_mla.parallel.group import TPGroup
 
+        conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
         group = TPGroup.join(spec.rank, spec.rdzv)
         runner = ModelRunner(spec.config, spec.model_dir, tp=group)
         conn.send(("ready",))
