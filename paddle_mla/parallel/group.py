@@ -42,8 +42,9 @@ class TPGroup:
     """Rank ``rank`` of ``size``: the collectives the sharded model calls (in the same order on
     every rank, CUDA-graph capturable on NCCL)."""
 
-    def __init__(self, rank: int, size: int, device_kind: str):
+    def __init__(self, rank: int, size: int, device_kind: str, threads_before: int | None = None):
         self.rank, self.size, self.device_kind = rank, size, device_kind
+        self._threads_before = threads_before
 
     # -- set-up -----------------------------------------------------------------------------
     @staticmethod
@@ -52,15 +53,24 @@ class TPGroup:
             # NVLink multicast (NVLS) stays off, as the GPU machines require; NCCL reads it at init
             os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
             torch.cuda.set_device(rank)
+        threads_before = None
+        if rdzv.device_kind == "cpu":
+            # N ranks share the cores: each takes its share of intra-op threads, or their spinning
+            # OpenMP threads starve each other (measured: a tiny CPU step 20 ms -> 1.2 s on 2 cores)
+            threads_before = torch.get_num_threads()
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // rdzv.size))
         if store is None:
             store = dist.TCPStore(rdzv.host, rdzv.port, rdzv.size, False, timeout=timedelta(seconds=120))
         dist.init_process_group("nccl" if rdzv.device_kind == "gpu" else "gloo", store=store, rank=rank,
                                 world_size=rdzv.size, timeout=timedelta(seconds=rdzv.timeout_s))
-        return TPGroup(rank, rdzv.size, rdzv.device_kind)
+        return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before)
 
     def destroy(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
     def abort(self) -> None:
         """Best effort: unblock collectives waiting on a dead rank (NCCL kernels spin otherwise)."""
