@@ -85,3 +85,15 @@ def test_uneven_vocab_and_bad_head_split(tiny):
     assert local_arch(arch, 2).mla.num_heads == arch.mla.num_heads // 2
     with pytest.raises(ValueError, match="must divide num_attention_heads"):
         local_arch(arch, 3)
+
+
+def test_parallel_config_is_validated():
+    from paddle_mla.config import ConfigError, load_config
+
+    cfg = load_config(None, ("parallel.tensor_parallel_size=2",))
+    assert (cfg.parallel.tensor_parallel_size, cfg.parallel.data_parallel_size) == (2, 1)
+    for bad, words in ((("parallel.tensor_parallel_size=0",), "tensor_parallel_size' is 0"),
+                       (("parallel.data_parallel_size=0",), "data_parallel_size' is 0"),
+                       (("runtime=paddle", "parallel.tensor_parallel_size=2"), "torch-only for now")):
+        with pytest.raises(ConfigError, match=words):
+            load_config(None, bad)
