@@ -194,6 +194,9 @@ class StreamingLoader:
     # ---- planning: one task per checkpoint tensor ----
     def _nbytes(self, name: str) -> int:
         n = self.reader.file_of(name).nbytes(name)
+        shard = self._shard(name)
+        if shard is not None:      # the progress bar counts what this rank keeps
+            n = n * shard.size // self.reader.file_of(name).shape(name)[shard.dim]
         if self._fp8(name):
             n += self.reader.file_of(name + "_scale_inv").nbytes(name + "_scale_inv")
         return n

@@ -59,6 +59,9 @@ def _kill_after(rank: int) -> int | None:
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
+    # Ctrl-C reaches the whole process group: rank 0 handles it (exit 130, output intact); a worker
+    # dying of it first would turn the interrupt into a "worker died" error
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(spec.parent_pid,), daemon=True).start()
     try:
         from paddle_mla import runtime
