@@ -191,6 +191,7 @@ def generate(config_path: str | None, input_path: str, output_path: str, model: 
       paddle-mla generate --config configs/prefix_caching.yaml -i big.jsonl -o out.jsonl --resume
     """
     from paddle_mla.generate_command import GenerateArgs, GenerateUsageError, run
+    from paddle_mla.parallel.launcher import TensorParallelError
 
     shortcuts = [f"model={json.dumps(model)}"] if model is not None else []
     for key, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
@@ -206,6 +207,9 @@ def generate(config_path: str | None, input_path: str, output_path: str, model: 
         _print_config_errors(exc)
     except GenerateUsageError as exc:
         _fail(str(exc))
+    except TensorParallelError as exc:     # a worker died: one clear error, exit 1 (rerun with --resume)
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INTERNAL)
     sys.exit(code)
 
 

@@ -66,6 +66,16 @@ class SamplingConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """Scale-out on one host (docs/scaling_out.md). ``tensor_parallel_size`` N: the model split over N
+    ranks (N GPUs, or N CPU processes over gloo), torch runtime only for now;
+    ``data_parallel_size`` M: M engine replicas sharing one input stream."""
+
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+
+
+@dataclass
 class EngineConfig:
     model: str = "tiny"
     runtime: Literal["auto", "paddle", "torch"] = AUTO
@@ -82,6 +92,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -192,6 +203,15 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(not (a.head_wise_swa_ratio > 0 and a.sliding_window == 0),
          f"'attention.head_wise_swa_ratio' is {a.head_wise_swa_ratio} but 'attention.sliding_window' is not set; "
          "set the window W in tokens (an integer >= 1)")
+    par = cfg.parallel
+    need(par.tensor_parallel_size >= 1, f"'parallel.tensor_parallel_size' is {par.tensor_parallel_size}; allowed: >= 1")
+    need(par.data_parallel_size >= 1, f"'parallel.data_parallel_size' is {par.data_parallel_size}; allowed: >= 1")
+    need(not (par.tensor_parallel_size > 1 and cfg.scheduler.overlap is True),
+         "'scheduler.overlap' is true with 'parallel.tensor_parallel_size' > 1; overlapped scheduling is "
+         "single-rank for now: set scheduler.overlap: auto (off with TP) or false")
+    need(not (par.tensor_parallel_size > 1 and cfg.runtime == "paddle"),
+         "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only for now: "
+         "it runs on torch.distributed; the paddle runtime has no paddle.distributed path yet)")
     backend = cfg.attention.backend
     if backend == AUTO and cfg.device != AUTO:
         backend = resolve_backend(backend, cfg.device)

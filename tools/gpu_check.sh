@@ -7,6 +7,7 @@ QUICK=""; [ "${1:-}" = "--quick" ] && QUICK="--quick"
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/.bench_out}"; mkdir -p "$OUT"
 export PADDLE_MLA_RUNTIME=torch PYTHONUNBUFFERED=1 PADDLE_MLA_CACHE="${PADDLE_MLA_CACHE:-/tmp/paddle_mla_cache}"
+export NCCL_NVLS_ENABLE=0    # no NVLink multicast (the GPU machines' rule); tensor-parallel ranks inherit it
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -n 2
@@ -69,6 +70,14 @@ if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_append_attention_gpu.py -k "reference or padding or splits" 2>&1 | tail -n 30 | tee "$OUT/gqa_memcheck.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+NGPU="$(nvidia-smi -L 2>/dev/null | wc -l)"
+if [ "$NGPU" -ge 2 ]; then
+  echo "=== tensor parallel: TP=2 vs TP=1 decode step (V2-Lite dims, ${TP_LAYERS:-27} layers, batch 64, 4k context)"
+  python3 tools/bench_tp.py --layers "${TP_LAYERS:-27}" --json "$OUT/bench_tp.json" 2>&1 | tee "$OUT/bench_tp.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+else
+  echo "=== tensor parallel: skipped (needs 2 GPUs, this machine has $NGPU; its GPU test skips too)"
 fi
 echo "gpu_check status: $status"
 exit $status

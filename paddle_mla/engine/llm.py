@@ -62,14 +62,14 @@ class LLM:
         # (ConfigError, ModelPathError, RuntimeError)
         self.run_info, config = describe_run(config)
         self.config = config
-        from paddle_mla.engine.model_runner import ModelRunner
         from paddle_mla.models import ensure_tiny_model
+        from paddle_mla.parallel.launcher import build_runner
         from paddle_mla.tokenizer import load_tokenizer
 
         model_dir = str(ensure_tiny_model()) if config.model == "tiny" else config.model
         self.model_dir = model_dir
         self.tokenizer = load_tokenizer(model_dir)   # TokenIdsOnly without tokenizer.json: texts are None
-        self.runner = ModelRunner(config, model_dir, model=model)
+        self.runner = build_runner(config, model_dir, model=model)   # rank 0 of N with parallel.tensor_parallel_size N
         self.max_model_len = self.runner.limits.max_model_len
         self.pool = make_block_pool(self.runner.limits.num_blocks, config.cache.block_size,
                                     config.cache.enable_prefix_caching, self.runner.head_wise_swa)
@@ -80,7 +80,10 @@ class LLM:
         self._pending: dict[int, _Pending] = {}
         self._stop_matchers: weakref.WeakKeyDictionary[Sequence, StopStringMatcher] = weakref.WeakKeyDictionary()
         ov = config.scheduler.overlap
-        self.overlap = self.runner.device_kind == "gpu" if ov == "auto" else bool(ov)
+        # tensor parallel: the workers take every input token from rank 0's batch, so no overlap
+        # (it feeds decode rows from the device's last sampled ids, which only rank 0 has)
+        single_rank = config.parallel.tensor_parallel_size == 1
+        self.overlap = self.runner.device_kind == "gpu" and single_rank if ov == "auto" else bool(ov)
         self._inflight = None      # overlapped scheduling: (SchedulerOutput, LaunchedStep) still on the device
         self._seed_rng = np.random.default_rng(config.seed)
         self._next_index = 0
@@ -104,7 +107,10 @@ class LLM:
         return self.pool.reset_prefix_cache()
 
     def close(self) -> None:
-        """Release the model, KV caches and graphs now rather than at garbage collection."""
+        """Release the model, KV caches and graphs (and tensor-parallel workers) now rather than at
+        garbage collection."""
+        if self.runner is not None:
+            self.runner.close()
         self.runner = None
         self.scheduler = None
         runtime.empty_cache()

@@ -72,15 +72,18 @@ def resolve_max_model_len(cfg: EngineConfig, max_position_embeddings: int) -> in
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None):
-        """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights)."""
+    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None, tp=None):
+        """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights).
+        ``tp``: this rank's tensor-parallel group (paddle_mla.parallel); rank 0 then has a
+        ``tp_driver`` that sends each step's batch to the other ranks."""
         self.cfg = cfg
         _runtime.select(cfg.runtime)   # the engine names the runtime; one other than the active one raises
+        self.tp, self.tp_driver = tp, None
         self.device_kind = _runtime.resolve_device(cfg.device)
         self.device = _runtime.device_string(self.device_kind)
         self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
         self.model = model if model is not None else load_model(
-            model_dir, self.dtype, self.device, quantization=cfg.quantization)
+            model_dir, self.dtype, self.device, quantization=cfg.quantization, tp=tp)
         self.model.reserve_moe_workspace(cfg.scheduler.max_num_batched_tokens)
         arch = self.model.arch
         self.arch = arch
@@ -124,6 +127,8 @@ class ModelRunner:
         elif num_blocks == AUTO:
             num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
                                          cfg.cache.gpu_memory_utilization)
+        if tp is not None:   # one block pool for all ranks: the smallest rank's count
+            num_blocks = tp.agree_min(num_blocks)
         self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
         self.kv_caches = allocate_kv_caches(arch, self.limits.num_blocks, bs, self.dtype, self.device)
         if index_dim:
@@ -170,6 +175,8 @@ class ModelRunner:
         return batch, host
 
     def _forward(self, batch: StepBatch, extra: dict | None = None):
+        if self.tp_driver is not None:   # tensor parallel: every rank runs this same step
+            self.tp_driver.send(batch)
         meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows, self.uploader,
                                  extra)
         if "pending_pos" in meta.extra:     # overlapped scheduling: tokens sampled by the step before
@@ -205,6 +212,12 @@ class ModelRunner:
         packed, ids = sampler.sample_step_ids(logits, sb, dev)
         self.last_sampled.scatter_(0, meta.extra["sample_slots"], ids)
         return LaunchedStep(len(out.scheduled), rows, sb, self.reader.start(packed))
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (a no-op otherwise)."""
+        if self.tp_driver is not None:
+            self.tp_driver.close()
+            self.tp_driver = None
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Run one step: the sampled token (and logprobs where asked) of each scheduled row."""

@@ -2,6 +2,11 @@
 
 Plain classes holding tensors; the semantics follow transformers' DeepseekV2/V3 modeling code
 (RMSNorm in fp32 then cast, router in fp32, logits in fp32).
+
+Tensor parallel (``tp``, a ``paddle_mla.parallel.group.TPGroup``): the loader gives each rank its
+shards (``paddle_mla.parallel.sharding``) and an ``arch`` with its share of the heads; here the
+row-parallel outputs (o_proj, each MLP / MoE block) are all-reduced once, the embedding is looked
+up vocab-parallel and the logits are gathered to the full vocabulary on every rank.
 """
 
 from __future__ import annotations
@@ -107,8 +112,9 @@ class Rope:
 
 
 class MLAAttention:
-    def __init__(self, arch: ModelArch, w: dict[str, Any], prefix: str):
+    def __init__(self, arch: ModelArch, w: dict[str, Any], prefix: str, tp=None):
         d = arch.mla
+        self.tp = tp
         self.arch, self.dims, self.eps = arch, d, arch.rms_norm_eps
         p = prefix + "self_attn."
         self.q_lora = arch.q_lora_rank is not None
@@ -149,7 +155,11 @@ class MLAAttention:
             sparse["topk_pos"] = self.indexer.select(x, q_resid, cos, sin, backend, meta)
         out = backend.forward(q_nope.contiguous(), q_pe.contiguous(), latent.contiguous(), self.w_kc, self.w_vc,
                               kv_cache, meta, **sparse)
-        return linear(out.reshape(T, d.num_heads * d.v_head_dim).to(x.dtype), self.o_proj, self.o_bias)
+        out = out.reshape(T, d.num_heads * d.v_head_dim).to(x.dtype)
+        if self.tp is None:
+            return linear(out, self.o_proj, self.o_bias)
+        out = self.tp.all_reduce(linear(out, self.o_proj))   # row-parallel: partial sums; bias once
+        return out if self.o_bias is None else out + self.o_bias
 
 
 class DenseMLP:
@@ -164,12 +174,12 @@ class DenseMLP:
 
 
 class DecoderLayer:
-    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, moe_exec: MoEExec):
+    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, moe_exec: MoEExec, tp=None):
         p = f"model.layers.{i}."
-        self.eps = arch.rms_norm_eps
+        self.eps, self.tp = arch.rms_norm_eps, tp
         self.in_norm = w[p + "input_layernorm.weight"]
         self.post_norm = w[p + "post_attention_layernorm.weight"]
-        self.attn = MLAAttention(arch, w, p)
+        self.attn = MLAAttention(arch, w, p, tp)
         if arch.moe and arch.moe.is_moe_layer(i):
             self.mlp = MoE(arch, w, p + "mlp.", moe_exec, DenseMLP)
         else:
@@ -177,19 +187,24 @@ class DecoderLayer:
 
     def forward(self, h, cos, sin, rope, backend, kv_cache, meta):
         h = h + self.attn.forward(rms_norm(h, self.in_norm, self.eps), cos, sin, rope, backend, kv_cache, meta)
-        return h + self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
+        out = self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
+        return h + (out if self.tp is None else self.tp.all_reduce(out))   # MLP / MoE partials: one reduce
 
 
 class CausalLM:
-    def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any):
-        self.arch, self.device, self.dtype = arch, device, dtype
+    def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any, tp=None):
+        """``tp``: the tensor-parallel group; ``arch`` and ``weights`` are then this rank's (loader)."""
+        self.arch, self.device, self.dtype, self.tp = arch, device, dtype, tp
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
         self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
         if self.lm_head is None:
             raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+        if tp is not None:   # vocab-parallel: this rank's token ids, and a head padded for the gather
+            self.vocab_start = tp.vocab_range(arch.vocab_size)[0]
+            self.lm_head = tp.pad_vocab_rows(self.lm_head, arch.vocab_size)
         self.moe_exec = MoEExec(device, dtype)
-        self.layers = [DecoderLayer(arch, weights, i, self.moe_exec) for i in range(arch.num_layers)]
+        self.layers = [DecoderLayer(arch, weights, i, self.moe_exec, tp) for i in range(arch.num_layers)]
         self.rope = Rope(arch.rope, device)
         self.backend = None
 
@@ -212,11 +227,17 @@ class CausalLM:
     def forward(self, meta, kv_caches: list):
         if self.backend is None:
             raise RuntimeError("call set_backend() before forward()")
-        h = F.embedding(meta.input_ids, self.embed)
+        if self.tp is None:
+            h = F.embedding(meta.input_ids, self.embed)
+        else:
+            h = self.tp.embed(meta.input_ids, self.embed, self.vocab_start)
         cos, sin = self.rope.cos_sin(meta.positions)
         for layer, cache in zip(self.layers, kv_caches):
             h = layer.forward(h, cos, sin, self.rope, self.backend, cache, meta)
         return rms_norm(h, self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden_rows):
-        return F.linear(hidden_rows, self.lm_head).to(torch.float32)
+        logits = F.linear(hidden_rows, self.lm_head)
+        if self.tp is not None:   # gathered in the model dtype (half the bytes), cast as before
+            logits = self.tp.gather_vocab(logits, self.arch.vocab_size)
+        return logits.to(torch.float32)

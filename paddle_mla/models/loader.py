@@ -12,6 +12,11 @@ so host memory stays near the tensors in flight above the baseline (on CPU the m
 host memory, of course). Per-expert tensors are written into their stacked [E, ...] device
 tensor as they arrive. FP8 block-scaled weights are kept as ``Fp8Weight`` (e4m3 + fp32 block
 scales) when ``keep_fp8`` or dequantized to the model dtype on the device.
+
+Tensor parallel (``tp_rank`` / ``tp_size``): each rank reads only its slice of the sharded tensors
+(``paddle_mla.parallel.sharding``): a row slice is read as just its bytes; a column slice is read
+whole into the thread's reusable buffer and only the slice is kept. FP8 weights keep their block
+scales' matching slice (dequantized whole, then sliced, when a slice is not block-aligned).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from paddle_mla.models.deepseek import CausalLM
 from paddle_mla.models.fp8 import Fp8Weight, dequant_blocks, fp8_kernels_available
 from paddle_mla.models.gqa import GQACausalLM
 from paddle_mla.models.safetensors_io import RAW_VIEW_DTYPES, CheckpointReader
+from paddle_mla.parallel.sharding import Shard, checkpoint_shard, local_arch, scale_shard, split_range
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
@@ -83,8 +89,10 @@ class StreamingLoader:
     """
 
     def __init__(self, model_dir: str | Path, arch: ModelArch, dtype: Any, device: str, keep_fp8: bool = False,
-                 expert_fp8: bool = False, threads: int | None = None, progress: bool = True):
+                 expert_fp8: bool = False, threads: int | None = None, progress: bool = True,
+                 tp_rank: int = 0, tp_size: int = 1):
         self.reader = CheckpointReader(model_dir)
+        self.tp_rank, self.tp_size = tp_rank, tp_size
         self.arch, self.dtype, self.device = arch, dtype, device
         self.on_cpu = device == "cpu"
         self.keep_fp8, self.expert_fp8 = keep_fp8, expert_fp8
@@ -110,17 +118,27 @@ class StreamingLoader:
             buf = self._local.buf = np.empty(max(n, 1 << 20), dtype=np.uint8)
         return buf
 
-    def _raw(self, name: str, target=None, transient: bool = False):
-        """Tensor ``name`` on the device in its stored dtype; cast to ``target`` when given.
-        ``transient``: the caller copies it elsewhere (stacked experts, dequant) before this thread
-        reads the next tensor, so on CPU it may live in the thread's reusable buffer too."""
+    def _raw(self, name: str, target=None, transient: bool = False, shard: Shard | None = None):
+        """Tensor ``name`` (its ``shard`` only, when given) on the device in its stored dtype; cast to
+        ``target`` when given. ``transient``: the caller copies it elsewhere (stacked experts,
+        dequant) before this thread reads the next tensor, so on CPU it may live in the thread's
+        reusable buffer too."""
         f = self.reader.file_of(name)
-        n, st = f.nbytes(name), f.dtype(name)
+        n, st, shape = f.nbytes(name), f.dtype(name), f.shape(name)
         if st not in _TORCH_DTYPES:
             raise ValueError(f"{f.path.name}: tensor {name} has unsupported dtype {st}")
         stored = getattr(torch, _TORCH_DTYPES[st])
         fresh = self.on_cpu and not transient and (target is None or target == stored)
-        raw = f.read_into(name, self._buffer(n, fresh)).view(RAW_VIEW_DTYPES[st]).reshape(f.shape(name))
+        view = RAW_VIEW_DTYPES[st]
+        if shard is None:
+            raw = f.read_into(name, self._buffer(n, fresh)).view(view).reshape(shape)
+        elif shard.dim == 0:     # rows are contiguous: read only this rank's bytes
+            row = n // shape[0]
+            raw = f.read_into(name, self._buffer(row * shard.size, fresh), offset=row * shard.start,
+                              count=row * shard.size).view(view).reshape(shard.shape(shape))
+        else:                    # columns: the whole tensor through the reusable buffer, the slice kept
+            whole = f.read_into(name, self._buffer(n, False)).view(view).reshape(shape)
+            raw = np.ascontiguousarray(whole[shard.numpy_index()])
         t = torch.from_numpy(raw)
         if t.dtype != stored:
             t = t.view(stored)
@@ -139,16 +157,36 @@ class StreamingLoader:
         block of >= 32 (the FP8 tensor-core dot's minimum K); others are dequantized."""
         return shape[-1] % self.block[1] == 0 and (self.on_cpu or self.block[1] % 32 == 0)
 
+    def _shard(self, name: str) -> Shard | None:
+        """This rank's slice of checkpoint tensor ``name`` (None: all of it)."""
+        if self.tp_size == 1:
+            return None
+        return checkpoint_shard(name, self.reader.file_of(name).shape(name), self.arch, self.tp_rank, self.tp_size)
+
+    def _shape(self, name: str) -> list[int]:
+        """Shape of what this rank holds of ``name``."""
+        shape = self.reader.file_of(name).shape(name)
+        shard = self._shard(name)
+        return shape if shard is None else shard.shape(shape)
+
     def _convert(self, name: str, keep: bool, transient: bool = False):
-        """The tensor on the device: model dtype, or Fp8Weight when ``keep`` and it is block-scaled FP8."""
+        """The tensor (this rank's shard of it) on the device: model dtype, or Fp8Weight when
+        ``keep`` and it is block-scaled FP8."""
+        shard = self._shard(name)
         if self._fp8(name):
-            keep = keep and self._keepable(self.reader.file_of(name).shape(name))
-            t = self._raw(name, transient=transient or not keep)
-            s = self._raw(name + "_scale_inv", torch.float32)    # small; never in the shared buffer
+            full = self.reader.file_of(name).shape(name)
+            s_shard = scale_shard(shard, full, self.block)
+            if shard is not None and s_shard is None:   # not block-aligned: dequantize whole, then slice
+                t = self._raw(name, transient=True)
+                w = dequant_blocks(t, self._raw(name + "_scale_inv", torch.float32), self.block, self._target(name))
+                return w[shard.numpy_index()].contiguous()
+            keep = keep and self._keepable(self._shape(name))
+            t = self._raw(name, transient=transient or not keep, shard=shard)
+            s = self._raw(name + "_scale_inv", torch.float32, shard=s_shard)   # small; never in the shared buffer
             if keep:
                 return Fp8Weight(t, s, self.block, kernel=not self.on_cpu)
             return dequant_blocks(t, s, self.block, self._target(name))
-        return self._raw(name, self._target(name), transient)
+        return self._raw(name, self._target(name), transient, shard)
 
     def _keep_dense(self, name: str) -> bool:
         # Every FP8 linear of the layers stays FP8, except kv_b_proj, which is reshaped into MLA's
@@ -164,6 +202,9 @@ class StreamingLoader:
     # ---- planning: one task per checkpoint tensor ----
     def _nbytes(self, name: str) -> int:
         n = self.reader.file_of(name).nbytes(name)
+        shard = self._shard(name)
+        if shard is not None:      # the progress bar counts what this rank keeps
+            n = n * shard.size // self.reader.file_of(name).shape(name)[shard.dim]
         if self._fp8(name):
             n += self.reader.file_of(name + "_scale_inv").nbytes(name + "_scale_inv")
         return n
@@ -175,11 +216,19 @@ class StreamingLoader:
         keep = self.keep_fp8 and self.expert_fp8
 
         def run():
-            t = self._convert(name, keep)
+            t = self._convert(name, keep and self.tp_size == 1)   # TP slices the dense tensor below
             if which == "down_proj":
+                if self.tp_size > 1:    # [E, h, I]: this rank's intermediate columns
+                    lo, hi = split_range(t.shape[2], self.tp_rank, self.tp_size)
+                    t = t[:, :, lo:hi].contiguous()
                 self._put(prefix + ".down", t)
                 return
             inter = t.shape[1] // 2
+            if self.tp_size > 1:        # [E, 2I, h]: this rank's rows of gate and of up
+                lo, hi = split_range(inter, self.tp_rank, self.tp_size)
+                self._put(prefix + ".gate", t[:, lo:hi].contiguous())
+                self._put(prefix + ".up", t[:, inter + lo:inter + hi].contiguous())
+                return
             if isinstance(t, Fp8Weight):
                 if inter % self.block[0]:
                     t = t.dequantize(self.dtype)
@@ -200,15 +249,20 @@ class StreamingLoader:
         if sorted(by_idx) != list(range(n)):
             raise ValueError(f"{key}: expert indices are not 0..{n - 1}")
         first = by_idx[0]
-        shape = [n] + self.reader.file_of(first).shape(first)
-        if self._fp8(first) and self.keep_fp8 and self.expert_fp8 and self._keepable(shape):
+        shape = [n] + self._shape(first)
+        shard = self._shard(first)
+        s_shard = scale_shard(shard, self.reader.file_of(first).shape(first), self.block)
+        aligned = shard is None or s_shard is not None
+        if self._fp8(first) and self.keep_fp8 and self.expert_fp8 and self._keepable(shape) and aligned:
             sname = first + "_scale_inv"
+            s_shape = self.reader.file_of(sname).shape(sname)
+            s_shape = s_shape if s_shard is None else s_shard.shape(s_shape)
             w = torch.empty(shape, dtype=torch.uint8, device=self.device)
-            s = torch.empty([n] + self.reader.file_of(sname).shape(sname), dtype=torch.float32, device=self.device)
+            s = torch.empty([n] + s_shape, dtype=torch.float32, device=self.device)
 
             def run_fp8(e: int, name: str):
-                w[e] = self._raw(name, transient=True).view(torch.uint8)
-                s[e] = self._raw(name + "_scale_inv", torch.float32)
+                w[e] = self._raw(name, transient=True, shard=shard).view(torch.uint8)
+                s[e] = self._raw(name + "_scale_inv", torch.float32, shard=s_shard)
             tasks = [_Task(self._nbytes(nm), lambda e=e, nm=nm: run_fp8(e, nm)) for e, nm in by_idx.items()]
             tasks.append(_Task(0, lambda: self._put(key, Fp8Weight(w.view(torch.float8_e4m3fn), s, self.block,
                                                                    kernel=not self.on_cpu))))
@@ -272,20 +326,24 @@ def load_weights(model_dir: str | Path, arch: ModelArch, dtype: Any, device: str
 
 
 def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "auto", expert_fp8: bool | None = None,
-               threads: int | None = None, progress: bool = True) -> CausalLM | GQACausalLM:
+               threads: int | None = None, progress: bool = True, tp=None) -> CausalLM | GQACausalLM:
     """Load a checkpoint folder (deepseek_v2/v3/v32: CausalLM; qwen3, ernie4_5, llama: GQACausalLM)
     onto ``device`` with weights in ``dtype``.
 
     ``quantization`` (config key): auto | none | fp8, see ``resolve_keep_fp8``. ``expert_fp8``
     keeps the routed experts in FP8 too; None (default): whenever FP8 is kept (the MoE layer runs
     them w8a8 on the fused kernels, or dequantizes them itself for the reference).
+    ``tp`` (``paddle_mla.parallel.group.TPGroup``): load this rank's shards only.
     """
     arch = load_arch(model_dir)
+    rank, size = (tp.rank, tp.size) if tp is not None else (0, 1)
+    if size > 1:
+        local_arch(arch, size)      # a clear error (heads, GQA) before any weight is read
     keep = resolve_keep_fp8(quantization, "cpu" if device == "cpu" else "gpu")
     if expert_fp8 is None:
         expert_fp8 = keep
     weights = load_weights(model_dir, arch, dtype, device, keep_fp8=keep, expert_fp8=expert_fp8, threads=threads,
-                           progress=progress)
+                           progress=progress and rank == 0, tp_rank=rank, tp_size=size)
     if arch.family == "gqa":
         return GQACausalLM(arch, weights, device, dtype)
-    return CausalLM(arch, weights, device, dtype)
+    return CausalLM(local_arch(arch, size), weights, device, dtype, tp=tp)

@@ -79,11 +79,15 @@ class SafetensorsFile:
         begin, end = self.header[name]["data_offsets"]
         return end - begin
 
-    def read_into(self, name: str, buf: np.ndarray) -> np.ndarray:
-        """Read tensor ``name``'s raw bytes into ``buf`` (uint8, at least nbytes) with pread; returns
-        the filled prefix. Thread-safe: pread carries its own offset."""
+    def read_into(self, name: str, buf: np.ndarray, offset: int = 0, count: int | None = None) -> np.ndarray:
+        """Read tensor ``name``'s raw bytes (or ``count`` of them from byte ``offset``: a tensor-parallel
+        rank's rows) into ``buf`` (uint8, large enough) with pread; returns the filled prefix.
+        Thread-safe: pread carries its own offset."""
         begin, end = self.header[name]["data_offsets"]
-        n = end - begin
+        n = end - begin - offset if count is None else count
+        if offset < 0 or offset + n > end - begin:
+            raise ValueError(f"{self.path.name}: bytes [{offset}, {offset + n}) are outside tensor {name}")
+        begin += offset
         out = buf[:n]
         view = memoryview(out)
         fd = os.open(self.path, os.O_RDONLY)

@@ -1,0 +1,122 @@
+"""The tensor-parallel group of one engine: process-group set-up and the model's collectives.
+
+torch.distributed only (NCCL on GPUs, gloo on CPU); the paddle runtime has no path here yet, so
+``parallel.tensor_parallel_size`` > 1 is refused there (config validation and ``launcher``).
+
+The latent cache is replicated: every rank holds the whole MLA latent cache of every request, as
+vLLM does for MLA under TP. MLA's cache is one ``kv_lora_rank + qk_rope_head_dim`` vector per
+token shared by all heads, so splitting the heads cannot split the cache; each rank computes the
+same latent (``kv_a_proj_with_mqa`` is replicated) and writes it into its own copy, with the same
+block ids, so the scheduler, block tables and prefix cache stay those of one engine. The cost is
+cache memory that does not shrink with N (the weights do); splitting it by request instead (data-
+parallel attention, as SGLang's DP-attention) needs a per-rank batch and an all-to-all around the
+MoE, which is a different engine shape.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from paddle_mla.parallel.sharding import split_range, vocab_chunk  # noqa: E402
+from paddle_mla.parallel.worker import Rendezvous  # noqa: E402
+
+# torch >= 2.13 names it all_gather_single; the GPU machine's torch 2.11 has only the old name
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def master_store(size: int, timeout_s: float = 120.0):
+    """Rank 0's store on a free port (the OS picks it, so no race between engines)."""
+    return dist.TCPStore("127.0.0.1", 0, size, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+class TPGroup:
+    """Rank ``rank`` of ``size``: the collectives the sharded model calls (in the same order on
+    every rank, CUDA-graph capturable on NCCL)."""
+
+    def __init__(self, rank: int, size: int, device_kind: str, threads_before: int | None = None):
+        self.rank, self.size, self.device_kind = rank, size, device_kind
+        self._threads_before = threads_before
+
+    # -- set-up -----------------------------------------------------------------------------
+    @staticmethod
+    def join(rank: int, rdzv: Rendezvous, store=None) -> "TPGroup":
+        if rdzv.device_kind == "gpu":
+            # NVLink multicast (NVLS) stays off, as the GPU machines require; NCCL reads it at init
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+            torch.cuda.set_device(rank)
+        threads_before = None
+        if rdzv.device_kind == "cpu":
+            # N ranks share the cores: each takes its share of intra-op threads, or their spinning
+            # OpenMP threads starve each other (measured: a tiny CPU step 20 ms -> 1.2 s on 2 cores)
+            threads_before = torch.get_num_threads()
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // rdzv.size))
+        if store is None:
+            store = dist.TCPStore(rdzv.host, rdzv.port, rdzv.size, False, timeout=timedelta(seconds=120))
+        dist.init_process_group("nccl" if rdzv.device_kind == "gpu" else "gloo", store=store, rank=rank,
+                                world_size=rdzv.size, timeout=timedelta(seconds=rdzv.timeout_s))
+        return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before)
+
+    def destroy(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
+
+    def abort(self) -> None:
+        """Best effort: unblock collectives waiting on a dead rank (NCCL kernels spin otherwise)."""
+        try:
+            backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+            backend.abort()
+        except Exception:  # noqa: BLE001 - nothing more to do; the launcher's watchdog exits
+            pass
+
+    def agree_min(self, value: int) -> int:
+        """The smallest ``value`` over the ranks (e.g. KV blocks: free memory differs per GPU)."""
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self._device())
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.cpu()[0])
+
+    def _device(self) -> str:
+        return _runtime.device_string(self.device_kind)
+
+    # -- the model's collectives ------------------------------------------------------------
+    def all_reduce(self, x):
+        """Sum of the ranks' partial ``x`` (row-parallel outputs), in place."""
+        dist.all_reduce(x)
+        return x
+
+    def vocab_range(self, vocab_size: int) -> tuple[int, int]:
+        return split_range(vocab_size, self.rank, self.size)
+
+    def embed(self, ids, weight, start: int):
+        """Vocab-parallel lookup: rows of ids in this rank's [start, start + rows), zeros elsewhere,
+        then summed over the ranks (each id is found on exactly one rank)."""
+        local = ids - start
+        inside = (local >= 0) & (local < weight.shape[0])
+        h = F.embedding(torch.where(inside, local, torch.zeros_like(local)), weight)
+        return self.all_reduce(h * inside.unsqueeze(-1).to(h.dtype))
+
+    def pad_vocab_rows(self, weight, vocab_size: int):
+        """An LM-head shard padded with zero rows to the common chunk, so the gather is uniform."""
+        chunk = vocab_chunk(vocab_size, self.size)
+        if weight.shape[0] == chunk:
+            return weight
+        pad = torch.zeros(chunk - weight.shape[0], weight.shape[1], dtype=weight.dtype, device=weight.device)
+        return torch.cat([weight, pad], 0)
+
+    def gather_vocab(self, local, vocab_size: int):
+        """[rows, chunk] logits of each rank -> [rows, vocab_size] on every rank."""
+        rows, chunk = local.shape
+        out = torch.empty(self.size * rows, chunk, dtype=local.dtype, device=local.device)
+        _ALL_GATHER(out, local.contiguous())
+        return out.view(self.size, rows, chunk).permute(1, 0, 2).reshape(rows, self.size * chunk)[:, :vocab_size]

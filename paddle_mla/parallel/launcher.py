@@ -1,0 +1,221 @@
+"""Rank 0 of a tensor-parallel engine: starts the workers, forms the group, sends each step's batch,
+and turns a dead worker into one clear error.
+
+``build_runner(config, model_dir)`` is what the engine calls: a plain ModelRunner when
+``parallel.tensor_parallel_size`` is 1; otherwise it spawns ranks 1..N-1 (multiprocessing
+"spawn", no torchrun), joins them in a torch.distributed group as rank 0, and returns rank 0's
+ModelRunner, whose ``forward_step`` sends each step's ``StepBatch`` to the workers
+(``TPDriver.send``) before running the step itself. The scheduler, the sampler and the one host
+read stay on rank 0.
+
+Failure handling: a watchdog thread waits on the workers' process sentinels. When one dies, the
+step in flight fails (gloo reports the closed peer at once) and is re-raised as
+``TensorParallelError`` naming the rank, its exit signal and its traceback when it sent one; an
+idle engine raises it at the next step. Where a collective cannot notice the dead peer (NCCL
+kernels spin), the watchdog aborts the communicator, and if the engine is still stuck after
+``PADDLE_MLA_TP_GRACE_S`` seconds (default 60) it prints the error and exits the process with 1,
+so a batch run never hangs: its output so far is intact and ``generate --resume`` completes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from multiprocessing import connection
+
+from paddle_mla import runtime
+from paddle_mla.parallel.worker import WorkerSpec, worker_main
+
+TORCH_ONLY = ("parallel.tensor_parallel_size > 1 runs on torch.distributed and is torch-only for now; "
+              "use runtime: torch (the paddle runtime has no tensor-parallel path yet)")
+RESUME_HINT = "the output written so far is intact: rerun with --resume"
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel worker died or failed; the engine cannot go on."""
+
+
+def build_runner(config, model_dir: str, model=None):
+    """The engine's ModelRunner: rank 0 of a tensor-parallel group when the config asks for one.
+    ``model``: a prebuilt model (benchmarks with random weights; single rank only)."""
+    from paddle_mla.engine.model_runner import ModelRunner
+
+    if config.parallel.tensor_parallel_size == 1:
+        return ModelRunner(config, model_dir, model=model)
+    if model is not None:
+        raise ValueError("a prebuilt model runs on one rank only: set parallel.tensor_parallel_size: 1")
+    return TPDriver(config, model_dir).start()
+
+
+def _how(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+class TPDriver:
+    def __init__(self, config, model_dir: str):
+        if runtime.is_paddle():
+            raise TensorParallelError(TORCH_ONLY)
+        self.config, self.model_dir = config, model_dir
+        self.size = config.parallel.tensor_parallel_size
+        self.device_kind = runtime.resolve_device(config.device)
+        if self.device_kind == "gpu":
+            import torch  # the real torch: this runs only on the torch runtime
+
+            if torch.cuda.device_count() < self.size:
+                raise TensorParallelError(f"parallel.tensor_parallel_size {self.size} needs {self.size} GPUs; "
+                                          f"this process sees {torch.cuda.device_count()}")
+        self.procs: list = []
+        self.conns: list = []
+        self.group = None
+        self._closing = False
+        self._busy = 0                 # > 0 while the main thread is inside a guarded call
+        self._raised = False
+        self.grace_s = float(os.environ.get("PADDLE_MLA_TP_GRACE_S", "60"))
+
+    # -- start-up ---------------------------------------------------------------------------
+    def start(self):
+        from paddle_mla.engine.model_runner import ModelRunner
+        from paddle_mla.parallel.group import TPGroup, master_store
+        from paddle_mla.parallel.worker import Rendezvous
+
+        store = master_store(self.size)
+        rdzv = Rendezvous("127.0.0.1", store.port, self.size, self.device_kind)
+        ctx = mp.get_context("spawn")
+        for rank in range(1, self.size):
+            parent, child = ctx.Pipe()
+            spec = WorkerSpec(rank, rdzv, self.config, self.model_dir, os.getpid())
+            proc = ctx.Process(target=worker_main, args=(spec, child), name=f"paddle-mla-tp{rank}", daemon=True)
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+        atexit.register(self.close)
+        threading.Thread(target=self._watch, name="paddle-mla-tp-watchdog", daemon=True).start()
+        try:
+            with self._guard():
+                for rank, conn in enumerate(self.conns, start=1):
+                    self._wait_for(rank, conn, "joining")
+                self.group = TPGroup.join(0, rdzv, store)
+                runner = ModelRunner(self.config, self.model_dir, tp=self.group)
+                for rank, conn in enumerate(self.conns, start=1):
+                    self._wait_for(rank, conn, "ready")
+        except BaseException:
+            self.close()
+            raise
+        runner.tp_driver = self
+        step = runner.execute
+        runner.execute = lambda out: self._guarded(step, out)   # a dead worker -> TensorParallelError
+        return runner
+
+    def _wait_for(self, rank: int, conn, what: str) -> None:
+        """The worker's ``what`` message, or its start-up failure as a TensorParallelError."""
+        proc = self.procs[rank - 1]
+        while not conn.poll(0.2):
+            if proc.exitcode is not None and not conn.poll():
+                raise TensorParallelError(self._failure() or f"tensor-parallel worker {rank} exited at start-up")
+        msg = conn.recv()
+        if msg[0] != what:
+            detail = msg[1].rstrip() if len(msg) > 1 else msg[0]
+            raise TensorParallelError(f"tensor-parallel worker rank {rank} failed at start-up:\n{detail}")
+
+    # -- each step --------------------------------------------------------------------------
+    def send(self, batch) -> None:
+        """Hand this step's batch to every worker (called by rank 0's ``forward_step``)."""
+        for conn in self.conns:
+            conn.send(batch)
+
+    def _guarded(self, fn, *args):
+        with self._guard():
+            return fn(*args)
+
+    @contextmanager
+    def _guard(self):
+        self._busy += 1
+        try:
+            failure = self._failure()
+            if failure:
+                raise TensorParallelError(failure)
+            yield
+        except TensorParallelError:
+            self._raised = True
+            raise
+        except Exception as exc:
+            failure = self._failure(wait_s=5.0)   # the exit may be seen a moment after the error
+            if failure:
+                self._raised = True
+                raise TensorParallelError(failure) from exc
+            raise
+        finally:
+            self._busy -= 1
+
+    def _failure(self, wait_s: float = 0.0) -> str | None:
+        """One line (+ the worker's traceback) for the first dead worker; None while all live."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
+                if proc.exitcode is None:
+                    continue
+                detail = ""
+                try:
+                    while conn.poll():
+                        msg = conn.recv()
+                        if msg[0] == "error":
+                            detail = "\n" + msg[1].rstrip()
+                except (EOFError, OSError):
+                    pass
+                return (f"tensor-parallel worker rank {rank} (pid {proc.pid}) died ({_how(proc.exitcode)}); "
+                        f"the engine stops; {RESUME_HINT}{detail}")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    def _watch(self) -> None:
+        while not self._closing:
+            if not connection.wait([p.sentinel for p in self.procs], timeout=1.0) or self._closing:
+                continue
+            if not self._busy:          # idle: the next guarded call raises it
+                return
+            if self.group is not None and self.device_kind == "gpu":
+                self.group.abort()      # NCCL kernels waiting on the dead rank never return otherwise
+            deadline = time.monotonic() + self.grace_s
+            while time.monotonic() < deadline and self._busy and not self._raised:
+                time.sleep(0.2)
+            if self._busy and not self._raised and not self._closing:
+                sys.stderr.write(f"error: {self._failure()} (the engine was stuck {self.grace_s:.0f} s "
+                                 "waiting on it: exiting)\n")
+                sys.stderr.flush()
+                os._exit(1)
+            return
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        atexit.unregister(self.close)
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.exitcode is None:
+                proc.terminate()
+                proc.join(timeout=5)
+        if self.group is not None:
+            try:
+                self.group.destroy()
+            except Exception:  # noqa: BLE001 - a broken group (dead peer) may not tear down cleanly
+                pass

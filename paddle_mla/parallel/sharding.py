@@ -1,0 +1,115 @@
+"""Which part of each checkpoint tensor a tensor-parallel rank holds (plain Python, no tensors).
+
+Megatron-style splits of the DeepSeek layers over ``size`` ranks:
+- MLA: ``q_proj`` / ``q_b_proj`` and ``kv_b_proj`` are column-parallel (rows = output features,
+  split by heads); ``o_proj`` is row-parallel (its input columns split by heads; the partial outputs
+  are all-reduced). ``q_a_proj`` / ``kv_a_proj_with_mqa`` and their norms are replicated: every
+  rank computes the same latent and keeps the whole latent cache (see ``paddle_mla.parallel.group``).
+- MLPs (dense, shared experts, routed experts): ``gate_proj`` / ``up_proj`` split by the
+  intermediate dim (rows), ``down_proj`` by its input columns; one all-reduce per block.
+- ``embed_tokens`` and ``lm_head``: vocabulary-parallel (rows split by token id).
+- Everything else (norms, the router, the V3.2 indexer) is replicated.
+
+Splits are contiguous ranges; the vocabulary and MLP ranges may be uneven (ceil-sized chunks, the
+last rank takes the rest); heads must divide evenly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+_LAYER_NAME = re.compile(r"^model\.layers\.\d+\.")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows (``dim`` 0) or columns (``dim`` 1) ``[start, stop)`` of a 2-D checkpoint tensor."""
+
+    dim: int
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def shape(self, full: list[int]) -> list[int]:
+        out = list(full)
+        out[self.dim] = self.size
+        return out
+
+    def numpy_index(self) -> tuple:
+        return (slice(None),) * self.dim + (slice(self.start, self.stop),)
+
+
+def split_range(n: int, rank: int, size: int) -> tuple[int, int]:
+    """[start, stop) of ``rank``'s ceil-sized chunk of ``n`` (the last rank takes the rest)."""
+    chunk = -(-n // size)
+    start = min(rank * chunk, n)
+    return start, min(start + chunk, n)
+
+
+def vocab_chunk(vocab_size: int, size: int) -> int:
+    """Rows of every rank's (padded) LM-head shard, so the gathered logits have equal parts."""
+    return -(-vocab_size // size)
+
+
+def check_tp_arch(arch, size: int) -> None:
+    """A clear error when ``arch`` cannot be split ``size`` ways (before any weight is read)."""
+    if getattr(arch, "family", "mla") != "mla":
+        raise NotImplementedError(
+            f"tensor parallelism supports MLA models (DeepSeek-V2/V3/V3.2) for now; {arch.model_type} "
+            f"(family {arch.family}) needs its KV heads split, which is not built yet: "
+            "use parallel.tensor_parallel_size: 1")
+    heads = arch.mla.num_heads
+    if heads % size:
+        raise ValueError(f"parallel.tensor_parallel_size {size} must divide num_attention_heads {heads}")
+    if arch.vocab_size < size:
+        raise ValueError(f"parallel.tensor_parallel_size {size} exceeds vocab_size {arch.vocab_size}")
+
+
+def local_arch(arch, size: int):
+    """``arch`` as one rank sees it: its share of the attention heads (everything else unchanged,
+    vocab_size included: the sampler sees gathered full-vocabulary logits)."""
+    if size == 1:
+        return arch
+    check_tp_arch(arch, size)
+    return dataclasses.replace(arch, mla=dataclasses.replace(arch.mla, num_heads=arch.mla.num_heads // size))
+
+
+def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int) -> Shard | None:
+    """The slice of checkpoint tensor ``name`` (of ``shape``) that ``rank`` holds; None: all of it."""
+    if size == 1 or len(shape) != 2:
+        return None
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return Shard(0, *split_range(shape[0], rank, size))
+    if not _LAYER_NAME.match(name):
+        return None
+    d = arch.mla
+    heads = d.num_heads // size
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_b_proj.weight")):
+        per = d.qk_nope_head_dim + d.qk_rope_head_dim
+        return Shard(0, rank * heads * per, (rank + 1) * heads * per)
+    if name.endswith("self_attn.kv_b_proj.weight"):
+        per = d.qk_nope_head_dim + d.v_head_dim
+        return Shard(0, rank * heads * per, (rank + 1) * heads * per)
+    if name.endswith("self_attn.o_proj.weight"):
+        return Shard(1, rank * heads * d.v_head_dim, (rank + 1) * heads * d.v_head_dim)
+    if ".mlp." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):
+        return Shard(0, *split_range(shape[0], rank, size))     # dense, shared and per-expert MLPs
+    if ".mlp." in name and name.endswith("down_proj.weight"):
+        return Shard(1, *split_range(shape[1], rank, size))
+    return None
+
+
+def scale_shard(shard: Shard | None, full_shape: list[int], block: tuple[int, int]) -> Shard | None:
+    """The block-scale rows/columns of an FP8 weight's ``shard``; None when the shard does not
+    start and end on block boundaries (the caller dequantizes the whole weight, then slices)."""
+    if shard is None:
+        return None
+    b = block[shard.dim]
+    if shard.start % b or (shard.stop % b and shard.stop != full_shape[shard.dim]):
+        return None
+    return Shard(shard.dim, shard.start // b, -(-shard.stop // b))

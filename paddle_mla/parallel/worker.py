@@ -1,0 +1,99 @@
+"""The loop of tensor-parallel ranks 1..N-1 (a spawned process each; rank 0 is the engine itself).
+
+A worker loads its shards, builds its own ModelRunner (KV caches, backend, CUDA graphs), says
+"ready", then runs every step rank 0 sends: the step's ``StepBatch`` (plain host arrays) in, the
+same ``forward_step`` as rank 0 out (its collectives pair with rank 0's; the logits are dropped:
+rank 0 samples). ``None`` ends the loop. A failure is sent to rank 0 as text before the worker
+exits; a worker whose rank 0 is gone (its pipe closes or its parent changes) exits at once.
+
+Test hook: ``PADDLE_MLA_TP_TEST_KILL=RANK:STEPS`` makes that rank kill itself (SIGKILL) after
+STEPS steps, so the dead-worker path and ``--resume`` after it can be tested end to end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+KILL_ENV = "PADDLE_MLA_TP_TEST_KILL"
+
+
+@dataclass
+class Rendezvous:
+    """Where ranks meet: rank 0's TCPStore (plain data, sent to the workers)."""
+
+    host: str
+    port: int
+    size: int
+    device_kind: str               # 'cpu' (gloo) | 'gpu' (nccl)
+    timeout_s: float = 1800.0      # collectives: covers one rank loading weights slower than another
+
+
+@dataclass
+class WorkerSpec:
+    rank: int
+    rdzv: Rendezvous
+    config: Any                  # the resolved EngineConfig
+    model_dir: str
+    parent_pid: int
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:   # rank 0 died (we were re-parented): nobody needs us
+            os._exit(1)
+
+
+def _kill_after(rank: int) -> int | None:
+    spec = os.environ.get(KILL_ENV, "")
+    if ":" not in spec:
+        return None
+    who, steps = spec.split(":", 1)
+    return int(steps) if int(who) == rank else None
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    # Ctrl-C reaches the whole process group: rank 0 handles it (exit 130, output intact); a worker
+    # dying of it first would turn the interrupt into a "worker died" error
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(spec.parent_pid,), daemon=True).start()
+    try:
+        from paddle_mla import runtime
+
+        runtime.select("torch")
+        import tqdm
+
+        # tqdm's default lock is a multiprocessing semaphore that a killed worker would leak
+        # (a resource_tracker warning after the real error); a worker draws no bars
+        tqdm.tqdm.set_lock(threading.RLock())
+        from paddle_mla.engine.model_runner import ModelRunner
+        from paddle_mla.parallel.group import TPGroup
+
+        conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
+        group = TPGroup.join(spec.rank, spec.rdzv)
+        runner = ModelRunner(spec.config, spec.model_dir, tp=group)
+        conn.send(("ready",))
+        kill_after, steps = _kill_after(spec.rank), 0
+        while True:
+            batch = conn.recv()
+            if batch is None:
+                break
+            runner.forward_step(batch)
+            steps += 1
+            if kill_after is not None and steps >= kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+    except EOFError:          # rank 0 closed the pipe without a goodbye: it is gone
+        os._exit(1)
+    except BaseException:     # noqa: BLE001 - reported to rank 0, then out without teardown
+        try:
+            conn.send(("error", traceback.format_exc(limit=8)))
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(1)
+    group.destroy()

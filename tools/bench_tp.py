@@ -1,0 +1,133 @@
+"""Benchmark: tensor-parallel decode step, TP=1 vs TP=2 (the nvidia-h200-x2 machine).
+
+DeepSeek-V2-Lite dimensions at full depth (27 layers: hidden 2048, 16 heads, kv_lora 512, 64
+routed experts of 1408 top-6 + 2 shared, vocab 102400), random bf16 weights written once as a
+checkpoint (tools/bench_loader.py's writer, 31 GB at 27 layers; reused when present) and loaded by
+the engine itself, so TP=2 runs the real path: spawned worker, sharded loading, NCCL all-reduces,
+each rank's own CUDA graphs. Per TP size: one engine (triton_mla, CUDA graphs, bf16), a decode
+step of ``--batch`` requests at ``--context`` tokens each (paged latent cache, random block tables),
+timed as the engine runs it: ``forward_step`` (rank 0 sends the batch to the worker, metadata,
+model, gathered logits) + greedy argmax + the one host read. Target (issue 15): TP=2 <= 0.6x TP=1.
+
+    PYTHONPATH=. python tools/bench_tp.py [--layers 27] [--batch 64] [--context 4096] [--tp 1,2]
+        [--dir /tmp/bench_v2lite_27L] [--iters 30] [--json out.json]
+
+NCCL_NVLS_ENABLE=0 is set for every rank (the GPU machines' rule: no NVLink multicast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loader import V2_LITE, write_checkpoint  # noqa: E402
+
+from paddle_mla import runtime  # noqa: E402
+
+runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
+
+from paddle_mla.attention.forward_meta import StepBatch  # noqa: E402
+from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.engine.llm import LLM  # noqa: E402
+from paddle_mla.tensor_api import torch  # noqa: E402
+
+BLOCK = 64
+SMOKE_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
+                  qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                  bos_token_id=0, eos_token_id=1)
+
+
+def decode_batch(num_blocks: int, batch: int, context: int, seed: int = 0) -> StepBatch:
+    per_seq = -(-context // BLOCK)
+    perm = np.random.default_rng(seed).permutation(num_blocks)[: batch * per_seq]
+    return StepBatch(token_ids=np.arange(batch, dtype=np.int64) + 5, num_new=np.ones(batch, np.int32),
+                     num_cached=np.full(batch, context - 1, np.int32),
+                     block_tables=perm.reshape(batch, per_seq).astype(np.int32),
+                     is_prefill=np.zeros(batch, bool), sample_mask=np.ones(batch, bool))
+
+
+def time_decode(llm: LLM, batch: StepBatch, iters: int) -> float:
+    runner = llm.runner
+
+    def step():
+        return torch.argmax(runner.forward_step(batch), -1).cpu()   # the step's one host read
+
+    for _ in range(5):
+        step()
+    runtime.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        step()
+    return (time.perf_counter() - t) / iters
+
+
+def run(tp: int, path: Path, args) -> dict:
+    num_blocks = args.batch * (-(-args.context // BLOCK) + 1) + 8
+    gpu = not args.smoke
+    cfg = config_from_dict({
+        "model": str(path), "runtime": "torch", "device": "gpu" if gpu else "cpu",
+        "dtype": "bfloat16" if gpu else "float32", "attention": {"backend": "triton_mla" if gpu else "native"},
+        "cuda_graph": gpu, "max_model_len": args.context + BLOCK,
+        "cache": {"block_size": BLOCK, "num_blocks": num_blocks},
+        "scheduler": {"max_num_seqs": args.batch, "enable_chunked_prefill": True},
+        "parallel": {"tensor_parallel_size": tp}})
+    t = time.perf_counter()
+    llm = LLM(cfg)
+    start_s = time.perf_counter() - t
+    for cache in llm.runner.kv_caches:       # rank 0's cache; the values do not change the work
+        cache.normal_(0.0, 1.0)
+    step_s = time_decode(llm, decode_batch(num_blocks, args.batch, args.context), args.iters)
+    mem = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
+    llm.close()
+    del llm
+    runtime.empty_cache()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    return dict(tp=tp, step_ms=step_s * 1e3, engine_start_s=start_s, rank0_peak_gib=mem)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=27)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--tp", default="1,2")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--dir", default="")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
+    args = ap.parse_args()
+    cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_DIMS if args.smoke else {}))
+    path = Path(args.dir or f"/tmp/bench_v2lite_{args.layers}L{'_smoke' if args.smoke else ''}")
+    if not (path / "config.json").exists():
+        print(f"writing a random bf16 checkpoint to {path}", file=sys.stderr)
+        write_checkpoint(path, cfg, 5 * 10 ** 9)
+    rows = [run(int(tp), path, args) for tp in args.tp.split(",")]
+    base = rows[0]["step_ms"]
+    print(f"# TP decode step: V2-Lite dims, {args.layers} layers, batch {args.batch}, context {args.context}, "
+          + ("SMOKE (tiny dims, CPU fp32, native)\n" if args.smoke else
+             f"bf16, triton_mla + CUDA graphs, {runtime.device_name()}\n"))
+    print(f"| TP | step ms | vs TP={rows[0]['tp']} | engine start s | rank-0 peak GiB |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        r["ratio"] = r["step_ms"] / base
+        print(f"| {r['tp']} | {r['step_ms']:.2f} | {r['ratio']:.2f}x | {r['engine_start_s']:.0f} | "
+              f"{r['rank0_peak_gib']:.1f} |")
+    print("\ntarget: TP=2 step <= 0.6x TP=1")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(layers=args.layers, batch=args.batch, context=args.context, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
