@@ -56,6 +56,16 @@ class SamplingConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """Scale-out on one host (docs/scaling_out.md). ``tensor_parallel_size`` N: the model split over N
+    ranks (N GPUs, or N CPU processes over gloo), torch runtime only for now;
+    ``data_parallel_size`` M: M engine replicas sharing one input stream."""
+
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+
+
+@dataclass
 class EngineConfig:
     model: str = "tiny"
     runtime: Literal["auto", "paddle", "torch"] = AUTO
@@ -72,6 +82,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -174,6 +185,12 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(not (cfg.quantization == "fp8" and cfg.device == "cpu"),
          "'quantization: fp8' needs FP8 kernels, which run only on a GPU (sm_89+: no FP8 dot on CPU); "
          "use quantization: auto (dequantizes FP8 weights on CPU) or none, or device: gpu")
+    par = cfg.parallel
+    need(par.tensor_parallel_size >= 1, f"'parallel.tensor_parallel_size' is {par.tensor_parallel_size}; allowed: >= 1")
+    need(par.data_parallel_size >= 1, f"'parallel.data_parallel_size' is {par.data_parallel_size}; allowed: >= 1")
+    need(not (par.tensor_parallel_size > 1 and cfg.runtime == "paddle"),
+         "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only for now: "
+         "it runs on torch.distributed; the paddle runtime has no paddle.distributed path yet)")
     backend = cfg.attention.backend
     if backend == AUTO and cfg.device != AUTO:
         backend = resolve_backend(backend, cfg.device)
