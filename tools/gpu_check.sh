@@ -48,5 +48,13 @@ TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/test_dsa_
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== DSA benchmarks (quick: context 8k; full: python3 tools/bench_dsa.py --e2e)"
 python3 tools/bench_dsa.py --quick --e2e --json "$OUT/bench_dsa.json" 2>&1 | tee "$OUT/bench_dsa.md" || status=1
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$ngpu" -ge 2 ]; then
+  echo "=== data parallel: DP=2 vs DP=1 on the end-to-end MoE workload (V2-Lite dims, 4 layers, 256 x 512 in / 128 out)"
+  python3 tools/bench_dp.py --json "$OUT/bench_dp.json" 2>&1 | tee "$OUT/bench_dp.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+else
+  echo "=== data parallel benchmark skipped: it needs 2 GPUs, this machine has $ngpu" | tee "$OUT/bench_dp.md"
+fi
 echo "gpu_check status: $status"
 exit $status

@@ -29,6 +29,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import threading
 import traceback
 from collections import deque
@@ -83,6 +84,7 @@ def replica_main(spec: ReplicaSpec, inbox_conn, outbox_conn) -> None:
                       llm.model_dir))
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=_read_inbox, args=(inbox_conn, inbox), daemon=True).start()
+    exit_code = 0
     try:
         while True:
             msg = inbox.get()
@@ -96,11 +98,15 @@ def replica_main(spec: ReplicaSpec, inbox_conn, outbox_conn) -> None:
             outbox_conn.send(("done", llm.stats()))
     except _Closed:
         pass
-    except BaseException:  # noqa: BLE001
-        outbox_conn.send(("error", traceback.format_exc()))
-        raise
+    except BaseException:  # noqa: BLE001 - the parent prints it, with which replica it was
+        exit_code = 1
+        try:
+            outbox_conn.send(("error", traceback.format_exc()))
+        except OSError:                              # the parent is gone
+            pass
     finally:
         llm.close()
+    sys.exit(exit_code)
 
 
 class _Closed(Exception):
@@ -190,6 +196,7 @@ class DataParallelLLM:
         envs = replica_envs(config, device, runtime.gpu_count() if device == "gpu" else 0)
         ctx = mp.get_context("spawn")
         self._closing = False
+        self._broken = False                   # a stream was left midway: replicas hold stale work
         self.replicas = [_Replica(ctx, ReplicaSpec(i, config, env)) for i, env in enumerate(envs)]
         atexit.register(self.close)
         try:
@@ -266,15 +273,18 @@ class DataParallelLLM:
         return total
 
     def generate(self, prompts: list[str | GenerationRequest], params: SamplingParams | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        params = params or self.default_params()
-        reqs = [p if isinstance(p, GenerationRequest)
-                else GenerationRequest(id=i, prompt_token_ids=self.tokenizer.encode(p), params=params, prompt=p)
-                for i, p in enumerate(prompts)]
-        return list(self.stream(reqs))
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """As ``LLM.generate`` (its code: it needs only tokenizer, default_params, stream and stats)."""
+        from paddle_mla.engine.llm import LLM
+
+        return LLM.generate(self, prompts, params, use_tqdm)
 
     def stream(self, requests: Iterable[GenerationRequest]) -> Iterator[RequestOutput]:
         """Outputs in input order; reads ``requests`` lazily, at most ``bound`` ahead per replica."""
+        if self._broken:
+            raise DataParallelError("an earlier stream over these replicas was abandoned midway; "
+                                    "start a new DataParallelLLM")
+        self._broken = True                    # until this stream ends normally
         source = iter(requests)
         order: deque[_Replica] = deque()       # the replica of each request not yet yielded, input order
         exhausted = False
@@ -301,6 +311,7 @@ class DataParallelLLM:
                 continue
             if exhausted and not order:
                 self._drain_done()
+                self._broken = False
                 return
             self._pump()
 
