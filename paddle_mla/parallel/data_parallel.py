@@ -25,18 +25,19 @@ starts its own workers). This module imports no tensor library.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing import connection
-from typing import Any
 
 from paddle_mla.config import ConfigError, EngineConfig
 from paddle_mla.engine.request import EngineStats, GenerationRequest, RequestOutput, SamplingParams
@@ -248,13 +249,9 @@ class DataParallelLLM:
         return dict(self._info, data_parallel_size=self.size)
 
     def default_params(self) -> SamplingParams:
-        import dataclasses
-
         return dataclasses.replace(self._params)
 
     def reset_stats(self) -> None:
-        import time
-
         for r in self.replicas:
             r.send_conn.send(("reset",))
             r.stats = EngineStats()
@@ -262,8 +259,6 @@ class DataParallelLLM:
 
     def stats(self) -> EngineStats:
         """The replicas' statistics summed (as of their last output); blocks and steps add up too."""
-        import time
-
         total = EngineStats()
         for r in self.replicas:
             for name in ("requests", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
