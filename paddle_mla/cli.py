@@ -66,6 +66,10 @@ def build_llm(cfg: EngineConfig) -> Any:
     from paddle_mla.run_info import ModelPathError
 
     try:
+        if cfg.parallel.data_parallel_size > 1:
+            from paddle_mla.parallel.data_parallel import DataParallelLLM
+
+            return DataParallelLLM(cfg)
         return LLM(cfg)
     except ConfigError as exc:
         _print_config_errors(exc)

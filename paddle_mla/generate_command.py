@@ -22,7 +22,7 @@ from paddle_mla.config import ConfigError, load_config
 from paddle_mla.paths import existing_output_problem, output_file_problem
 from paddle_mla.run_info import ModelPathError, model_problem
 
-EXIT_OK, EXIT_LINE_ERRORS, EXIT_INTERRUPTED = 0, 3, 130
+EXIT_OK, EXIT_INTERNAL, EXIT_LINE_ERRORS, EXIT_INTERRUPTED = 0, 1, 3, 130
 INTERRUPTED = "interrupted: the output so far is intact; rerun with --resume"
 STDIN_HINT = ("reading prompts from stdin (Ctrl-D to end); use -i FILE to read a file, "
               "see paddle-mla generate --help")
@@ -87,6 +87,7 @@ def run(args: GenerateArgs, select_runtime: Callable[[Any], str], build_llm: Cal
 def _run(args: GenerateArgs, select_runtime, build_llm, request_cls, echo) -> int:
     from paddle_mla.batch_io import OutputWriter, ResumeError, count_input_lines, iter_input, prepare_resume
     from paddle_mla.batch_run import BatchSummary, run_batch
+    from paddle_mla.parallel.data_parallel import DataParallelError
 
     check_paths(args)
     to_stdout = args.output_path == "-"
@@ -128,20 +129,30 @@ def _run(args: GenerateArgs, select_runtime, build_llm, request_cls, echo) -> in
     llm.reset_stats()
     writer = OutputWriter(None if to_stdout else args.output_path, append=args.resume)
     source = nullcontext(sys.stdin.buffer) if args.input_path == "-" else open(args.input_path, "rb")  # noqa: SIM115
+    failure = None
     try:
         with source as stream:
             run_batch(llm, iter_input(stream), writer, request_cls=request_cls(), done=done, total=total,
                       progress=args.progress, summary=summary)
     except KeyboardInterrupt:
         summary.interrupted = True
+    except DataParallelError as exc:     # a replica died: what was written stays; --resume completes it
+        failure = str(exc)
     finally:
         writer.close()
+        if hasattr(llm, "close"):
+            llm.close()                  # data-parallel replicas stop here, not at interpreter exit
     echo(summary.text())
     if args.summary_path:
         data = summary.to_dict()
         data.update(config=args.config_path, output=None if to_stdout else args.output_path,
                     errors_before_resume=prior_errors, **run_desc)
+        if failure:
+            data["failure"] = failure
         Path(args.summary_path).write_text(json.dumps(data, indent=2) + "\n")
+    if failure:
+        echo(f"error: {failure}")
+        return EXIT_INTERNAL
     if summary.interrupted:
         echo(INTERRUPTED)
         return EXIT_INTERRUPTED

@@ -147,6 +147,19 @@ def gpu_available() -> bool:
     return _paddle_sees_gpu() if is_paddle() else _torch_sees_gpu()
 
 
+def gpu_count() -> int:
+    """GPUs this process sees (0 without one); data-parallel replicas are placed over them."""
+    if not gpu_available():
+        return 0
+    if is_paddle():
+        import paddle
+
+        return paddle.device.cuda.device_count()
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def device_name() -> str:
     """Name of the current GPU (e.g. 'NVIDIA H100 80GB HBM3')."""
     if is_paddle():

@@ -79,5 +79,12 @@ if [ "$NGPU" -ge 2 ]; then
 else
   echo "=== tensor parallel: skipped (needs 2 GPUs, this machine has $NGPU; its GPU test skips too)"
 fi
+if [ "$NGPU" -ge 2 ]; then
+  echo "=== data parallel: DP=2 vs DP=1 on the end-to-end MoE workload (V2-Lite dims, 4 layers, 256 x 512 in / 128 out)"
+  python3 tools/bench_dp.py --json "$OUT/bench_dp.json" 2>&1 | tee "$OUT/bench_dp.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+else
+  echo "=== data parallel benchmark skipped: it needs 2 GPUs, this machine has $NGPU" | tee "$OUT/bench_dp.md"
+fi
 echo "gpu_check status: $status"
 exit $status

@@ -153,10 +153,16 @@ class LLM:
             bar.close()
         return outputs
 
+    @property
+    def stream_window(self) -> int:
+        """How many requests ``stream`` reads ahead of its outputs; it blocks on its input only
+        while fewer than this are in flight (data-parallel replicas are fed at least this many)."""
+        return max(4 * self.config.scheduler.max_num_seqs, 64)
+
     def stream(self, requests: Iterable[GenerationRequest]) -> Iterator[RequestOutput]:
         """Outputs in input order as they finish; reads ``requests`` lazily (bounded lookahead)."""
         source = iter(requests)
-        window = max(4 * self.config.scheduler.max_num_seqs, 64)
+        window = self.stream_window
         finished: dict[int, RequestOutput] = {}
         first = self._next_index
         next_out = first

@@ -1,0 +1,128 @@
+"""Data-parallel throughput: DP=2 replicas vs one engine on the end-to-end MoE workload (2 GPUs).
+
+The workload of tools/bench_e2e_moe.py (a): a random bf16 checkpoint with DeepSeek-V2-Lite dims cut
+to ``--layers`` 4 (the same folder, written once and reused), 256 requests x 512 prompt tokens x 128
+output tokens (greedy, ignore_eos, token ids), triton_mla with CUDA graphs and chunked prefill.
+Measured, each after a warm-up run in its own engine(s):
+  - DP=2: ``DataParallelLLM`` with ``parallel.data_parallel_size: 2`` (one replica process per GPU);
+  - DP=1 (replica): ``DataParallelLLM`` with one replica process (the same dispatch path, one GPU);
+  - DP=1 (in process): the plain ``LLM`` on GPU 0, what ``generate`` runs without DP.
+Reported: output tok/s of each and the ratios DP=2 / DP=1 (target >= 1.9x), plus how many of the
+DP=2 outputs equal the single engine's (bf16 on a GPU: batch composition may flip a near-tie).
+
+    python tools/bench_dp.py [--json out.json]          (GPU, >= 2 GPUs, ~3 min)
+    python tools/bench_dp.py --smoke                    (CPU, tiny dims, 2 CPU replicas: the code path)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]   # this checkout
+from bench_loader import V2_LITE, write_checkpoint  # noqa: E402  (numpy only: replicas re-import this module)
+
+
+def requests(n: int, prompt: int, out: int, vocab: int, seed: int = 0) -> list:
+    from paddle_mla.engine.request import GenerationRequest, SamplingParams
+
+    rng = np.random.default_rng(seed)
+    params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+    return [GenerationRequest(id=i, prompt_token_ids=rng.integers(2, vocab, prompt).tolist(), params=params)
+            for i in range(n)]
+
+
+def timed(llm, reqs: list, warmup: list) -> tuple[dict, list]:
+    from paddle_mla import runtime
+
+    llm.generate(warmup, use_tqdm=False)                     # compiles, graphs; every replica gets some
+    t = time.perf_counter()
+    outs = llm.generate(reqs, use_tqdm=False)
+    runtime.synchronize()
+    dt = time.perf_counter() - t
+    toks = sum(len(o.token_ids) for o in outs)
+    assert toks == sum(r.params.max_tokens for r in reqs), f"{toks} output tokens"
+    return dict(seconds=dt, output_tok_s=toks / dt), [list(o.token_ids) for o in outs]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
+    ap.add_argument("--dir", default="", help="checkpoint folder (default: bench_e2e_moe's, /tmp/bench_e2e_moe_<L>L)")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    from bench_e2e_moe import SMOKE_DIMS  # noqa: E402  (the parent only: selects the torch runtime)
+
+    from paddle_mla import runtime
+    from paddle_mla.config import config_from_dict
+    from paddle_mla.engine.llm import LLM
+    from paddle_mla.parallel.data_parallel import DataParallelLLM
+
+    smoke = args.smoke
+    cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_DIMS if smoke else {}))
+    path = Path(args.dir or f"/tmp/bench_e2e_moe_{args.layers}L{'_smoke' if smoke else ''}")
+    if not (path / "config.json").exists():
+        print(f"writing a random bf16 checkpoint to {path}", file=sys.stderr)
+        write_checkpoint(path, cfg, 5 * 10 ** 9)
+    if smoke:
+        device, dtype, backend, graphs, n, P, O = "cpu", "float32", "native", False, 16, 16, 4
+    else:
+        device, dtype, backend, graphs, n, P, O = "gpu", "bfloat16", "triton_mla", True, 256, 512, 128
+        if runtime.gpu_count() < 2:
+            sys.exit(f"bench_dp needs 2 GPUs; this machine has {runtime.gpu_count()}")
+    block = 64
+    base = {"model": str(path), "runtime": runtime.name(), "device": device, "dtype": dtype,
+            "attention": {"backend": backend}, "cuda_graph": graphs, "max_model_len": P + O + 64,
+            "cache": {"block_size": block, "num_blocks": n * -(-(P + O) // block) + 8},
+            "scheduler": {"max_num_seqs": n, "max_num_batched_tokens": max(8192, 64 * P),
+                          "enable_chunked_prefill": True}}
+    reqs = requests(n, P, O, cfg["vocab_size"])
+    warmup = requests(8, P, 8, cfg["vocab_size"], seed=1)
+    res: dict = {"device": "cpu" if smoke else runtime.device_name(), "gpus": runtime.gpu_count(),
+                 "layers": args.layers, "smoke": smoke, "requests": n, "prompt": P, "output": O}
+    tokens = {}
+    for name, size in (("dp2", 2), ("dp1_replica", 1)):
+        t = time.perf_counter()
+        llm = DataParallelLLM(config_from_dict(dict(base, parallel={"data_parallel_size": size})))
+        start = time.perf_counter() - t
+        res[name], tokens[name] = timed(llm, reqs, warmup)
+        res[name]["start_s"] = start
+        llm.close()
+    t = time.perf_counter()
+    llm = LLM(config_from_dict(base))                        # the plain engine, in this process (GPU 0)
+    start = time.perf_counter() - t
+    res["dp1"], tokens["dp1"] = timed(llm, reqs, warmup)
+    res["dp1"]["start_s"] = start
+    llm.close()
+    res["ratio_dp2_vs_dp1"] = res["dp2"]["output_tok_s"] / res["dp1"]["output_tok_s"]
+    res["ratio_dp2_vs_dp1_replica"] = res["dp2"]["output_tok_s"] / res["dp1_replica"]["output_tok_s"]
+    res["dp2_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp2"], tokens["dp1"]))
+    print_table(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def print_table(r: dict) -> None:
+    print(f"# Data parallel, DeepSeek-V2-Lite dims, {r['layers']} layers{' (SMOKE: tiny dims, CPU)' if r['smoke'] else ''}"
+          f": {r['requests']} requests x ({r['prompt']} in, {r['output']} out), {r['device']} x {r['gpus']}\n")
+    print("| engine | output tok/s | seconds | start s | ratio to DP=1 |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, label in (("dp1", "DP=1, LLM in process"), ("dp1_replica", "DP=1, one replica process"),
+                        ("dp2", "DP=2, two replica processes")):
+        e = r[name]
+        print(f"| {label} | {e['output_tok_s']:.0f} | {e['seconds']:.2f} | {e['start_s']:.1f} | "
+              f"{e['output_tok_s'] / r['dp1']['output_tok_s']:.2f}x |")
+    print(f"\nDP=2 / DP=1: {r['ratio_dp2_vs_dp1']:.2f}x (target >= 1.9x); DP=2 / one replica process: "
+          f"{r['ratio_dp2_vs_dp1_replica']:.2f}x; DP=2 outputs equal to DP=1's: {r['dp2_outputs_equal_dp1']}"
+          f"/{r['requests']}")
+
+
+if __name__ == "__main__":
+    main()
