@@ -97,7 +97,9 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _wait_lines(path: Path, n: int, proc, timeout: float = 120) -> None:
+def _wait_lines(path: Path, n: int, proc, timeout: float = 300) -> None:
+    """Wait for n output lines; the guard is long because three engine processes start first (a 2-core
+    box under load took over 120 s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         if path.exists() and path.read_bytes().count(b"\n") >= n:
