@@ -38,11 +38,16 @@ def compare(got, want, tol):
         np.testing.assert_allclose(g, w, atol=tol, rtol=tol, equal_nan=True, err_msg=name)
 
 
-@pytest.mark.parametrize("dtype", sorted(TOL))
-@pytest.mark.parametrize("reqs", sorted(REQS))
-@pytest.mark.parametrize("table", TABLES, ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
-@pytest.mark.parametrize("shape", [(32, 8, 128, 128, True), (12, 4, 80, 64, False), (6, 2, 24, 24, True)],
-                         ids=lambda s: "h{}x{}d{}".format(*s[:3]))
+SHAPES = [(32, 8, 128, 128, True), (12, 4, 80, 64, False), (6, 2, 24, 24, True)]
+# The production shape (h32x8, d128) in bf16 only: its CPU side dominates the time (about 8 s a case);
+# every dtype runs on the two smaller shapes, which exercise the same kernels' other template paths.
+CASES = [(shape, table, reqs, dtype) for shape in SHAPES for table in TABLES for reqs in sorted(REQS)
+         for dtype in sorted(TOL) if shape is not SHAPES[0] or dtype == "bfloat16"]
+
+
+@pytest.mark.parametrize("shape,table,reqs,dtype", CASES,
+                         ids=["h{}x{}d{}-bs{}{}swa{}-{}-{}".format(*c[0][:3], c[1][0], "hw" if c[1][1] else "",
+                                                                    c[1][2][0], c[2], c[3]) for c in CASES])
 def test_cuda_op_matches_cpu_op(dtype, reqs, table, shape):
     hq, hkv, d, rot, neox = shape
     bs, head_wise, swa = table
