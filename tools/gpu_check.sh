@@ -6,7 +6,7 @@ set -uo pipefail
 QUICK=""; [ "${1:-}" = "--quick" ] && QUICK="--quick"
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/.bench_out}"; mkdir -p "$OUT"
-export PADDLE_MLA_RUNTIME=torch PYTHONUNBUFFERED=1 PADDLE_MLA_CACHE="${PADDLE_MLA_CACHE:-/tmp/paddle_mla_cache}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PADDLE_MLA_RUNTIME=torch PYTHONUNBUFFERED=1 PADDLE_MLA_CACHE="${PADDLE_MLA_CACHE:-/tmp/paddle_mla_cache}"
 export NCCL_NVLS_ENABLE=0    # no NVLink multicast (the GPU machines' rule); tensor-parallel ranks inherit it
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
