@@ -336,6 +336,10 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
     ``tp`` (``paddle_mla.parallel.group.TPGroup``): load this rank's shards only.
     """
     arch = load_arch(model_dir)
+    if device == "cuda":
+        # the loader's copy threads start on device 0 (the current device is per thread): name the
+        # caller's device, or a tensor-parallel rank >= 1 would get its weights on GPU 0
+        device = f"cuda:{torch.cuda.current_device()}"
     rank, size = (tp.rank, tp.size) if tp is not None else (0, 1)
     if size > 1:
         local_arch(arch, size)      # a clear error (heads, GQA) before any weight is read
