@@ -142,7 +142,8 @@ def main() -> None:
         "cache": {"block_size": page, "num_blocks": num_blocks},
         "scheduler": {"max_num_seqs": args.decodes + max(args.short_extends, 1), "max_num_batched_tokens": step_tokens,
                       "enable_chunked_prefill": True},
-        "max_model_len": max(args.context, max(cached_list) + args.chunk, args.short_cached + args.short_tokens) + page})
+        "max_model_len": max(args.context, max(cached_list) + args.chunk,
+                             args.short_cached + args.short_tokens) + page})
     runner = ModelRunner(ecfg, model=model)
     for cache in runner.kv_caches:
         cache.normal_(0.0, 1.0)

@@ -141,7 +141,8 @@ def _decode_stage1(
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None], input_precision=DOT_PREC)  # accumulate in place: one acc tile live
+                # accumulate in place: one acc tile live
+                acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None], input_precision=DOT_PREC)
                 m_i = m_new
 
             safe_l = tl.where(l_i > 0, l_i, 1.0)
