@@ -2,7 +2,10 @@
 
 - backend level: decodes at up to 6k context + extend rows over cached prefixes of up to 4k, in
   extend chunks of 1024 rows (and in one chunk), vs native and the plain references; fp32 with
-  exact fp32 dots (TRITON_F32_DEFAULT=ieee, set before any kernel compiles) and bf16;
+  exact fp32 dots (the triton_mla kernels pick input_precision "ieee" for fp32 operands themselves,
+  so this holds under a plain ``pytest -m gpu`` whatever TRITON_F32_DEFAULT says) and bf16;
+- short extend rows (64 new tokens over 8k cached) run absorbed as pseudo decode rows, next to
+  decodes and a long expanded chunk, vs native and the plain reference;
 - the attention of a mixed step (prepare + forward) makes no host sync;
 - engine level: the tiny model in fp32 with chunked prefill + prefix caching + CUDA graphs gives
   the same greedy tokens as native with all of them off, on prompts sharing a 900-token prefix
@@ -56,6 +59,26 @@ def test_long_context_mixed_batch(dtype, chunk):
         torch.testing.assert_close(got, native, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got, plain, atol=1e-4, rtol=1e-4)
     else:   # bf16 inputs and K/V; the references attend in fp32
+        assert _rel(got, native) < 2e-2 and _rel(got, plain) < 2e-2
+
+
+# decodes, short extends over an 8k cached prefix (absorbed), a long chunk (expanded), short tail
+SHORT_LONG = [(8192, 1), (300, 1), (8192, 64), (8192, 64), (4096, 1024), (8192, 64), (6000, 17)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_short_extends_absorbed_long_context(dtype):
+    case = make_case(SHORT_LONG, page=64, device=_dev(), dtype=getattr(torch, dtype), seed=5, dims=DIMS)
+    got, cache, meta = run_backend("triton_mla", case, _dev(), dims=DIMS, extend_chunk_tokens=2048)
+    native, _, _ = run_backend("native", case, _dev(), dims=DIMS)
+    split = meta.attn["short_split"]
+    assert (split.lead_begin, split.lead_end, split.tail_begin, split.rows) == (2, 4, 5, 64 * 3 + 17)
+    assert not torch.isnan(got).any()
+    plain = plain_reference(case, cache, meta, dims=DIMS)
+    if dtype == "float32":
+        torch.testing.assert_close(got, native, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got, plain, atol=1e-4, rtol=1e-4)
+    else:
         assert _rel(got, native) < 2e-2 and _rel(got, plain) < 2e-2
 
 

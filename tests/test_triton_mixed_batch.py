@@ -91,12 +91,13 @@ def test_interleave_windows_tile_the_full_sequence(k):
 
 
 @pytest.mark.parametrize("chunk", [9, 0])
-def test_mixed_batch_matches_native_and_reference(k, chunk):
+@pytest.mark.parametrize("short", [-1, 0, 7])
+def test_mixed_batch_matches_native_and_reference(k, chunk, short):
     """Decodes + extend rows with cached prefixes spanning several workspace chunks (chunk 0: the
     default, the whole step in one chunk)."""
     torch = k.torch
     case = make_case(MIXED, page=8, device=DEV, dtype=torch.float32, seed=chunk)
-    got, cache, meta = run_backend("triton_mla", case, DEV, extend_chunk_tokens=chunk)
+    got, cache, meta = run_backend("triton_mla", case, DEV, extend_chunk_tokens=chunk, short_extend_tokens=short)
     native, native_cache, _ = run_backend("native", case, DEV)
     assert meta.num_decode_reqs == 3 and not meta.is_decode_only
     assert torch.equal(cache, native_cache)
@@ -120,7 +121,7 @@ def test_decode_rows_are_never_expanded(k, monkeypatch):
     plan = tb.build_decode_plan
     monkeypatch.setattr(tb, "build_decode_plan", lambda lens, bs, *a: plans.append(bs) or plan(lens, bs, *a))
     case = make_case(MIXED, page=8, device=DEV, dtype=k.torch.float32, seed=1)
-    run_backend("triton_mla", case, DEV, extend_chunk_tokens=16)
+    run_backend("triton_mla", case, DEV, extend_chunk_tokens=16, short_extend_tokens=0)
     decode_keys = sum(c + n for c, n in MIXED[:3])
     all_keys = sum(c + n for c, n in MIXED)
     assert windows[0][0] == decode_keys and all(n <= 16 for _, n in windows)
@@ -145,10 +146,12 @@ def test_edge_batches_match_native(k, rows):
     torch.testing.assert_close(got, native, atol=TOL, rtol=TOL)
 
 
-def test_engine_chunked_prefix_greedy_tokens_match_native(monkeypatch):
+@pytest.mark.parametrize("absorb_short", [False, True])
+def test_engine_chunked_prefix_greedy_tokens_match_native(monkeypatch, absorb_short):
     """The engine with chunked prefill (budget 12) and prefix caching, extend chunks of 12 rows:
     shared prefixes of 32 tokens are read back across several chunks while other requests decode
-    in the same steps; greedy tokens equal native's."""
+    in the same steps; greedy tokens equal native's. ``absorb_short``: short extend rows (the
+    dims' crossover) run as pseudo decode rows; otherwise every extend row is expanded."""
     import random
 
     from test_engine_equivalence import BLOCK, make_llm
@@ -168,17 +171,70 @@ def test_engine_chunked_prefix_greedy_tokens_match_native(monkeypatch):
                               params=SamplingParams(max_tokens=4, ignore_eos=True)) for i in range(3)]
     expected = [o.token_ids for o in native.generate(reqs, use_tqdm=False)]
     llm = make_llm(attention={"backend": "triton_mla"}, **over)
-    steps = []
+    if not absorb_short:
+        llm.runner.backend.short_max_q = 0
+    steps, pseudo = [], []
     prepare = llm.runner.backend.prepare
 
     def recording(meta):
         prepare(meta)
         plan = meta.attn.get("extend_plan")
         steps.append((meta.num_decode_reqs if plan else 0, plan.k_end - plan.k_begin if plan else 0))
+        split = meta.attn.get("short_split")
+        pseudo.append((meta.num_decode_reqs, split.rows) if split else (0, 0))
 
     llm.runner.backend.prepare = recording
     outs = llm.generate(reqs, use_tqdm=False)
     assert [o.token_ids for o in outs] == expected
     assert llm.stats().cached_prompt_tokens == 2 * 4 * BLOCK
-    # steps that mixed decodes with extend rows whose context spans several 12-row chunks
-    assert any(nd > 0 and keys > 2 * 12 for nd, keys in steps), steps
+    if absorb_short:
+        # steps that mixed decodes with short extend rows over cached prefixes, run absorbed
+        assert any(nd > 0 and rows > 0 for nd, rows in pseudo), pseudo
+    else:
+        # steps that mixed decodes with extend rows whose context spans several 12-row chunks
+        assert any(nd > 0 and keys > 2 * 12 for nd, keys in steps), steps
+
+
+# decodes, short extends over long cached prefixes (leading run), a long chunk (expanded), short
+# extends at the tail; the middle short row stays expanded
+SHORT = [(61, 1), (8, 1), (75, 3), (90, 1), (40, 30), (66, 9), (120, 4), (83, 5)]
+
+
+@pytest.mark.parametrize("chunk", [16, 0])
+def test_short_extends_run_absorbed_and_match_native(k, monkeypatch, chunk):
+    """Short extend rows become pseudo decode rows (one per new token, causal seq len); only the
+    long row's keys are expanded; outputs equal native and the plain reference."""
+    from paddle_mla.attention.triton_mla import backend as tb
+    from paddle_mla.attention.triton_mla import extend
+
+    torch = k.torch
+    windows, decode_rows = [], []
+    read = extend.read_cache_and_interleave
+    monkeypatch.setattr(extend, "read_cache_and_interleave",
+                        lambda *a, **kw: windows.append((kw["k_start"], a[5])) or read(*a, **kw))
+    decode = tb.mla_decode
+    monkeypatch.setattr(tb, "mla_decode", lambda q, *a: decode_rows.append(q.shape[0]) or decode(q, *a))
+    case = make_case(SHORT, page=8, device=DEV, dtype=torch.float32, seed=chunk)
+    got, cache, meta = run_backend("triton_mla", case, DEV, extend_chunk_tokens=chunk, short_extend_tokens=5)
+    native, _, _ = run_backend("native", case, DEV)
+    split = meta.attn["short_split"]
+    assert (split.lead_begin, split.lead_end, split.tail_begin) == (2, 4, 6)
+    assert decode_rows == [2, 3 + 1 + 4 + 5]
+    k_lo = sum(c + n for c, n in SHORT[:4])
+    assert windows[0][0] == k_lo and sum(n for _, n in windows) == sum(c + n for c, n in SHORT[4:6])
+    torch.testing.assert_close(got, native, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(got, plain_reference(case, cache, meta), atol=TOL, rtol=TOL)
+
+
+def test_short_split_respects_row_cap():
+    from paddle_mla.attention.triton_mla.short_extend import crossover_tokens, split_short_rows
+    from paddle_mla.attention.backend import MLADims
+
+    v3 = MLADims(num_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                 softmax_scale=0.1)
+    assert crossover_tokens(v3) == 170
+    q = np.array([1, 1, 64, 64, 900, 64, 64], dtype=np.int32)
+    s = split_short_rows(q, 2, 170, 150)
+    assert (s.lead_end, s.tail_begin, s.rows) == (4, 7, 128)
+    s = split_short_rows(q, 2, 170, 200)
+    assert (s.lead_end, s.tail_begin, s.rows) == (4, 6, 192)

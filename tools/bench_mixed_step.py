@@ -8,6 +8,9 @@ whole runner step (metadata, model, logits, greedy sampling with its one host re
   chunk   one ``--chunk``-token prefill chunk after ``c`` cached tokens, for each c in ``--chunk-cached``;
   mixed   the decodes and the chunk in one step (decodes first, as the scheduler orders them).
 Before the split, a mixed step re-expanded every decode row's whole context through kv_b_proj.
+  short   the decodes plus ``--short-extends`` prefix-cache hits of ``--short-tokens`` new tokens over
+          one shared ``--short-cached``-token prefix (the chunked shared-prefix workload), with the
+          short rows absorbed (pseudo decode rows) and, for comparison, expanded.
 
     python tools/bench_mixed_step.py [--decodes 63 --context 8192 --chunk 512 --chunk-cached 0,7680]
 ``--cpu-smoke`` (with TRITON_INTERPRET=1) runs every step once at toy shapes on the CPU: a check of
@@ -84,6 +87,24 @@ def batches(decodes: int, context: int, chunk: int, cached: int, page: int, num_
     return dec, chk, mixed
 
 
+def short_batch(dec: StepBatch, n: int, q: int, cached: int, page: int, first_block: int) -> StepBatch:
+    """``dec`` plus ``n`` extend rows of ``q`` new tokens over one shared ``cached``-token prefix
+    (blocks from ``first_block`` on: the shared prefix, then each row's own tail blocks)."""
+    shared, own = cached // page, -(-(cached % page + q) // page)
+    width = max(dec.block_tables.shape[1], shared + own)
+    tables = np.full((len(dec.num_new) + n, width), -1, np.int32)
+    tables[:len(dec.num_new), :dec.block_tables.shape[1]] = dec.block_tables
+    for i in range(n):
+        row = tables[len(dec.num_new) + i]
+        row[:shared] = np.arange(first_block, first_block + shared)
+        row[shared:shared + own] = first_block + shared + i * own + np.arange(own)
+    return StepBatch(token_ids=np.concatenate([dec.token_ids, (np.arange(n * q, dtype=np.int64) % 97) + 3]),
+                     num_new=np.concatenate([dec.num_new, np.full(n, q, np.int32)]),
+                     num_cached=np.concatenate([dec.num_cached, np.full(n, cached, np.int32)]), block_tables=tables,
+                     is_prefill=np.concatenate([dec.is_prefill, np.ones(n, bool)]),
+                     sample_mask=np.ones(len(dec.num_new) + n, bool))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=4)
@@ -93,6 +114,9 @@ def main() -> None:
     ap.add_argument("--chunk-cached", default="0,7680")
     ap.add_argument("--max-batched-tokens", type=int, default=8192,
                     help="scheduler.max_num_batched_tokens (sizes the extend workspace; engine default 8192)")
+    ap.add_argument("--short-extends", type=int, default=15)
+    ap.add_argument("--short-tokens", type=int, default=64)
+    ap.add_argument("--short-cached", type=int, default=8192)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--cpu-smoke", action="store_true")
@@ -101,20 +125,25 @@ def main() -> None:
         cfg, kind, dtype_name = dict(SMOKE, num_hidden_layers=2), "cpu", "float32"
         args.layers, args.decodes, args.context, args.chunk, args.chunk_cached, args.iters = 2, 3, 40, 12, "0,20", 1
         args.max_batched_tokens = 0
+        args.short_extends, args.short_tokens, args.short_cached = 2, 5, 30
     else:
         cfg, kind, dtype_name = dict(V3, num_hidden_layers=args.layers), "gpu", "bfloat16"
     device, dtype = runtime.device_string(kind), getattr(torch, dtype_name)
     cached_list = [int(c) for c in args.chunk_cached.split(",")]
     page = 64 if kind == "gpu" else 8
-    step_tokens = max(args.decodes + args.chunk, args.max_batched_tokens)
-    num_blocks = args.decodes * -(-args.context // page) + -(-(max(cached_list) + args.chunk) // page) + 1
+    step_tokens = max(args.decodes + args.chunk, args.decodes + args.short_extends * args.short_tokens,
+                      args.max_batched_tokens)
+    chunk_blocks = args.decodes * -(-args.context // page) + -(-(max(cached_list) + args.chunk) // page)
+    short_own = -(-(args.short_cached % page + args.short_tokens) // page)
+    num_blocks = chunk_blocks + args.short_cached // page + args.short_extends * short_own + 1
     model = CausalLM(parse_arch(cfg), random_weights(cfg, args.layers, device, dtype), device, dtype)
     ecfg = config_from_dict({
         "device": kind, "dtype": dtype_name, "attention": {"backend": "triton_mla"}, "cuda_graph": kind == "gpu",
         "cache": {"block_size": page, "num_blocks": num_blocks},
-        "scheduler": {"max_num_seqs": args.decodes + 1, "max_num_batched_tokens": step_tokens,
+        "scheduler": {"max_num_seqs": args.decodes + max(args.short_extends, 1), "max_num_batched_tokens": step_tokens,
                       "enable_chunked_prefill": True},
-        "max_model_len": max(args.context, max(cached_list) + args.chunk) + page})
+        "max_model_len": max(args.context, max(cached_list) + args.chunk,
+                             args.short_cached + args.short_tokens) + page})
     runner = ModelRunner(ecfg, model=model)
     for cache in runner.kv_caches:
         cache.normal_(0.0, 1.0)
@@ -133,6 +162,17 @@ def main() -> None:
                          decode_graph_ms=None if t_dec_graph is None else t_dec_graph * 1e3,
                          chunk_ms=t_chunk * 1e3, mixed_ms=t_mixed * 1e3,
                          ratio=t_mixed / (t_dec_best + 1.2 * t_chunk), ratio_eager=t_mixed / (t_dec + 1.2 * t_chunk)))
+    short = None
+    if args.short_extends:
+        dec, _, _ = batches(args.decodes, args.context, args.chunk, cached_list[0], page, num_blocks)
+        sb = short_batch(dec, args.short_extends, args.short_tokens, args.short_cached, page, chunk_blocks)
+        runner.graphs, crossover = None, runner.backend.short_max_q
+        t_abs = step_time(runner, sb, args.iters)
+        runner.backend.short_max_q = 0
+        t_exp = step_time(runner, sb, args.iters)
+        runner.backend.short_max_q, runner.graphs = crossover, graphs
+        short = dict(short_extends=args.short_extends, short_tokens=args.short_tokens, short_cached=args.short_cached,
+                     absorbed_ms=t_abs * 1e3, expanded_ms=t_exp * 1e3, crossover_tokens=crossover)
     print(f"{args.decodes} decodes at {args.context} + one {args.chunk}-token chunk, {args.layers} layers, "
           f"{dtype_name}, triton_mla, device {kind}, max_num_batched_tokens {step_tokens}, extend chunk "
           f"{runner.backend.extend.chunk_tokens} rows")
@@ -143,9 +183,13 @@ def main() -> None:
         g = "-" if r["decode_graph_ms"] is None else f"{r['decode_graph_ms']:.2f}"
         print(f"| {r['chunk_cached']} | {g} | {r['decode_ms']:.2f} | {r['chunk_ms']:.2f} | {r['mixed_ms']:.2f} | "
               f"{r['ratio']:.2f} | {r['ratio_eager']:.2f} |")
+    if short:
+        print(f"{args.decodes} decodes + {args.short_extends} extends of {args.short_tokens} tokens over a shared "
+              f"{args.short_cached}-token prefix (eager): short rows absorbed {short['absorbed_ms']:.2f} ms, "
+              f"expanded {short['expanded_ms']:.2f} ms (crossover {short['crossover_tokens']} tokens)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+            json.dump({"args": vars(args), "rows": rows, "short": short}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,13 @@ def prev_pow2(n: int) -> int:
     return 1 << (int(n).bit_length() - 1)
 
 
+def dot_precision(dtype) -> str:
+    """``tl.dot`` input precision for operands of ``dtype``: exact ("ieee") for float32, so fp32 runs
+    agree with fp32 references whatever TRITON_F32_DEFAULT says and whichever module compiled the
+    kernel first; "tf32" otherwise (ignored for 16-bit operands)."""
+    return "ieee" if str(dtype).endswith("float32") else "tf32"
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 

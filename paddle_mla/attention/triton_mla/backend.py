@@ -6,7 +6,9 @@ Every step writes the new latent rows into the paged cache first. Then the batch
   paged latent cache with the two-stage split-KV kernel. The split plan for exactly these rows is
   built on the GPU once per step in ``prepare``. A decode row is never expanded through kv_b_proj,
   whatever else runs in the step;
-- extend rows (prefill, prefill chunks, prefix-cache continuations): over their own context only,
+- short extend rows (few new tokens, e.g. a prefix-cache hit's tail over a long cached prefix):
+  each new token as a pseudo decode row through the same decode kernel (``short_extend.py``);
+- the other extend rows (prefill, prefill chunks, prefix-cache continuations): over their own context only,
   chunk-wise through a workspace of fixed size with the partial results merged by log-sum-exp
   (``extend.py`` says how and why).
 Pure decode steps run the decode part alone (and replay as CUDA graphs); the decode workspaces
@@ -26,6 +28,7 @@ from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.decode import alloc_decode_workspace, build_decode_plan, decode_config, mla_decode
 from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
+from paddle_mla.attention.triton_mla.short_extend import PseudoRows, crossover_tokens, max_pseudo_rows, split_short_rows
 
 MAX_KV_SPLITS = 32
 
@@ -33,8 +36,10 @@ MAX_KV_SPLITS = 32
 @register_backend("triton_mla")
 class TritonMLABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
-                 max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0):
-        """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``)."""
+                 max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0, short_extend_tokens: int = -1):
+        """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``).
+        ``short_extend_tokens``: extend rows of at most this many new tokens run absorbed (-1: the FLOP
+        crossover from the dims, ``short_extend.crossover_tokens``; 0: never)."""
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
         if not ok:
@@ -47,6 +52,9 @@ class TritonMLABackend(MLABackend):
         step_tokens = max_num_batched_tokens or max(max_model_len, max_num_seqs)
         chunk = extend_chunk_tokens or default_chunk_tokens(step_tokens)
         self.extend = ExtendWorkspace(dims, step_tokens, chunk, device, dtype)
+        self.short_max_q = crossover_tokens(dims) if short_extend_tokens < 0 else short_extend_tokens
+        self.pseudo = PseudoRows(dims, max_pseudo_rows(dims, step_tokens), -(-max_model_len // block_size),
+                                 device, dtype)
 
     def _num_decode_rows(self, meta) -> int:
         return meta.num_reqs if meta.is_decode_only else min(meta.num_decode_reqs, self.max_num_seqs)
@@ -57,7 +65,13 @@ class TritonMLABackend(MLABackend):
             build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
                               self.cfg.min_tiles)
         if not meta.is_decode_only:
-            meta.attn["extend_plan"] = plan_extend(meta, nd)
+            split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, self.pseudo.max_rows)
+            meta.attn["short_split"] = split
+            meta.attn["extend_plan"] = plan_extend(meta, split.lead_end, split.tail_begin)
+            if split.rows:
+                self.pseudo.gather(meta, split)
+                build_decode_plan(self.pseudo.seq_lens, split.rows, self.pseudo.ws, self.cfg.block_n,
+                                  self.cfg.target_items, self.cfg.min_tiles)
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
@@ -66,9 +80,30 @@ class TritonMLABackend(MLABackend):
         plan = meta.attn["extend_plan"]
         self.extend.run(plan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
         out = self.extend.out[:q_nope.shape[0]]
-        if plan.first_row:
-            out[:plan.first_row].copy_(self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, plan.first_row))
+        split = meta.attn["short_split"]
+        if split.lead_begin:
+            out[:split.lead_begin].copy_(self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, split.lead_begin))
+        if split.rows:
+            self._short_rows(q_nope, q_pe, w_kc, w_vc, kv_cache, split, out)
         return out
+
+    def _short_rows(self, q_nope, q_pe, w_kc, w_vc, kv_cache, split, out):
+        """The short extend rows' tokens as pseudo decode rows (tables/lens/plan from ``prepare``)."""
+        L, p, n = self.dims.kv_lora_rank, self.pseudo, split.rows
+        ranges, r = [], 0
+        for a, b in (split.lead_tok, split.tail_tok):
+            if b > a:
+                ranges.append((a, b, r))
+                r += b - a
+        q = p.q[:n]
+        for a, b, r0 in ranges:
+            q[r0:r0 + b - a, :, :L].copy_(torch.bmm(q_nope[a:b].transpose(0, 1), w_kc).transpose(0, 1))
+            q[r0:r0 + b - a, :, L:].copy_(q_pe[a:b])
+        o = p.o[:n]
+        mla_decode(q, kv_cache, p.tables, p.seq_lens, o, p.ws, L, self.dims.softmax_scale, self.cfg)
+        res = torch.bmm(o.transpose(0, 1), w_vc).transpose(0, 1)
+        for a, b, r0 in ranges:
+            out[a:b].copy_(res[r0:r0 + b - a])
 
     def _decode(self, q_nope, q_pe, w_kc, w_vc, kv_cache, meta, bs: int):
         """Rows [0, bs): one query each, over their paged latent context (the plan from ``prepare``)."""

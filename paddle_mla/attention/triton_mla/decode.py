@@ -24,7 +24,7 @@ import torch  # noqa: F401  (runtime-selected tensor library; tensors come from 
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import interpreting, next_pow2, num_sms
+from paddle_mla.attention.triton_mla._util import dot_precision, interpreting, next_pow2, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import DecodeWorkspace, alloc_decode_workspace, build_decode_plan  # noqa: F401  (re-exported)
 
 LOG2E = 1.4426950408889634
@@ -83,7 +83,7 @@ def _decode_stage1(
     H, bs,
     PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    Q_IN_LOOP: tl.constexpr,
+    Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     hg = tl.program_id(0)
     pid = tl.program_id(1)
@@ -134,14 +134,15 @@ def _decode_stage1(
                     # instead of occupying registers next to the [BLOCK_H, LKV] fp32 accumulator
                     q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
                     q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
-                s = tl.dot(q_c, tl.trans(k_c))
-                s = tl.dot(q_r, tl.trans(k_r), s)
+                s = tl.dot(q_c, tl.trans(k_c), input_precision=DOT_PREC)
+                s = tl.dot(q_r, tl.trans(k_r), s, input_precision=DOT_PREC)
                 s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None])  # accumulate in place: one acc tile live
+                # accumulate in place: one acc tile live
+                acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None], input_precision=DOT_PREC)
                 m_i = m_new
 
             safe_l = tl.where(l_i > 0, l_i, 1.0)
@@ -215,7 +216,7 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
         H, bs,
         PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv, BLOCK_B=ws.block_b,
         BLOCK_KV=max(16, next_pow2(Lv)), BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-        Q_IN_LOOP=bool(cfg.q_in_loop),
+        Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(kv_cache.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_dv = min(128, next_pow2(Lv))

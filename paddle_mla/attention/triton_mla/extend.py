@@ -54,21 +54,26 @@ class ExtendPlan:
     k_begin: int         # packed key row where the extend rows' keys begin (= cu_seqlens_k[first_row])
     k_end: int           # = cu_seqlens_k[-1]
     max_seqlen_q: int    # longest query of the extend rows
+    last_row: int = -1   # rows from it on went elsewhere (short rows, ``short_extend.py``); -1: none
+
 
     @property
     def empty(self) -> bool:
         return self.k_end <= self.k_begin or self.max_seqlen_q == 0
 
 
-def plan_extend(meta, first_row: int) -> ExtendPlan:
-    """From the host arrays of ``ForwardMeta``: no device tensor is read."""
-    q = meta.seq_lens_q[first_row:]
+def plan_extend(meta, first_row: int, last_row: int | None = None) -> ExtendPlan:
+    """Rows [first_row, last_row) (default: to the end). From the host arrays of ``ForwardMeta``:
+    no device tensor is read."""
+    end = meta.num_reqs if last_row is None else last_row
+    q = meta.seq_lens_q[first_row:end]
     return ExtendPlan(
         first_row=first_row,
         first_token=int(np.sum(meta.seq_lens_q[:first_row], dtype=np.int64)),
         k_begin=int(np.sum(meta.seq_lens_k[:first_row], dtype=np.int64)),
-        k_end=int(np.sum(meta.seq_lens_k, dtype=np.int64)),
+        k_end=int(np.sum(meta.seq_lens_k[:end], dtype=np.int64)),
         max_seqlen_q=int(q.max(initial=0)),
+        last_row=-1 if end >= meta.num_reqs else end,
     )
 
 
@@ -95,8 +100,8 @@ class ExtendWorkspace:
                              "sized from scheduler.max_num_batched_tokens)")
         if plan.empty:
             return
-        r0 = plan.first_row
-        cu_q, cu_k, tables = meta.cu_seqlens_q[r0:], meta.cu_seqlens_k[r0:], meta.block_tables[r0:]
+        r0, r1 = plan.first_row, (meta.num_reqs if plan.last_row < 0 else plan.last_row)
+        cu_q, cu_k, tables = meta.cu_seqlens_q[r0:r1 + 1], meta.cu_seqlens_k[r0:r1 + 1], meta.block_tables[r0:r1]
         w_k = w_kc.reshape(H * d.qk_nope_head_dim, C).transpose(0, 1)                  # [C, H*nope], a view
         self.w_v.view(C, H, d.v_head_dim).copy_(w_vc.permute(1, 0, 2))                  # [C, H*v]
         out = self.out[:T]

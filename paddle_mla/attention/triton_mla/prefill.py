@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import interpreting, next_pow2, prev_pow2
+from paddle_mla.attention.triton_mla._util import dot_precision, interpreting, next_pow2, prev_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -38,7 +38,7 @@ def _extend_kernel(
     stride_vt, stride_vh, stride_ot, stride_oh, stride_lt, stride_lh,
     DA: tl.constexpr, BLOCK_DA: tl.constexpr, DB: tl.constexpr, BLOCK_DB: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WRITE_LSE: tl.constexpr, MERGE: tl.constexpr,
+    WRITE_LSE: tl.constexpr, MERGE: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     mblk = tl.program_id(0)
     b = tl.program_id(1)
@@ -79,11 +79,11 @@ def _extend_kernel(
             rows_k = (k0 + kpos - k_start).to(tl.int64)          # workspace row of each key
             k_a = tl.load(KA + rows_k[:, None] * stride_kat + h * stride_kah + offs_a[None, :],
                           mask=mn[:, None] & ma[None, :], other=0.0)
-            s = tl.dot(q_a, tl.trans(k_a))
+            s = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PREC)
             if DB > 0:
                 k_b = tl.load(KB + rows_k[:, None] * stride_kbt + h * stride_kbh + offs_b[None, :],
                               mask=mn[:, None] & mb[None, :], other=0.0)
-                s = tl.dot(q_b, tl.trans(k_b), s)
+                s = tl.dot(q_b, tl.trans(k_b), s, input_precision=DOT_PREC)
             ok = (kpos[None, :] <= qpos[:, None]) & mn[None, :]
             s = tl.where(ok, s * sm_scale_log2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -93,7 +93,7 @@ def _extend_kernel(
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(V + rows_k[:, None] * stride_vt + h * stride_vh + offs_v[None, :],
                         mask=mn[:, None] & mv[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -157,6 +157,7 @@ def extend_attention(q_a, q_b, k_a, k_b, v, out, lse, cu_seqlens_q, cu_seqlens_k
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse_t, lse_h,
         DA=da, BLOCK_DA=block_da, DB=db, BLOCK_DB=block_db, DV=dv, BLOCK_DV=block_dv,
         BLOCK_M=block_m, BLOCK_N=block_n, WRITE_LSE=lse is not None, MERGE=merge,
+        DOT_PREC=dot_precision(k_a.dtype),
         num_warps=warps, num_stages=stages,
     )
     return out
