@@ -93,7 +93,8 @@ def _expected(model, n_swa: int, window: int):
     return _EXPECTED[key]
 
 
-def _engine(path, backend: str, ratio: float, window: int, recycle: bool, tight: bool) -> LLM:
+def _engine(path, backend: str, ratio: float, window: int, recycle: bool, tight: bool, device: str = "cpu",
+            cuda_graph: bool = False) -> LLM:
     attention = {"backend": backend, "head_wise_swa_ratio": ratio}
     if ratio:
         attention.update(sliding_window=window, sink_tokens=SINK)
@@ -104,34 +105,38 @@ def _engine(path, backend: str, ratio: float, window: int, recycle: bool, tight:
     else:       # whole prompts prefilled together
         cache["num_blocks"] = 64
         sched = {"max_num_seqs": 8, "max_num_batched_tokens": 128, "enable_chunked_prefill": False}
-    return LLM(config_from_dict({"model": str(path), "device": "cpu", "dtype": "float32", "attention": attention,
-                                 "cache": cache, "scheduler": sched}))
+    return LLM(config_from_dict({"model": str(path), "device": device, "dtype": "float32", "attention": attention,
+                                 "cache": cache, "scheduler": sched, "cuda_graph": cuda_graph}))
+
+
+def engine_tokens(llm: LLM) -> list[list[int]]:
+    reqs = [GenerationRequest(id=i, prompt_token_ids=p, params=SamplingParams(max_tokens=NEW, ignore_eos=True))
+            for i, p in enumerate(PROMPTS)]
+    outs = llm.generate(reqs, use_tqdm=False)
+    assert [o.error for o in outs] == [None] * len(reqs)
+    return [list(o.token_ids) for o in outs]
 
 
 # (ratio, window, recycle): ratio 0 is today's engine; windows 5 (< every prompt) and 64 (> all)
 CASES = [(0.0, 0, False), (0.5, 5, False), (0.5, 5, True), (0.5, 64, True), (1.0, 5, True), (1.0, 6, False),
          (1.0, 64, False)]
+BATCHED = [(0.0, 0, False), (0.5, 5, True), (1.0, 6, False)]    # the roomy config: a few cases (fast CI)
+PARAMS = ([pytest.param(*c, True, id=f"{c[0]}-W{c[1]}-recycle{int(c[2])}-chunked_prefix_preempt") for c in CASES]
+          + [pytest.param(*c, False, id=f"{c[0]}-W{c[1]}-recycle{int(c[2])}-batched_prefill") for c in BATCHED])
 
 
 @pytest.mark.parametrize("backend", ["native", "append_attn"])
-@pytest.mark.parametrize("tight", [True, False], ids=["chunked_prefix_preempt", "batched_prefill"])
-@pytest.mark.parametrize("ratio,window,recycle", CASES)
-def test_engine_matches_hf_swa_oracle(checkpoint, backend, tight, ratio, window, recycle):
+@pytest.mark.parametrize("ratio,window,recycle,tight", PARAMS)
+def test_engine_matches_hf_swa_oracle(checkpoint, backend, ratio, window, recycle, tight):
     if backend == "append_attn" and op.implementation() != "custom_op":
         pytest.skip("custom ops not built")
-    if not tight and (ratio, window, recycle) not in {(0.0, 0, False), (0.5, 5, True), (1.0, 6, False)}:
-        pytest.skip("batched prefill runs a few cases only (fast CI)")
     model, path = checkpoint
     n_swa = int(ratio * QWEN3["num_key_value_heads"])
     expected = _expected(model, n_swa, window)
     llm = _engine(path, backend, ratio, window, recycle, tight)
     assert (llm.runner.head_wise_swa is None) == (ratio == 0)
-    reqs = [GenerationRequest(id=i, prompt_token_ids=p, params=SamplingParams(max_tokens=NEW, ignore_eos=True))
-            for i, p in enumerate(PROMPTS)]
-    outs = llm.generate(reqs, use_tqdm=False)
-    assert [o.error for o in outs] == [None] * len(reqs)
-    for r, o in enumerate(outs):
-        assert list(o.token_ids) == expected[r], f"prompt {r}"
+    for r, tokens in enumerate(engine_tokens(llm)):
+        assert tokens == expected[r], f"prompt {r}"
     st = llm.stats()
     if tight:
         # ratio 1 with recycling and a short window: every head holds O(S + W) blocks, so all fit
