@@ -97,7 +97,10 @@ class ForwardMeta:
         this_dev, dec_dev, enc_dev, tables_dev = dev["this"], dev["dec"], dev["enc"], dev["tables"]
         positions = meta_ops.get_position_ids(enc_dev, dec_dev, this_dev, num_tokens)
         cu_q, cu_k, batch_ids = meta_ops.get_cu_seqlens(this_dev, dec_dev, num_tokens)
-        slots = meta_ops.compute_slot_mapping(tables_dev, batch_ids, positions, block_size)
+        # slot_mapping serves the MLA caches; GQA's op writes K/V through the tables itself, so a
+        # head-wise [B, Hkv, M] table gives it head 0's row only to keep the one shape it takes
+        slot_tables = tables_dev if tables_dev.dim() == 2 else tables_dev[:, 0].contiguous()
+        slots = meta_ops.compute_slot_mapping(slot_tables, batch_ids, positions, block_size)
         decode_only = bool(len(num_new) > 0 and (num_new == 1).all() and not batch.is_prefill.any())
         num_decode = leading_single_token_rows(num_new)
         ks = ke = None

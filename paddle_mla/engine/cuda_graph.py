@@ -32,13 +32,15 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model, backend, kv_caches, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 device: str):
+                 device: str, num_table_heads: int = 0):
+        """``num_table_heads`` > 0: head-wise block tables [bs, heads, max_blocks] (head-wise SWA)."""
         self.sizes = capture_sizes(max_num_seqs)
         n, i32, i64 = max_num_seqs, torch.int32, torch.int64
         self.input_ids = torch.zeros(n, dtype=i64, device=device)
         self.positions = torch.zeros(n, dtype=i64, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=i64, device=device)
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=i32, device=device)
+        heads = (num_table_heads,) if num_table_heads else ()
+        self.block_tables = torch.zeros(n, *heads, max_blocks_per_seq, dtype=i32, device=device)
         self.seq_lens_k = torch.zeros(n, dtype=i32, device=device)
         self.cu_seqlens = torch.arange(n + 1, dtype=i32, device=device)
         self.batch_ids = torch.arange(n, dtype=i32, device=device)
@@ -77,11 +79,11 @@ class DecodeGraphs:
         """Logits [bs, vocab] of a decode step (a view into the graph's output; read it before the next run)."""
         bs = meta.num_reqs
         gbs = self.sizes[bisect.bisect_left(self.sizes, bs)]
-        width = meta.block_tables.shape[1]
+        width = meta.block_tables.shape[-1]
         self.input_ids[:bs].copy_(meta.input_ids)
         self.positions[:bs].copy_(meta.positions)
         self.slot_mapping[:bs].copy_(meta.slot_mapping)
-        self.block_tables[:bs, :width].copy_(meta.block_tables)
+        self.block_tables[:bs, ..., :width].copy_(meta.block_tables)
         self.seq_lens_k[:bs].copy_(meta.seq_lens_k_dev)
         if gbs > bs:
             self.slot_mapping[bs:gbs].fill_(-1)

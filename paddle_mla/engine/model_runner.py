@@ -95,9 +95,9 @@ class ModelRunner:
         # is not a whole number of KV heads
         gqa_dims = getattr(arch, "gqa", None)   # ModelArch.gqa (GQA branch): num_kv_heads
         self.head_wise_swa = head_wise_swa(cfg, arch.family, gqa_dims.num_kv_heads if gqa_dims else 0)
-        if self.head_wise_swa is not None:   # the GQA runner uploads pool.block_tables(...) and passes
-            raise NotImplementedError(       # head_wise_swa.backend_kwargs() to the backend
-                "head-wise SWA: the model runner does not upload head-wise block tables yet")
+        # head-wise: each step uploads pool.block_tables(...) [B, Hkv, width] (attach_pool gives the pool)
+        self.block_pool = None
+        swa_kwargs = self.head_wise_swa.backend_kwargs() if self.head_wise_swa is not None else {}
         bs = cfg.cache.block_size
         max_model_len = resolve_max_model_len(cfg, arch.max_position_embeddings)
         elt = torch.zeros(1, dtype=self.dtype).element_size()
@@ -107,7 +107,8 @@ class ModelRunner:
         self.backend = create_backend(backend_name, family=arch.family, dims=arch.gqa if gqa else arch.mla,
                                       max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
-                                      dtype=self.dtype, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens)
+                                      dtype=self.dtype, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+                                      **swa_kwargs)
         self.model.set_backend(self.backend)
         self.eos_token_ids = frozenset(arch.eos_token_ids)   # masked by min_tokens; the LLM adds the tokenizer's
         self.key_windows = None
@@ -141,7 +142,7 @@ class ModelRunner:
             from paddle_mla.engine.cuda_graph import DecodeGraphs
 
             self.graphs = DecodeGraphs(self.model, self.backend, self.kv_caches, cfg.scheduler.max_num_seqs,
-                                       self.limits.max_blocks_per_seq, bs, self.device)
+                                       self.limits.max_blocks_per_seq, bs, self.device, self._table_heads())
 
     def _init_inputs(self) -> None:
         """Persistent step inputs, sized from the limits: per-request host rows, the pinned staging
@@ -149,10 +150,20 @@ class ModelRunner:
         request's last sampled token on the device (read there by overlapped scheduling)."""
         sc, lim = self.cfg.scheduler, self.limits
         self.inputs = InputState(sc.max_num_seqs, lim.max_blocks_per_seq)
-        nbytes = 16 * sc.max_num_batched_tokens + 4 * sc.max_num_seqs * (lim.max_blocks_per_seq + 64) + 4096
+        nbytes = (16 * sc.max_num_batched_tokens + 4 * sc.max_num_seqs * (self._table_heads() or 1)
+                  * (lim.max_blocks_per_seq + 64) + 4096)
         self.uploader = Uploader(self.device, nbytes)
         self.reader = ResultReader(self.device, sc.max_num_seqs * 4)
         self.last_sampled = torch.zeros(sc.max_num_seqs, dtype=torch.int64, device=self.device)
+
+    def _table_heads(self) -> int:
+        """KV heads of a head-wise block table (0: uniform [B, max_blocks] tables)."""
+        return self.head_wise_swa.num_kv_heads if self.head_wise_swa is not None else 0
+
+    def attach_pool(self, pool) -> None:
+        """The engine's block pool (LLM builds it from ``limits``): head-wise SWA reads each step's
+        per-KV-head tables from it."""
+        self.block_pool = pool
 
     def use_cuda_graph(self) -> bool:
         caps = self.backend.caps
@@ -170,6 +181,13 @@ class ModelRunner:
 
     def _gather(self, out: SchedulerOutput):
         host = gather_step(self.inputs, out.scheduled)
+        if self.head_wise_swa is not None:
+            # Recycling and prefix hits turn an SWA row's entries into -1 anywhere in the row, so the
+            # uniform rows' append-only deltas do not apply: the rows are rebuilt from the pool (host
+            # work O(batch x heads x blocks), no device sync).
+            seqs = [s.seq for s in out.scheduled]
+            width = max([self.block_pool.num_logical_blocks(q) for q in seqs] + [1])
+            host.block_tables = self.block_pool.block_tables(seqs, width)
         batch = StepBatch(token_ids=host.token_ids, num_new=host.num_new, num_cached=host.num_cached,
                           block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask)
         return batch, host
