@@ -23,6 +23,12 @@ def _env(**extra):
     return dict(os.environ, PADDLE_MLA_RUNTIME=runtime.name(), PYTHONPATH=str(ROOT), **extra)
 
 
+def _default_sigint() -> None:
+    # A test run launched in the background (`cmd &` in a script) inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler: give the CLI the default a terminal would.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _wait_for(predicate, timeout=120.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -67,7 +73,8 @@ def test_sigint_while_the_model_loads_exits_130(tmp_path):
     summary = tmp_path / "s.json"
     proc = subprocess.Popen([sys.executable, str(TESTS / "fake_llm.py"), "generate", "-i", str(inp), "-o",
                              str(tmp_path / "o.jsonl"), "--summary", str(summary), "--no-progress"],
-                            env=_env(FAKE_LLM_LOAD_DELAY_S="30"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=_env(FAKE_LLM_LOAD_DELAY_S="30"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: any(x.startswith("paddle-mla: runtime") for x in lines)), "".join(lines)
     time.sleep(0.3)
@@ -81,7 +88,8 @@ def test_sigint_during_start_up_of_the_real_cli_exits_130(tmp_path):
     """SIGINT as soon as the CLI has said what runs: the real model load (or the stdin read that
     follows it) is interrupted."""
     proc = subprocess.Popen([sys.executable, "-m", "paddle_mla", "generate", "--no-progress"], env=_env(),
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+                            preexec_fn=_default_sigint)
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: any(x.startswith("paddle-mla: runtime") for x in lines)), "".join(lines)
     proc.send_signal(signal.SIGINT)
@@ -97,7 +105,8 @@ def test_sigint_during_the_run_writes_the_summary_and_resume_finishes(tmp_path):
     out, summary = tmp_path / "out.jsonl", tmp_path / "s.json"
     args = [sys.executable, "-m", "paddle_mla", "generate", "-i", str(inp), "-o", str(out), "--summary",
             str(summary), "--no-progress", "--set", "scheduler.max_num_seqs=2"]
-    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+                            preexec_fn=_default_sigint)
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 2), "".join(lines)
     proc.send_signal(signal.SIGINT)
