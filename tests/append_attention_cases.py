@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paddle_mla.tensor_api import torch
+from paddle_mla.attention.gqa_reference import append_attention_reference
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ def run_case(c: Case, fn, dtype, device: str, data: CaseData | None = None, **ex
                 vc[g, phys] = float("nan")
         q, k, v, cu, k_lens, bid, pos = step_inputs(c, data, spans, pad)
         out = torch.full(q.shape, float("nan"), dtype=dtype).to(device)
-        fn(dev(q, dtype), dev(k, dtype), dev(v, dtype), kc, vc, dev(tables), dev(cu), dev(k_lens), dev(bid), dev(pos),
+        lens = (cu, k_lens) if fn is append_attention_reference else (dev(cu), dev(k_lens))   # the reference: host
+        fn(dev(q, dtype), dev(k, dtype), dev(v, dtype), kc, vc, dev(tables), *lens, dev(bid), dev(pos),
            dev(data.cos_sin), out, **kw)
     return (out.to(torch.float32).cpu().numpy(), kc.to(torch.float32).cpu().numpy(),
             vc.to(torch.float32).cpu().numpy())

@@ -60,9 +60,9 @@ def call(q, k, v, kc, vc, tables, q_lens, k_lens, positions, cs, **kw):
     positions = np.concatenate([positions, np.zeros(pad, np.int64)])
     out = torch.full(q.shape, float("nan"), dtype=torch.float32)
     qt, kt, vt = tensors(q, k, v, dtype=np.float32)
-    tt, cut, klt, bidt, post, cst = tensors(tables, cu, np.asarray(k_lens, np.int32), bid, positions,
-                                            cs.astype(np.float32))
-    return append_attention_reference(qt, kt, vt, kc, vc, tt, cut, klt, bidt, post, cst, out, **kw).numpy()
+    tt, bidt, post, cst = tensors(tables, bid, positions, cs.astype(np.float32))
+    return append_attention_reference(qt, kt, vt, kc, vc, tt, cu, np.asarray(k_lens, np.int32), bidt, post, cst, out,
+                                      **kw).numpy()
 
 
 CASES = [   # (cached prefix, new tokens) per request

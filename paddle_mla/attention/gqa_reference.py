@@ -13,8 +13,8 @@ The one definition of the op's semantics (``_notes/GQA_CONTRACT.md``, ARCHITECTU
    positions j <= p of request b, read back from the cache; an SWA head (the last ``num_swa_heads``
    KV heads) sees j only if j < ``sink`` or j > p - ``window``. Scores and softmax in float32.
 
-``cu_seqlens_q`` and ``seq_lens_k`` may be device tensors (as the op takes them: read back once per
-call) or host numpy arrays (the native backend passes the scheduler's, so it reads nothing back).
+``cu_seqlens_q`` and ``seq_lens_k`` are host arrays (numpy or lists): the native backend passes the
+scheduler's, so the reference never reads the device back.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import torch
 
 
 def _host_ints(x) -> np.ndarray:
-    """Lengths on the host: numpy / lists as they are; a tensor is read back (the reference may)."""
-    if isinstance(x, (np.ndarray, list, tuple)):
-        return np.asarray(x, dtype=np.int64)
-    return np.asarray(x.tolist(), dtype=np.int64)
+    """Lengths on the host. A tensor is refused: reading it back would sync inside the step."""
+    if not isinstance(x, (np.ndarray, list, tuple)):
+        raise TypeError(f"append_attention_reference takes host lengths (numpy or lists), got {type(x).__name__}")
+    return np.asarray(x, dtype=np.int64)
 
 
 def apply_rope(x, cos, sin, neox: bool, rot_dim: int):

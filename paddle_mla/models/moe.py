@@ -43,8 +43,11 @@ def select_moe_impl(device_kind: str) -> str:
             raise RuntimeError(f"PADDLE_MLA_MOE=triton cannot run on {device_kind}: {why}")
         return "triton"
     if want == "reference":
-        return "reference"
-    return "triton" if (device_kind == "gpu" and ok) else "reference"
+        return "reference"   # tests and benchmarks only: on a GPU it reads the routing back to the host
+    if device_kind == "gpu" and not ok:
+        raise RuntimeError(f"the routed MoE on a GPU needs the Triton kernels ({why}); the plain-tensor "
+                           "reference would read the routing back to the host every layer")
+    return "triton" if device_kind == "gpu" else "reference"
 
 
 class MoEExec:

@@ -2,8 +2,8 @@
 call per layer (contract: the GQA contract notes; semantics: ``attention.gqa_reference``).
 
 C++ on CPU tensors, CUDA on GPU tensors, both compiled by ``paddle_mla.ops.build`` (setup.py or first
-use). When the ops are not built (or were built without CUDA and the tensors are on a GPU) the
-plain-tensor reference runs instead, with the build's one warning.
+use). Without a build that serves the tensors' device the call raises: the ``native`` backend is the
+plain-tensor path (it hands the reference the scheduler's host lengths, so nothing is read back).
 
 Beyond the contract's signature, two keyword-only extras serve the GPU path and change nothing in
 the result: ``workspace`` (fp32, ``workspace_numel(max_num_seqs, ...)`` elements, allocated once by
@@ -41,15 +41,9 @@ def append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_
     ([T, Hq, D], dtype of q); returns ``out``."""
     on_gpu = bool(q.is_cuda)
     if implementation(on_gpu) == "reference":
-        if on_gpu and build.load_ops() is not None:
-            build.warn_once("attention-cpu-only", "paddle_mla custom ops were built without CUDA (nvcc not found); "
-                                                  "append_attention on the GPU uses the plain-tensor reference")
-        from paddle_mla.attention.gqa_reference import append_attention_reference
-
-        return append_attention_reference(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k,
-                                          batch_id_per_token, positions, cos_sin, out, softmax_scale=softmax_scale,
-                                          neox=neox, rot_dim=rot_dim, num_swa_heads=num_swa_heads, window=window,
-                                          sink=sink)
+        why = build.unavailable_reason() or "the custom ops were built without CUDA (nvcc not found)"
+        raise RuntimeError(f"the append_attention op is not built for {'GPU' if on_gpu else 'CPU'} tensors: {why}; "
+                           "use attention.backend: native")
     if workspace is None:
         n = workspace_numel(int(seq_lens_k.shape[0]), int(q.shape[1]), int(q.shape[2])) if on_gpu else 0
         workspace = torch.empty(n, dtype=torch.float32, device=q.device)

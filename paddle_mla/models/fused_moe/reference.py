@@ -2,9 +2,9 @@
 
 Pairs are sorted by expert on the host and each expert's rows are gathered, run through its
 gate/up/down projections and scattered back (by an inverse permutation), weighted and summed over
-top-k in fp32, as transformers' DeepSeek MoE does with ``index_add_``. It syncs with the host
-(``.cpu()`` of the routing ids), so it is the CPU / ``native`` path and the oracle of the Triton
-kernels, not the GPU hot path. Portable: runs under Paddle's torch proxy (index_select, matmul,
+top-k in fp32, as transformers' DeepSeek MoE does with ``index_add_``. The engine runs it on CPU
+tensors only, where the routing ids are already on the host; ``select_moe_impl`` never picks it on a
+GPU (``PADDLE_MLA_MOE=reference`` does, for tests: there it is the Triton kernels' oracle and syncs). Portable: runs under Paddle's torch proxy (index_select, matmul,
 cat, no sort with two results).
 """
 
