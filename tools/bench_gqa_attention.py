@@ -31,30 +31,11 @@ import triton  # noqa: E402
 
 from paddle_mla.ops import append_attention as op  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_mla_decode import bench, copy_bandwidth, load_sglang  # noqa: E402  (one SGLang loader, one timer)
+
 HKV, D, PAGE = 8, 128, 64
 SG_SPLITS = (1, 2, 4, 8, 16, 32)
-
-
-def load_sglang():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "third_party", "sglang_decode")
-    if not os.path.exists(os.path.join(path, "decode_attention.py")):
-        return None, "missing (run tools/fetch_sglang_kernel.sh)"
-    sys.path.insert(0, path)
-    try:
-        import decode_attention as sg
-    except Exception as e:  # noqa: BLE001  (reported in the table, not fatal)
-        return None, f"import failed: {e!r}"
-    return sg.decode_attention_fwd, open(os.path.join(path, "SOURCE.txt")).read().strip()
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3  # µs
-
-
-def copy_bandwidth():
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    return 2 * x.numel() / (bench(lambda: y.copy_(x)) * 1e-6) / 1e9
 
 
 def rope_table(n, rot):
