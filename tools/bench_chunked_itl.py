@@ -28,12 +28,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
+from bench_e2e_moe import SMOKE_DIMS  # noqa: E402
 from bench_loader import V2_LITE, write_checkpoint  # noqa: E402
-
-SMOKE_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
-                  qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
-                  bos_token_id=0, eos_token_id=1)
 
 
 def engine_config(model: str, chunked: bool, args, smoke: bool) -> dict:

@@ -29,6 +29,8 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_e2e_decode import time_steps  # noqa: E402  (greedy step with its one host read)
+from bench_e2e_moe import SMOKE_DIMS  # noqa: E402
 from bench_loader import V2_LITE, write_checkpoint  # noqa: E402
 
 from paddle_mla import runtime  # noqa: E402
@@ -41,11 +43,6 @@ from paddle_mla.engine.llm import LLM  # noqa: E402
 from paddle_mla.tensor_api import torch  # noqa: E402
 
 BLOCK = 64
-SMOKE_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
-                  qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
-                  bos_token_id=0, eos_token_id=1)
-
 
 def decode_batch(num_blocks: int, batch: int, context: int, seed: int = 0) -> StepBatch:
     per_seq = -(-context // BLOCK)
@@ -57,18 +54,7 @@ def decode_batch(num_blocks: int, batch: int, context: int, seed: int = 0) -> St
 
 
 def time_decode(llm: LLM, batch: StepBatch, iters: int) -> float:
-    runner = llm.runner
-
-    def step():
-        return torch.argmax(runner.forward_step(batch), -1).cpu()   # the step's one host read
-
-    for _ in range(5):
-        step()
-    runtime.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        step()
-    return (time.perf_counter() - t) / iters
+    return time_steps(llm.runner, batch, iters)
 
 
 def run(tp: int, path: Path, args) -> dict:
