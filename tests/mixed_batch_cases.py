@@ -67,16 +67,18 @@ def run_backend(name: str, case: MixedCase, device: str, dims: MLADims = DIMS, *
     return out.clone(), cache, meta
 
 
-def plain_reference(case: MixedCase, cache_after, meta, dims: MLADims = DIMS):
-    """Every row (decode or extend) by the dense references: full latent -> explicit K/V -> causal."""
+def plain_reference(case: MixedCase, cache_after, meta, dims: MLADims = DIMS, compute_dtype=None):
+    """Every row (decode or extend) by the dense references: full latent -> explicit K/V -> causal,
+    computed in float32, or in ``compute_dtype`` (float64: the exact answer the fp32 runs are held to)."""
+    cd = torch.float32 if compute_dtype is None else compute_dtype
     from paddle_mla.attention.triton_mla import reference as ref
 
     total_k = int(meta.seq_lens_k.sum())
     full = ref.read_cache_and_interleave_ref(cache_after, meta.block_tables, case.latent, meta.cu_seqlens_q,
-                                             meta.cu_seqlens_k, total_k).to(torch.float32)
+                                             meta.cu_seqlens_k, total_k).to(cd)
     c, k_pe = full[:, :dims.kv_lora_rank], full[:, dims.kv_lora_rank:]
-    k_nope = torch.einsum("tc,hnc->thn", c, case.w_kc.to(torch.float32))
-    v = torch.einsum("tc,hcv->thv", c, case.w_vc.to(torch.float32))
+    k_nope = torch.einsum("tc,hnc->thn", c, case.w_kc.to(cd))
+    v = torch.einsum("tc,hcv->thv", c, case.w_vc.to(cd))
     k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(total_k, dims.num_heads, dims.qk_rope_head_dim)], -1)
-    q = torch.cat([case.q_nope, case.q_pe], -1).to(torch.float32)
-    return ref.prefill_ref(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k, dims.softmax_scale)
+    q = torch.cat([case.q_nope, case.q_pe], -1).to(cd)
+    return ref.prefill_ref(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k, dims.softmax_scale, compute_dtype)

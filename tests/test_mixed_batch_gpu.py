@@ -3,7 +3,11 @@
 - backend level: decodes at up to 6k context + extend rows over cached prefixes of up to 4k, in
   extend chunks of 1024 rows (and in one chunk), vs native and the plain references; fp32 with
   exact fp32 dots (the triton_mla kernels pick input_precision "ieee" for fp32 operands themselves,
-  so this holds under a plain ``pytest -m gpu`` whatever TRITON_F32_DEFAULT says) and bf16;
+  so this holds under a plain ``pytest -m gpu`` whatever TRITON_F32_DEFAULT says) and bf16.
+  In fp32 every implementation is held to the float64 answer: its error may be at most twice that
+  of the plain fp32 reference. With outputs of magnitude ~30 over 6k-key softmaxes, plain fp32
+  itself is off by ~2.5e-4 (H100, 2026-11-22: triton 2.8e-4, native 2.0e-4, plain fp32 2.4e-4),
+  so a fixed 1e-4 between two fp32 runs tested rounding order, not correctness;
 - short extend rows (64 new tokens over 8k cached) run absorbed as pseudo decode rows, next to
   decodes and a long expanded chunk, vs native and the plain reference;
 - the attention of a mixed step (prepare + forward) makes no host sync;
@@ -42,6 +46,17 @@ def _dev() -> str:
     return runtime.device_string("gpu")
 
 
+def _assert_fp32_as_exact_as_plain(got, native, case, cache, meta) -> None:
+    """``got`` and ``native`` are within 2x the plain fp32 reference's error of the float64 answer."""
+    exact = plain_reference(case, cache, meta, dims=DIMS, compute_dtype=torch.float64)
+    plain = plain_reference(case, cache, meta, dims=DIMS)
+    bound = 2 * float((plain.double() - exact).abs().max())
+    assert 0 < bound < 1e-4 * float(exact.abs().max())   # the plain reference's own error is fp32-sized
+    for name, x in (("triton_mla", got), ("native", native)):
+        err = float((x.double() - exact).abs().max())
+        assert err <= bound, f"{name}: max |err| vs float64 {err:.3e} > 2 x plain fp32's ({bound / 2:.3e})"
+
+
 def _rel(a, b) -> float:
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm())
@@ -54,11 +69,10 @@ def test_long_context_mixed_batch(dtype, chunk):
     native, native_cache, _ = run_backend("native", case, _dev(), dims=DIMS)
     assert meta.num_decode_reqs == 3 and torch.equal(cache, native_cache)
     assert not torch.isnan(got).any()
-    plain = plain_reference(case, cache, meta, dims=DIMS)
     if dtype == "float32":
-        torch.testing.assert_close(got, native, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(got, plain, atol=1e-4, rtol=1e-4)
+        _assert_fp32_as_exact_as_plain(got, native, case, cache, meta)
     else:   # bf16 inputs and K/V; the references attend in fp32
+        plain = plain_reference(case, cache, meta, dims=DIMS)
         assert _rel(got, native) < 2e-2 and _rel(got, plain) < 2e-2
 
 
@@ -74,11 +88,10 @@ def test_short_extends_absorbed_long_context(dtype):
     split = meta.attn["short_split"]
     assert (split.lead_begin, split.lead_end, split.tail_begin, split.rows) == (2, 4, 5, 64 * 3 + 17)
     assert not torch.isnan(got).any()
-    plain = plain_reference(case, cache, meta, dims=DIMS)
     if dtype == "float32":
-        torch.testing.assert_close(got, native, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(got, plain, atol=1e-4, rtol=1e-4)
+        _assert_fp32_as_exact_as_plain(got, native, case, cache, meta)
     else:
+        plain = plain_reference(case, cache, meta, dims=DIMS)
         assert _rel(got, native) < 2e-2 and _rel(got, plain) < 2e-2
 
 
@@ -126,13 +139,13 @@ def test_engine_long_context_chunked_prefix_graphs_match_native(monkeypatch):
 
     def recording(meta):
         prepare(meta)
-        plan = meta.attn.get("extend_plan")
-        if plan is not None:
-            steps.append((meta.num_decode_reqs, plan.k_end - plan.k_begin))
+        nd = meta.num_decode_reqs
+        if meta.num_reqs > nd:   # extend rows: expanded, or absorbed if short
+            steps.append((nd, int(meta.num_cached[nd:].max())))
 
     llm.runner.backend.prepare = recording
     outs = llm.generate(reqs, use_tqdm=False)
     assert [o.error for o in outs] == [None] * len(reqs)
     assert [o.token_ids for o in outs] == expected
     assert llm.stats().cached_prompt_tokens >= 4 * 896
-    assert any(nd > 0 and keys > 4 * 96 for nd, keys in steps), "no mixed step over a long cached prefix"
+    assert any(nd > 0 and cached > 4 * 96 for nd, cached in steps), "no mixed step over a long cached prefix"

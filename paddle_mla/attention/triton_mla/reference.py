@@ -89,12 +89,14 @@ def read_cache_and_interleave_ref(kv_cache, block_tables, new_latent, cu_seqlens
     return torch.where(cached[:, None], from_cache, from_new.to(kv_cache.dtype))
 
 
-def prefill_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, sm_scale: float):
+def prefill_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, sm_scale: float, compute_dtype=None):
     """Varlen causal attention over [cached + new] keys; q [Tq, H, Dqk], k [Tk, H, Dqk], v [Tk, H, Dv].
 
     Query i of request b sits at position k_len_b - q_len_b + i and sees keys at positions <= it.
-    Dense masked form: O(Tq * Tk * H) memory, meant for tests and small batches.
+    Dense masked form: O(Tq * Tk * H) memory, meant for tests and small batches. ``compute_dtype``
+    (default float32): float64 gives the tests a reference whose own rounding is negligible.
     """
+    cd = torch.float32 if compute_dtype is None else compute_dtype
     tq, tk = q.shape[0], k.shape[0]
     cu_q = cu_seqlens_q.to(torch.int64)
     cu_k = cu_seqlens_k.to(torch.int64)
@@ -105,12 +107,12 @@ def prefill_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, sm_scale: float):
     qpos = (cu_k[bq + 1] - cu_k[bq]) - (cu_q[bq + 1] - cu_q[bq]) + iq - cu_q[bq]
     kpos = ik - cu_k[bk]
     allowed = (bq[:, None] == bk[None, :]) & (kpos[None, :] <= qpos[:, None])    # [Tq, Tk]
-    s = torch.einsum("qhd,khd->hqk", q.to(torch.float32), k.to(torch.float32)) * sm_scale
+    s = torch.einsum("qhd,khd->hqk", q.to(cd), k.to(cd)) * sm_scale
     s = torch.where(allowed[None], s, torch.full_like(s, float("-inf")))
     m = torch.amax(s, -1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(s - m)
     denom = p.sum(-1, keepdim=True)
     p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
-    out = torch.einsum("hqk,khd->qhd", p, v.to(torch.float32))
-    return out.to(q.dtype)
+    out = torch.einsum("hqk,khd->qhd", p, v.to(cd))
+    return out if compute_dtype is not None else out.to(q.dtype)
