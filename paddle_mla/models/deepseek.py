@@ -25,12 +25,7 @@ from paddle_mla.models.arch import ModelArch, RopeSpec, yarn_get_mscale
 from paddle_mla.models.moe import MoE, MoEExec
 from paddle_mla.models.fp8 import dense, linear  # noqa: F401  (linear: dense or FP8 block-scaled weights)
 from paddle_mla.models.indexer import Indexer
-
-
-def rms_norm(x, weight, eps: float):
-    xf = x.to(torch.float32)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+from paddle_mla.models.norm import add_rms_norm, rms_norm  # noqa: F401  (rms_norm: also gqa's)
 
 
 def llama3_inv_freq(inv, spec: RopeSpec):
@@ -185,10 +180,18 @@ class DecoderLayer:
         else:
             self.mlp = DenseMLP(w, p + "mlp.")
 
-    def forward(self, h, cos, sin, rope, backend, kv_cache, meta):
-        h = h + self.attn.forward(rms_norm(h, self.in_norm, self.eps), cos, sin, rope, backend, kv_cache, meta)
-        out = self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
-        return h + (out if self.tp is None else self.tp.all_reduce(out))   # MLP / MoE partials: one reduce
+    def forward(self, delta, residual, cos, sin, rope, backend, kv_cache, meta):
+        """(this layer's MLP output, the residual stream before it). The residual adds are fused
+        into the next norm: ``residual + delta`` is the hidden state the layer starts from (the
+        embedding when ``residual`` is None); the caller adds the returned pair the same way."""
+        if residual is None:
+            residual, x = delta, rms_norm(delta, self.in_norm, self.eps)
+        else:
+            residual, x = add_rms_norm(residual, delta, self.in_norm, self.eps)
+        a = self.attn.forward(x, cos, sin, rope, backend, kv_cache, meta)
+        residual, x = add_rms_norm(residual, a, self.post_norm, self.eps)
+        out = self.mlp.forward(x)
+        return (out if self.tp is None else self.tp.all_reduce(out)), residual   # MLP / MoE partials: one reduce
 
 
 class CausalLM:
@@ -232,9 +235,12 @@ class CausalLM:
         else:
             h = self.tp.embed(meta.input_ids, self.embed, self.vocab_start)
         cos, sin = self.rope.cos_sin(meta.positions)
+        residual = None
         for layer, cache in zip(self.layers, kv_caches):
-            h = layer.forward(h, cos, sin, self.rope, self.backend, cache, meta)
-        return rms_norm(h, self.norm, self.arch.rms_norm_eps)
+            h, residual = layer.forward(h, residual, cos, sin, self.rope, self.backend, cache, meta)
+        if residual is None:
+            return rms_norm(h, self.norm, self.arch.rms_norm_eps)
+        return add_rms_norm(residual, h, self.norm, self.arch.rms_norm_eps)[1]
 
     def compute_logits(self, hidden_rows):
         logits = F.linear(hidden_rows, self.lm_head)

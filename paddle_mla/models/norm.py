@@ -1,0 +1,53 @@
+"""RMSNorm, and the residual add fused with it, as transformers computes them (fp32 statistics,
+the normalised row cast to the model dtype, then times the weight in the model dtype).
+
+On a GPU both run as one Triton kernel per call (one read of each input, one write of each
+output). The plain-tensor form is ~7 passes over the activations: in the V2-Lite-dims 64 x 512
+prefill profile (H100, BENCHMARKS.md section 12) PyTorch's elementwise and copy kernels took 31%
+of the step, the norms' ``pow``/``mean``/casts a large share of it. The plain form stays the CPU
+path and the kernel's oracle; the kernel rounds exactly where the plain form does.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from paddle_mla import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
+import torch
+
+
+def _rms_norm_plain(x, weight, eps: float):
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@functools.cache
+def _triton_ok() -> bool:
+    return _runtime.is_torch() and _runtime.supports_triton_on("gpu")[0]
+
+
+def _use_kernel(x, *others) -> bool:
+    return (x.is_cuda and x.dtype != torch.float64 and x.is_contiguous() and x.shape[-1] <= 16384
+            and all(o.is_contiguous() and o.dtype == x.dtype for o in others) and _triton_ok())
+
+
+def rms_norm(x, weight, eps: float):
+    if not _use_kernel(x, weight):
+        return _rms_norm_plain(x, weight, eps)
+    from paddle_mla.models.norm_kernels import rms_norm_kernel_call
+
+    return rms_norm_kernel_call(x, None, weight, eps)[1]
+
+
+def add_rms_norm(residual, delta, weight, eps: float):
+    """(residual + delta, rms_norm(residual + delta)): the sum rounded to the model dtype first."""
+    if not _use_kernel(residual, delta, weight):
+        h = residual + delta
+        return h, _rms_norm_plain(h, weight, eps)
+    from paddle_mla.models.norm_kernels import rms_norm_kernel_call
+
+    return rms_norm_kernel_call(residual, delta, weight, eps)
