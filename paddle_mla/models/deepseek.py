@@ -25,7 +25,7 @@ from paddle_mla.models.arch import ModelArch, RopeSpec, yarn_get_mscale
 from paddle_mla.models.moe import MoE, MoEExec
 from paddle_mla.models.fp8 import dense, linear  # noqa: F401  (linear: dense or FP8 block-scaled weights)
 from paddle_mla.models.indexer import Indexer
-from paddle_mla.models.norm import add_rms_norm, rms_norm  # noqa: F401  (rms_norm: also gqa's)
+from paddle_mla.models.fused_ops import add_rms_norm, rms_norm, rope_rotate  # noqa: F401  (rms_norm: also gqa's)
 
 
 def llama3_inv_freq(inv, spec: RopeSpec):
@@ -95,6 +95,9 @@ class Rope:
         layout is the same half-split in both cases; q and k share it, so scores are unchanged
         (transformers' V2 keeps pairs interleaved in its output: same dot products).
         """
+        fused = rope_rotate(x, cos, sin, self.spec.interleave)
+        if fused is not None:
+            return fused
         if x.dim() == 3:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         xf = x.to(torch.float32)

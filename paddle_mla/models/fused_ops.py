@@ -1,7 +1,8 @@
-"""RMSNorm, and the residual add fused with it, as transformers computes them (fp32 statistics,
-the normalised row cast to the model dtype, then times the weight in the model dtype).
+"""Fused elementwise steps of the models: RMSNorm, the residual add fused with it (as transformers
+computes them: fp32 statistics, the normalised row cast to the model dtype, then times the weight
+in the model dtype), and RoPE's rotation (``rope_rotate``, used by ``Rope.apply``).
 
-On a GPU both run as one Triton kernel per call (one read of each input, one write of each
+On a GPU each runs as one Triton kernel per call (one read of each input, one write of each
 output). The plain-tensor form is ~7 passes over the activations: in the V2-Lite-dims 64 x 512
 prefill profile (H100, BENCHMARKS.md section 12) PyTorch's elementwise and copy kernels took 31%
 of the step, the norms' ``pow``/``mean``/casts a large share of it. The plain form stays the CPU
@@ -38,7 +39,7 @@ def _use_kernel(x, *others) -> bool:
 def rms_norm(x, weight, eps: float):
     if not _use_kernel(x, weight):
         return _rms_norm_plain(x, weight, eps)
-    from paddle_mla.models.norm_kernels import rms_norm_kernel_call
+    from paddle_mla.models.fused_kernels import rms_norm_kernel_call
 
     return rms_norm_kernel_call(x, None, weight, eps)[1]
 
@@ -48,6 +49,18 @@ def add_rms_norm(residual, delta, weight, eps: float):
     if not _use_kernel(residual, delta, weight):
         h = residual + delta
         return h, _rms_norm_plain(h, weight, eps)
-    from paddle_mla.models.norm_kernels import rms_norm_kernel_call
+    from paddle_mla.models.fused_kernels import rms_norm_kernel_call
 
     return rms_norm_kernel_call(residual, delta, weight, eps)
+
+
+def rope_rotate(x, cos, sin, interleave: bool):
+    """``Rope.apply``'s rotation by the kernel, or None where the plain form must run. Needs an
+    even power-of-two rope dim, a contiguous last dim and fp32 cos/sin [T, D/2] rows."""
+    d = x.shape[-1]
+    if not (x.is_cuda and x.stride(-1) == 1 and d >= 2 and d & (d - 1) == 0 and cos.stride(-1) == 1
+            and cos.dtype == torch.float32 and cos.stride() == sin.stride() and _triton_ok()):
+        return None
+    from paddle_mla.models.fused_kernels import rope_kernel_call
+
+    return rope_kernel_call(x, cos, sin, interleave)

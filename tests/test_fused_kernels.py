@@ -19,9 +19,9 @@ DTYPES = ["float32", "float16"] + (["bfloat16"] if DEV != "cpu" else [])
 
 @pytest.fixture(scope="module")
 def mods():
-    from paddle_mla.models import norm, norm_kernels
+    from paddle_mla.models import fused_ops, fused_kernels
 
-    return norm, norm_kernels
+    return fused_ops, fused_kernels
 
 
 def _ulp(dtype_name: str) -> float:
@@ -57,3 +57,29 @@ def test_empty_rows(mods):
     x = torch.zeros(0, 16, device=DEV)
     h, y = kern.rms_norm_kernel_call(x, x, torch.ones(16, device=DEV), 1e-6)
     assert y.shape == (0, 16) and h.shape == (0, 16)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("heads", [0, 1, 3, 20])   # 0: a [T, D] input (k_pe)
+def test_rope_kernel_matches_plain_rope(mods, dtype_name, interleave, heads):
+    _, kern = mods
+    from paddle_mla.models.arch import RopeSpec
+    from paddle_mla.models.deepseek import Rope
+    from paddle_mla.tensor_api import torch
+
+    dtype = getattr(torch, dtype_name)
+    T, D = 9, 16
+    rope = Rope(RopeSpec(dim=D, theta=10000.0, rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
+                         mscale=1.0, mscale_all_dim=1.0, interleave=interleave), DEV)
+    rng = np.random.default_rng(heads)
+    width = (heads or 1) * (D + 8)
+    # a strided view, as q_pe is of q: rows of (nope 8 || rope 16) per head
+    full = torch.from_numpy(rng.standard_normal((T, width)).astype(np.float32) * 2).to(DEV).to(dtype)
+    x = full.view(T, heads, D + 8)[:, :, 8:] if heads else full[:, 8:]
+    cos, sin = rope.cos_sin(torch.arange(100, 100 + T, device=DEV))
+    got = kern.rope_kernel_call(x, cos, sin, interleave)
+    want = rope.apply(x.cpu(), cos.cpu(), sin.cpu()).to(DEV)   # on CPU tensors apply() runs the plain form
+    assert got.shape == x.shape and got.is_contiguous() and got.dtype == dtype
+    tol = 2 * _ulp(dtype_name) * float(want.abs().max()) + 1e-6
+    assert float((got.float() - want.float()).abs().max()) <= tol

@@ -1,0 +1,77 @@
+"""The Triton kernels behind ``models.fused_ops`` (imported on the GPU path only)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from paddle_mla.attention.triton_mla._util import next_pow2
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
+    if HAS_DELTA:
+        # the sum in fp32, rounded to the model dtype: what ``residual + delta`` gives
+        x = (x.to(tl.float32) + tl.load(d_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32))
+        x = x.to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + row * N + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    normed = (xf * rstd).to(y_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    y = (w.to(tl.float32) * normed.to(tl.float32)).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * N + cols, y, mask=mask)
+
+
+def rms_norm_kernel_call(x, delta, weight, eps: float):
+    """(x + delta or None, rms_norm of it) over the last dim of contiguous ``x``."""
+    n = x.shape[-1]
+    rows = x.numel() // n if n else 0
+    y = torch.empty_like(x)
+    h = torch.empty_like(x) if delta is not None else None
+    if rows:
+        block = next_pow2(n)
+        warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+        _rms_norm_kernel[(rows,)](x, delta if delta is not None else x, weight, h if h is not None else y, y, n,
+                                  float(eps), HAS_DELTA=delta is not None, BLOCK=block, num_warps=warps)
+    return (h if h is not None else x), y
+
+
+@triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xt, stride_xh, stride_ct, HALF: tl.constexpr,
+                 BLOCK_H: tl.constexpr, INTERLEAVE: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    i = tl.arange(0, HALF)
+    hm = (h < H)[:, None]
+    row = x_ptr + t * stride_xt + h[:, None] * stride_xh
+    if INTERLEAVE:
+        x1 = tl.load(row + 2 * i[None, :], mask=hm, other=0.0).to(tl.float32)
+        x2 = tl.load(row + 2 * i[None, :] + 1, mask=hm, other=0.0).to(tl.float32)
+    else:
+        x1 = tl.load(row + i[None, :], mask=hm, other=0.0).to(tl.float32)
+        x2 = tl.load(row + HALF + i[None, :], mask=hm, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + t * stride_ct + i)[None, :]
+    s = tl.load(sin_ptr + t * stride_ct + i)[None, :]
+    o = out_ptr + (t * H + h[:, None]) * (2 * HALF)
+    tl.store(o + i[None, :], (x1 * c - x2 * s).to(out_ptr.dtype.element_ty), mask=hm)
+    tl.store(o + HALF + i[None, :], (x2 * c + x1 * s).to(out_ptr.dtype.element_ty), mask=hm)
+
+
+def rope_kernel_call(x, cos, sin, interleave: bool):
+    """x [T, H, D] or [T, D] (last dim contiguous, any row/head strides), cos/sin fp32 [T, D/2]
+    -> a new contiguous tensor laid out as (rotated firsts || rotated seconds), as Rope.apply."""
+    squeeze = x.dim() == 2
+    x3 = x.unsqueeze(1) if squeeze else x
+    T, H, D = x3.shape
+    out = torch.empty((T, H, D), dtype=x.dtype, device=x.device)
+    if T:
+        block_h = min(16, next_pow2(H))
+        _rope_kernel[(T, triton.cdiv(H, block_h))](x3, cos, sin, out, H, x3.stride(0), x3.stride(1), cos.stride(0),
+                                                     HALF=D // 2, BLOCK_H=block_h, INTERLEAVE=interleave)
+    return out.squeeze(1) if squeeze else out
