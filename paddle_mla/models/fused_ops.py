@@ -28,7 +28,7 @@ def _rms_norm_plain(x, weight, eps: float):
 
 @functools.cache
 def _triton_ok() -> bool:
-    return _runtime.is_torch() and _runtime.supports_triton_on("gpu")[0]
+    return not _runtime.is_paddle() and _runtime.supports_triton_on("gpu")[0]
 
 
 def _use_kernel(x, *others) -> bool:
