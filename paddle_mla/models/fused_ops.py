@@ -12,6 +12,7 @@ path and the kernel's oracle; the kernel rounds exactly where the plain form doe
 from __future__ import annotations
 
 import functools
+import os
 
 from paddle_mla import runtime as _runtime
 
@@ -28,6 +29,9 @@ def _rms_norm_plain(x, weight, eps: float):
 
 @functools.cache
 def _triton_ok() -> bool:
+    """PADDLE_MLA_FUSED=0 keeps the plain forms on a GPU too (A/B benchmarks, bisecting)."""
+    if os.environ.get("PADDLE_MLA_FUSED", "1") == "0":
+        return False
     return not _runtime.is_paddle() and _runtime.supports_triton_on("gpu")[0]
 
 
