@@ -101,14 +101,20 @@ def run_engine(llm: LLM, n: int, prompt: int, out: int, vocab: int) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
     reqs = [GenerationRequest(id=i, prompt_token_ids=rng.integers(2, vocab, prompt).tolist(), params=params)
             for i in range(n)]
-    llm.generate(reqs[: min(n, 4)], use_tqdm=False)                             # warm-up (compiles, graphs)
-    t = time.perf_counter()
-    outs = llm.generate(reqs, use_tqdm=False)
-    runtime.synchronize()
-    dt = time.perf_counter() - t
-    toks = sum(len(o.token_ids) for o in outs)
-    assert toks == n * out, f"expected {n * out} output tokens, got {toks}"
-    return dict(requests=n, prompt=prompt, output=out, seconds=dt, output_tok_s=toks / dt)
+    # Run 1 is cold: it meets each kernel shape of the workload once, and Triton compiles it then
+    # (seconds per new shape; its on-disk cache makes a later process faster). Run 2 is timed:
+    # the steady state of a long offline job. Both are reported.
+    runs = []
+    for _ in range(2):
+        t = time.perf_counter()
+        outs = llm.generate(reqs, use_tqdm=False)
+        runtime.synchronize()
+        dt = time.perf_counter() - t
+        toks = sum(len(o.token_ids) for o in outs)
+        assert toks == n * out, f"expected {n * out} output tokens, got {toks}"
+        runs.append(dt)
+    return dict(requests=n, prompt=prompt, output=out, seconds=runs[1], output_tok_s=toks / runs[1],
+                cold_seconds=runs[0], cold_output_tok_s=toks / runs[0])
 
 
 def run_hf(path: Path, device: str, dtype, n: int, batch: int, prompt: int, out: int, vocab: int) -> dict:
@@ -240,7 +246,8 @@ def print_table(r: dict) -> None:
             f"{hf['output']} out)") if "output_tok_s" in hf else f"HF: {hf['skipped']}"
     ratio = f"{r['speedup_vs_hf']:.1f}x (target >= 20x)" if "speedup_vs_hf" in r else "-"
     print(f"| (a) LLM {e['requests']} req x {e['prompt']} + {e['output']} tok | {e['output_tok_s']:.0f} out tok/s "
-          f"({e['seconds']:.1f} s) | {hf_s} | {ratio} |")
+          f"({e['seconds']:.2f} s; cold first run with Triton JIT: {e['cold_output_tok_s']:.0f} tok/s, "
+          f"{e['cold_seconds']:.1f} s) | {hf_s} | {ratio} |")
     print(f"| (c) decode step, batch {d['batch']}, ctx {d['context']} | {d['step_ms']:.2f} ms | roofline "
           f"{d['roofline_ms']:.2f} ms ({d['weight_gb']:.2f} GB weights, {d['kv_gb']:.2f} GB KV; experts "
           f"{sum(d['routed_distinct'])}) | {d['fraction_of_roofline']:.0%} |")

@@ -14,6 +14,10 @@ through ``LLM.generate`` itself, with overlapped scheduling on and off. Per deco
 - roofline: (weight bytes + KV bytes of the batch) / copy bandwidth measured in this process.
 
     python tools/bench_engine_step.py --layers 4 --batch 1,64 --context 4096 --host-batch 256
+
+``--moe``: the DeepSeek-V2-Lite-dims checkpoint of ``bench_e2e_moe.py`` (routed MoE, written once
+to /tmp) instead, for issue 10's decode-step target; its roofline counts the routed experts the
+batch selects (``bench_e2e_moe.decode_bytes``, measured per layer in one eager step).
 """
 
 from __future__ import annotations
@@ -108,15 +112,15 @@ class StepProbe:
         return {k: float(np.median([r[k] for r in rows])) for k in rows[0]} | {"steps": len(rows)}
 
 
-def run_case(model, batch: int, context: int, steps: int, overlap: bool) -> dict:
+def run_case(model, batch: int, context: int, steps: int, overlap: bool, model_dir: str = "tiny") -> dict:
     blocks = batch * (-(-(context + steps + 16) // PAGE)) + 8
     cfg = config_from_dict({
-        "model": "tiny", "device": "gpu", "dtype": "bfloat16", "cuda_graph": True,
+        "model": model_dir, "device": "gpu", "dtype": "bfloat16", "cuda_graph": True,
         "attention": {"backend": "triton_mla"}, "max_model_len": context + steps + 64,
         "cache": {"block_size": PAGE, "num_blocks": blocks},
         "scheduler": {"max_num_seqs": batch, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
                       "overlap": overlap}})
-    llm = LLM(cfg, model=model)
+    llm = LLM(cfg, model=model) if model is not None else LLM(cfg)
     rng = np.random.default_rng(batch)
     vocab = llm.runner.arch.vocab_size
     reqs = [GenerationRequest(i, rng.integers(3, vocab, context - 8).tolist(),
@@ -131,6 +135,31 @@ def run_case(model, batch: int, context: int, steps: int, overlap: bool) -> dict
     return res
 
 
+def moe_model(layers: int, batches: list[int], context: int):
+    """(checkpoint folder, arch, {batch: weight bytes a decode step of that batch reads})."""
+    from bench_e2e_moe import decode_bytes, routed_distinct, step_batch
+    from profile_kernels import moe_checkpoint
+
+    from paddle_mla.engine.model_runner import ModelRunner
+
+    path = str(moe_checkpoint(layers))
+    b = max(batches)
+    runner = ModelRunner(config_from_dict({
+        "model": path, "device": "gpu", "dtype": "bfloat16", "attention": {"backend": "triton_mla"},
+        "cuda_graph": False, "max_model_len": context + 64, "cache": {"block_size": PAGE, "num_blocks": b * 66 + 8},
+        "scheduler": {"max_num_seqs": b, "max_num_batched_tokens": 8192}}), path)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    weight_bytes = {}
+    for n in batches:
+        experts = routed_distinct(runner, step_batch(runner, n, 1, context - 1, PAGE, False, 0))
+        weight_bytes[n] = decode_bytes(cfg, experts, n, context, 2)[0]
+    arch = runner.arch
+    del runner
+    runtime.empty_cache()
+    return path, arch, weight_bytes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=4)
@@ -139,28 +168,36 @@ def main() -> None:
     ap.add_argument("--host-batch", type=int, default=256, help="a batch measured for host time (0: none)")
     ap.add_argument("--host-context", type=int, default=1024, help="its context (host work is O(batch))")
     ap.add_argument("--steps", type=int, default=40, help="decode steps per case")
+    ap.add_argument("--moe", action="store_true", help="V2-Lite dims (routed MoE) from bench_e2e_moe's checkpoint")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = runtime.device_string("gpu")
-    cfg = dict(V3, num_hidden_layers=args.layers)
-    arch = parse_arch(cfg)
-    model = CausalLM(arch, random_weights(cfg, args.layers, device, torch.bfloat16), device, torch.bfloat16)
-    weight_bytes = sum(p.numel() * p.element_size() for p in _model_tensors(model))
     bw = copy_bandwidth(device)
+    model_dir = "tiny"
     cases = [(int(b), args.context) for b in args.batch.split(",") if b]
     if args.host_batch:
         cases.append((args.host_batch, args.host_context))
+    if args.moe:
+        model, (model_dir, arch, weight_bytes) = None, moe_model(args.layers, [b for b, _ in cases], args.context)
+    else:
+        cfg = dict(V3, num_hidden_layers=args.layers)
+        arch = parse_arch(cfg)
+        model = CausalLM(arch, random_weights(cfg, args.layers, device, torch.bfloat16), device, torch.bfloat16)
+        dense_bytes = sum(p.numel() * p.element_size() for p in _model_tensors(model))
+        weight_bytes = {b: dense_bytes for b, _ in cases}
     rows = []
     for b, ctx in cases:
         for overlap in (True, False):
-            r = run_case(model, b, ctx, args.steps, overlap)
+            r = run_case(model, b, ctx, args.steps, overlap, model_dir)
             kv_bytes = b * ctx * arch.mla.latent_dim * 2 * args.layers
-            r.update(batch=b, context=ctx, overlap=overlap, roofline_ms=(weight_bytes + kv_bytes) / bw * 1e3)
+            r.update(batch=b, context=ctx, overlap=overlap, roofline_ms=(weight_bytes[b] + kv_bytes) / bw * 1e3)
             r["x_roofline"] = r["period"] / r["roofline_ms"]
             rows.append(r)
             print(f"batch {b} context {ctx} overlap {overlap}: " + ", ".join(
                 f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float)), flush=True)
-    print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s, weights {weight_bytes / 1e9:.2f} GB, layers {args.layers}")
+    print(f"\n{'V2-Lite dims (MoE)' if args.moe else 'dense V3 dims'}, copy bandwidth {bw / 1e12:.2f} TB/s, weight "
+          f"bytes read per step {', '.join(f'b{b}: {w / 1e9:.2f} GB' for b, w in weight_bytes.items())}, "
+          f"layers {args.layers}")
     print("| batch | context | overlap | step period ms | host ms | GPU ms | gap ms | gap / step | syncs | reads "
           "| roofline ms | period / roofline |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -170,7 +207,7 @@ def main() -> None:
               f"{r['roofline_ms']:.3f} | {r['x_roofline']:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"copy_bw": bw, "weight_bytes": weight_bytes, "rows": rows}, f, indent=1)
+            json.dump({"copy_bw": bw, "weight_bytes": weight_bytes, "moe": args.moe, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
