@@ -10,6 +10,9 @@ kernel is seen by the profiler; kernel times are those of a graph replay minus l
   chunk         63 decodes at 8k + one 1024-token chunk after 7168 cached tokens
   moe-decode    DeepSeek-V2-Lite dims (routed MoE), batch 64 at 4k context (issue 10's decode step)
   moe-prefill   V2-Lite dims, 64 x 512-token prefill (issue 10's prefill)
+  fp8-m1        FP8 block-scaled linears at M=1 (V3 q_a_proj 1536x7168, kv_a 576x7168, expert down
+                7168x2048) next to bf16 F.linear: the fixed costs behind issue 10's FP8 miss
+  moe-m1        the fused MoE at M=1 (V2-Lite bf16, V3 fp8): align, GEMMs, sum (issue 10's M=1 miss)
   e2e-steps     not a kernel table: issue 10's end-to-end workload (256 x 512 in, 128 out, V2-Lite
                 dims, graphs) through ``LLM.generate``, with every step's wall time grouped by kind
                 (steps with prefill tokens, decode-only steps by batch size): where the run's time goes
@@ -168,8 +171,47 @@ def run_cases(cases: list[str], layers: int, iters: int) -> dict:
             out["moe-prefill"] = kernel_table(make_step(r, step_batch(r, 64, 512, 0, 64, True, 1)), max(2, iters // 4))
         del r
         runtime.empty_cache()
+    if "fp8-m1" in cases:
+        out.update(fp8_m1(iters))
+    if "moe-m1" in cases:
+        out.update(moe_m1(iters))
     if "e2e-steps" in cases:
         out["e2e-steps"] = e2e_steps(layers)
+    return out
+
+
+def fp8_m1(iters: int) -> dict:
+    import torch.nn.functional as F
+    from bench_fp8_linear import make_fp8
+
+    from paddle_mla.models.fp8 import fp8_linear
+
+    out = {}
+    for n, k in ((1536, 7168), (576, 7168), (7168, 2048)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        w8 = make_fp8(w)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        out[f"fp8-m1 {n}x{k}"] = kernel_table(lambda: fp8_linear(x, w8), iters * 10)
+        out[f"bf16-m1 {n}x{k}"] = kernel_table(lambda: F.linear(x, w), iters * 10)
+    return out
+
+
+def moe_m1(iters: int) -> dict:
+    from fused_moe_bench_lib import SHAPES, act_quant_fn, make_inputs, make_weights
+
+    from paddle_mla.models.fused_moe.kernels import MoEWorkspace, fused_moe
+
+    out = {}
+    for key, fp8 in (("v2lite", False), ("v3", True)):
+        shape = SHAPES[key]
+        wts = make_weights(shape, fp8)
+        ws = MoEWorkspace(64, shape.top_k, shape.E, shape.N, shape.K, torch.bfloat16, "cuda", fp8=fp8)
+        scales = dict(w_gate_scale=wts.s_gate, w_up_scale=wts.s_up, w_down_scale=wts.s_down,
+                      act_quant=act_quant_fn()[0]) if fp8 else {}
+        x, ids, w = make_inputs(shape, 1)
+        out[f"moe-m1 {shape.name} {'fp8' if fp8 else 'bf16'}"] = kernel_table(
+            lambda: fused_moe(x, wts.w_gate, wts.w_up, wts.w_down, ids, w, ws, **scales), iters * 10)
+        del wts, ws
     return out
 
 
