@@ -37,10 +37,13 @@ SG_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 # (heads, batches, contexts, variants): today's config (always first), each issue-14 variant and
 # SGLang in one process; docs/triton_decode_notes.md says what each variant is
 PRESETS = {
+    # the spill-free / low-spill h=128 configs of the offline sm_90 compile (decode_regs_offline.py)
     "issue14": [
-        ("128", "64,128", "4096,16384",
-         "dv_split=2;dv_split=4;block_h=32;dv_split=2,block_n=32,num_stages=3"),
-        ("16", "1,128", "4096", "dv_split=2;dv_split=2,block_n=64,num_warps=8"),
+        ("128", "64,128", "4096",
+         "dv_split=2;block_h=32;block_h=32,dv_split=2;dv_split=4,block_n=32,num_stages=3;"
+         "block_h=32,block_n=32,num_stages=3"),
+        ("128", "128", "16384", "dv_split=2;block_h=32;block_h=32,dv_split=2;dv_split=4,block_n=32,num_stages=3"),
+        ("16", "1,128", "4096", "dv_split=2;dv_split=4,waves=3;num_warps=8"),
     ],
 }
 
