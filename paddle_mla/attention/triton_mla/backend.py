@@ -59,9 +59,10 @@ class TritonMLABackend(MLABackend):
         self.short_max_q = crossover_tokens(dims) if short_extend_tokens < 0 else short_extend_tokens
         self.pseudo = PseudoRows(dims, max_pseudo_rows(dims, step_tokens), -(-max_model_len // block_size),
                                  device, dtype, programs=self.cfg.programs)
-        print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
-              f"partial rows x {H} heads x {L}; config {self.cfg}), pseudo-row workspace "
-              f"{self.pseudo.ws.nbytes / 2**20:.1f} MiB", file=sys.stderr, flush=True)
+        if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
+            print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
+                  f"partial rows x {H} heads x {L}; config {self.cfg}), pseudo-row workspace "
+                  f"{self.pseudo.ws.nbytes / 2**20:.1f} MiB", file=sys.stderr, flush=True)
 
     def _num_decode_rows(self, meta) -> int:
         return meta.num_reqs if meta.is_decode_only else min(meta.num_decode_reqs, self.max_num_seqs)
