@@ -57,9 +57,31 @@ def test_decode_plan_matches_reference(k, seq_lens):
         assert torch.equal(ws.cu_tiles[:bs + 1], cu)
         assert int(ws.tiles_per_prog[0]) == int(q)
         assert 1 <= int(splits.min()) and int(splits.max()) <= max_splits
+        # compact workspace: request b owns partial rows [split_start[b], split_start[b] + splits[b])
+        start = k.torch.cumsum(splits.to(k.torch.int64), 0)
+        assert torch.equal(ws.split_start[:bs + 1].to(k.torch.int64),
+                           k.torch.cat([k.torch.zeros(1, dtype=k.torch.int64, device=DEV), start]))
+        assert int(start[-1]) <= bs + programs - 1
 
 
-def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed):
+@pytest.mark.parametrize("max_bs,max_splits,programs", [(128, 32, 66), (8, 4, 64), (4, 16, 0)])
+def test_compact_workspace_rows(k, max_bs, max_splits, programs):
+    ws = k.dec.alloc_decode_workspace(max_bs, 2, 16, max_splits, DEV, programs=programs)
+    bound = max_bs * max_splits if programs == 0 else min(max_bs + programs, max_bs * max_splits)
+    assert ws.partial_out.shape == (bound, 2, 16) and ws.partial_lse.shape == (bound, 2, k.dec.MAX_DV_SPLIT)
+
+
+def test_compact_workspace_size_at_128_seqs_128_heads(k):
+    # issue 14 target: <= 128 MB at 128 sequences x 128 heads (H100: 132 SMs, 2 head groups -> 66 programs)
+    rows = k.dec.partial_rows(128, 32, 66)
+    assert rows * 128 * 512 * 4 <= 128 * 2**20
+    for dv_split, block_h in ((2, 64), (4, 64), (1, 32)):
+        cfg = k.dec.decode_config(128, programs=132 // ((128 // block_h) * dv_split), dv_split=dv_split,
+                                  block_h=block_h)
+        assert k.dec.partial_rows(128, 32, cfg.programs) * 128 * 512 * 4 <= 128 * 2**20
+
+
+def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed, **variant):
     torch = k.torch
     rng = np.random.default_rng(seed)
     bt, nb = random_block_tables(rng, seq_lens, page)
@@ -69,8 +91,8 @@ def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed):
     lens = _t(k, np.array(seq_lens, dtype=np.int32))
     tables = _t(k, bt)
     scale = lk ** -0.5
-    cfg = k.dec.decode_config(heads, programs=target)
-    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, 16, DEV)
+    cfg = k.dec.decode_config(heads, programs=target, **variant)
+    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, 16, DEV, programs=target)
     k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     out = torch.full((bs, heads, lora), float("nan"), device=DEV)
     k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, scale, cfg)
@@ -92,6 +114,35 @@ def test_mla_decode_many_splits_and_odd_dims(k):
     # 48 + 8: padded non-power-of-two dims; target 16 forces many splits per request (stage 2 merge)
     _, ws = _decode_case(k, [70, 3], heads=3, lora=48, rope=8, page=16, target=16, seed=7)
     assert int(ws.num_kv_splits[0]) > 1
+
+
+@pytest.mark.parametrize("variant", [{"dv_split": 2}, {"dv_split": 4}, {"block_h": 16, "dv_split": 2},
+                                     {"dv_split": 2, "q_in_loop": 1}])
+@pytest.mark.parametrize("seq_lens", [[3, 17, 64, 5], [70, 0, 2], [0, 0]])
+def test_mla_decode_variants_match_reference(k, variant, seq_lens):
+    """Each h=128 variant forced at small dims: value-column slices (QK over all dims, PV over a
+    slice; one LSE per slice in the compact workspace) and smaller head blocks, many splits."""
+    out, ws = _decode_case(k, seq_lens, heads=8 if "block_h" not in variant else 24, lora=64, rope=16, page=16,
+                           target=5, seed=3, **variant)
+    for b, n in enumerate(seq_lens):
+        if n == 0:
+            assert k.torch.equal(out[b], k.torch.zeros_like(out[b]))
+    if max(seq_lens) >= 64:
+        assert int(ws.num_kv_splits[:len(seq_lens)].max()) > 1  # the stage-2 merge ran
+
+
+def test_mla_decode_variants_deterministic_and_poisoned(k):
+    """Same plan and inputs -> bitwise the same output, every element written (NaN-poisoned out),
+    and the dv_split variant agrees with today's path to rounding."""
+    torch = k.torch
+    outs = {}
+    for dv in (1, 2, 4):
+        runs = [_decode_case(k, [70, 9, 33], heads=8, lora=64, rope=16, page=16, target=4, seed=5, dv_split=dv)[0]
+                for _ in range(2)]
+        assert torch.equal(runs[0], runs[1])
+        outs[dv] = runs[0]
+    torch.testing.assert_close(outs[2], outs[1], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(outs[4], outs[1], atol=TOL, rtol=TOL)
 
 
 @pytest.mark.parametrize("case", ["no_cache", "all_cached", "mixed", "zeros"])

@@ -47,9 +47,15 @@ def _poisoned_runs(k, fn, out, runs=5):
     return results[0]
 
 
-@pytest.mark.parametrize("heads", [16, 128])
+# issue 14 variants, forced at h=128 (each must match the reference, deterministically, and fill
+# every element): value-column slices and smaller head blocks
+VARIANTS_128 = [{}, {"dv_split": 2}, {"dv_split": 4}, {"block_h": 32}]
+
+
+@pytest.mark.parametrize("heads,variant", [(16, {})] + [(128, v) for v in VARIANTS_128],
+                         ids=lambda x: str(x).replace(" ", ""))
 @pytest.mark.parametrize("seq_lens", SEQ_CASES)
-def test_decode_bf16(k, heads, seq_lens):
+def test_decode_bf16(k, heads, variant, seq_lens):
     torch = k.torch
     rng = np.random.default_rng(sum(seq_lens) + heads)
     bt, nb = random_block_tables(rng, seq_lens, PAGE, 2)
@@ -58,8 +64,8 @@ def test_decode_bf16(k, heads, seq_lens):
     q = torch.randn(bs, heads, LORA + ROPE, device=k.dev).to(torch.bfloat16)
     lens, tables = _up(k, np.array(seq_lens, dtype=np.int32)), _up(k, bt)
     scale = 192 ** -0.5
-    cfg = k.dec.decode_config(heads)
-    ws = k.dec.alloc_decode_workspace(8, heads, LORA, 64, k.dev)
+    cfg = k.dec.decode_config(heads, **variant)
+    ws = k.dec.alloc_decode_workspace(8, heads, LORA, 64, k.dev, programs=cfg.programs)
     out = torch.empty(bs, heads, LORA, device=k.dev, dtype=torch.bfloat16)
 
     def run():
@@ -71,20 +77,21 @@ def test_decode_bf16(k, heads, seq_lens):
     _check_close(k, got, ref)
 
 
-def test_decode_cuda_graph_replay(k):
+@pytest.mark.parametrize("heads,variant", [(16, {}), (128, {"dv_split": 2})], ids=["h16", "h128-dv2"])
+def test_decode_cuda_graph_replay(k, heads, variant):
     """Plan + decode captured once, replayed with new lengths in the same buffers (no per-call allocation)."""
     torch = k.torch
     if runtime.is_paddle():
         pytest.skip("graph capture is exercised through the torch runtime here")
     rng = np.random.default_rng(5)
-    bs, heads = 4, 16
+    bs = 4
     bt, nb = random_block_tables(rng, [4096] * bs, PAGE, 2)
     cache = torch.randn(nb, PAGE, 1, LORA + ROPE, device=k.dev).to(torch.bfloat16)
     q = torch.randn(bs, heads, LORA + ROPE, device=k.dev).to(torch.bfloat16)
     tables = _up(k, bt)
     lens = _up(k, np.array([10, 10, 10, 10], dtype=np.int32))
-    cfg = k.dec.decode_config(heads)
-    ws = k.dec.alloc_decode_workspace(bs, heads, LORA, 64, k.dev)
+    cfg = k.dec.decode_config(heads, **variant)
+    ws = k.dec.alloc_decode_workspace(bs, heads, LORA, 64, k.dev, programs=cfg.programs)
     out = torch.empty(bs, heads, LORA, device=k.dev, dtype=torch.bfloat16)
 
     def step():

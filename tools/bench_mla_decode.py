@@ -8,7 +8,9 @@ split counts {1,2,4,...,64}, from ./third_party/sglang_decode (tools/fetch_sglan
 
   PYTHONPATH=. python tools/bench_mla_decode.py [--b 1,16,64,128] [--h 16,128] [--s 1024,4096,16384,32768]
       [--variants "block_n=32;block_n=64,num_stages=3"] [--json out.json]
-Writes JSON to $OUT/bench_mla_decode.json when OUT is set.
+  PYTHONPATH=. python tools/bench_mla_decode.py --preset issue14     (the issue-14 variant comparison, < 4 min)
+Writes JSON to $OUT/bench_mla_decode.json when OUT is set. Every variant gets its own row (µs, graph
+µs, TB/s, TFLOPS, registers/spills, workspace MiB, ratio to the default config and to SGLang).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 from paddle_mla import runtime
 
@@ -31,6 +34,18 @@ from paddle_mla.attention.triton_mla import decode
 LORA, ROPE, PAGE = 512, 64, 64
 D = LORA + ROPE
 SG_SPLITS = (1, 2, 4, 8, 16, 32, 64)
+# (heads, batches, contexts, variants): today's config (always first), each issue-14 variant and
+# SGLang in one process; docs/triton_decode_notes.md says what each variant is
+PRESETS = {
+    # the spill-free / low-spill h=128 configs of the offline sm_90 compile (decode_regs_offline.py)
+    "issue14": [
+        ("128", "64,128", "4096",
+         "dv_split=2;block_h=32;block_h=32,dv_split=2;dv_split=4,block_n=32,num_stages=3;"
+         "block_h=32,block_n=32,num_stages=3"),
+        ("128", "128", "16384", "dv_split=2;block_h=32;block_h=32,dv_split=2;dv_split=4,block_n=32,num_stages=3"),
+        ("16", "1,128", "4096", "dv_split=2;dv_split=4,waves=3;num_warps=8"),
+    ],
+}
 
 
 def load_sglang():
@@ -71,7 +86,7 @@ def run_ours(case, h, cfg_override):
     cache, tables, q, lens = case
     b = q.shape[0]
     cfg = decode.decode_config(h, **cfg_override)
-    ws = decode.alloc_decode_workspace(b, h, LORA, 64, "cuda")
+    ws = decode.alloc_decode_workspace(b, h, LORA, 64, "cuda", programs=cfg.programs)
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
     decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     t_plan = bench(lambda: decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles))
@@ -85,7 +100,7 @@ def run_ours(case, h, cfg_override):
     with torch.cuda.graph(graph):
         fn()
     t_graph = bench(graph.replay)
-    return t, t_plan, out.clone(), splits, cfg, regs, t_graph
+    return t, t_plan, out.clone(), splits, cfg, regs, t_graph, ws.nbytes
 
 
 def run_sglang(sg_fwd, case, h):
@@ -128,62 +143,49 @@ def parse_variants(text):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--b", default="1,16,64,128")
-    ap.add_argument("--h", default="16,128")
-    ap.add_argument("--s", default="1024,4096,16384,32768")
-    ap.add_argument("--variants", default="", help="';'-separated decode_config overrides, timed besides the default")
-    ap.add_argument("--no-sglang", action="store_true")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    ints = lambda x: [int(v) for v in x.split(",") if v]
-    variants = parse_variants(args.variants)
-    sg_fwd, sg_src = (None, "skipped") if args.no_sglang else load_sglang()
-    props = torch.cuda.get_device_properties(0)
-    copy_gbs = copy_bandwidth()
-    meta = {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
-                "torch": torch.__version__, "triton": triton.__version__, "copy_gbs": copy_gbs, "sglang": sg_src,
-                "command": " ".join(sys.argv)}
-    print(f"# {props.name}, {meta['date']}, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"# device copy bandwidth (read+write): {copy_gbs:.0f} GB/s; SGLang: {sg_src}")
-    rows = []
-    for h in ints(args.h):
-        for b in ints(args.b):
-            for s in ints(args.s):
-                if b * s * D * 2 > 12e9:
-                    continue
-                case = make_case(b, h, s)
-                uniq = b * s * D * 2 + b * h * D * 2 + b * h * LORA * 2
-                flops = b * h * s * 2 * (D + LORA)
-                res, failed = [], {}
-                for v in variants:
-                    try:
-                        res.append((*run_ours(case, h, v), v))
-                    except Exception as e:  # noqa: BLE001  (a tuning variant may not fit: report it)
-                        failed[json.dumps(v)] = repr(e)[:200]
-                if not res:
-                    print(json.dumps({"b": b, "h": h, "s": s, "failed": failed}), flush=True)
-                    continue
-                if res[0][7] != {}:  # the default config failed: nothing to report
-                    print(json.dumps({"b": b, "h": h, "s": s, "failed": failed}), flush=True)
-                    continue
-                best = min(res, key=lambda r: r[0])
-                t, t_plan, out, splits, cfg, regs, t_graph, _ = res[0]
-                row = {"b": b, "h": h, "s": s, "us": t, "gbs": uniq / (t * 1e-6) / 1e9,
-                       "tflops": flops / (t * 1e-6) / 1e12, "plan_us": t_plan, "mean_splits": splits,
-                       "cfg": cfg.__dict__, "regs_spills": regs, "graph_us": t_graph,
-                       "best_us": best[0], "best_variant": best[7],
-                       "variants": {json.dumps(r[7]): [round(r[0], 2), r[5]] for r in res}, "failed": failed}
-                if sg_fwd is not None and b * s * D >= 2**31:
-                    row["sg_note"] = "SGLang's int32 KV offsets overflow at this size (illegal address)"
-                elif sg_fwd is not None:
-                    ts, ns, osg = run_sglang(sg_fwd, case, h)
-                    row.update(sg_us=ts, sg_splits=ns, speedup=ts / t, rel_err_vs_sg=rel_err(out, osg))
-                rows.append(row)
-                del case
-                torch.cuda.empty_cache()
-                print(json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}), flush=True)
+def run_case(b, h, s, variants, sg_fwd, copy_gbs):
+    """Every variant (the default first) and SGLang on one case: (summary row, per-variant rows)."""
+    case = make_case(b, h, s)
+    uniq = b * s * D * 2 + b * h * D * 2 + b * h * LORA * 2
+    flops = b * h * s * 2 * (D + LORA)
+    res, failed = [], {}
+    for v in variants:
+        try:
+            res.append((*run_ours(case, h, v), v))
+        except Exception as e:  # noqa: BLE001  (a tuning variant may not fit: report it)
+            failed[json.dumps(v)] = repr(e)[:200]
+    if not res or res[0][8] != {}:  # the default config failed: nothing to report
+        print(json.dumps({"b": b, "h": h, "s": s, "failed": failed}), flush=True)
+        return None, []
+    best = min(res, key=lambda r: r[0])
+    t, t_plan, out, splits, cfg, regs, t_graph, ws_bytes, _ = res[0]
+    row = {"b": b, "h": h, "s": s, "us": t, "gbs": uniq / (t * 1e-6) / 1e9,
+           "tflops": flops / (t * 1e-6) / 1e12, "plan_us": t_plan, "mean_splits": splits,
+           "cfg": cfg.__dict__, "regs_spills": regs, "graph_us": t_graph, "ws_mib": ws_bytes / 2**20,
+           "best_us": best[0], "best_variant": best[8],
+           "variants": {json.dumps(r[8]): [round(r[0], 2), r[5]] for r in res}, "failed": failed}
+    osg = None
+    if sg_fwd is not None and b * s * D >= 2**31:
+        row["sg_note"] = "SGLang's int32 KV offsets overflow at this size (illegal address)"
+    elif sg_fwd is not None:
+        ts, ns, osg = run_sglang(sg_fwd, case, h)
+        row.update(sg_us=ts, sg_splits=ns, speedup=ts / t, rel_err_vs_sg=rel_err(out, osg))
+    vrows = []
+    for r in res:
+        vt = r[0]
+        vr = {"b": b, "h": h, "s": s, "variant": r[8], "us": vt, "graph_us": r[6], "tbs": uniq / (vt * 1e-6) / 1e12,
+              "pct_copy": 100 * uniq / (vt * 1e-6) / 1e9 / copy_gbs, "tflops": flops / (vt * 1e-6) / 1e12,
+              "regs_spills": r[5], "mean_splits": r[3], "ws_mib": r[7] / 2**20, "vs_default": t / vt,
+              "rel_err_vs_default": rel_err(r[2], out)}
+        if osg is not None:
+            vr.update(vs_sglang=row["sg_us"] / vt, rel_err_vs_sg=rel_err(r[2], osg))
+        vrows.append(vr)
+        print(json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in vr.items()}), flush=True)
+    print(json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}), flush=True)
+    return row, vrows
+
+
+def print_tables(rows, vrows, copy_gbs):
     print()
     print("| b | h | s | µs | graph µs | GB/s | % copy | TFLOPS | splits | SGLang µs (splits) | speedup | rel err "
           "| best variant µs |")
@@ -196,10 +198,60 @@ def main():
         print(f"| {r['b']} | {r['h']} | {r['s']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['gbs']:.0f} | "
               f"{100 * r['gbs'] / copy_gbs:.0f}% | {r['tflops']:.0f} | {r['mean_splits']:.1f} | {sg} | "
               f"{r['best_us']:.1f} {json.dumps(r['best_variant']) if r['best_variant'] else ''} |")
+    print()
+    print("Per variant ({} = today's config; vs default / vs SGLang > 1 means faster):")
+    print("| b | h | s | variant | µs | graph µs | TB/s | % copy | TFLOPS | regs, spills | splits | workspace MiB "
+          "| vs default | vs SGLang | rel err vs SGLang |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in vrows:
+        sg = (f"{r['vs_sglang']:.2f}x | {r['rel_err_vs_sg']:.1e}" if "vs_sglang" in r
+              else f"- | (vs default {r['rel_err_vs_default']:.1e})")
+        print(f"| {r['b']} | {r['h']} | {r['s']} | {json.dumps(r['variant'])} | {r['us']:.1f} | {r['graph_us']:.1f} | "
+              f"{r['tbs']:.2f} | {r['pct_copy']:.0f}% | {r['tflops']:.0f} | {r['regs_spills']} | {r['mean_splits']:.1f} "
+              f"| {r['ws_mib']:.1f} | {r['vs_default']:.2f}x | {sg} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--b", default="1,16,64,128")
+    ap.add_argument("--h", default="16,128")
+    ap.add_argument("--s", default="1024,4096,16384,32768")
+    ap.add_argument("--variants", default="", help="';'-separated decode_config overrides, timed besides the default")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                    help="named sets of (h, b, s, variants) instead of --h/--b/--s/--variants")
+    ap.add_argument("--no-sglang", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    ints = lambda x: [int(v) for v in x.split(",") if v]
+    groups = PRESETS[args.preset] if args.preset else [(args.h, args.b, args.s, args.variants)]
+    sg_fwd, sg_src = (None, "skipped") if args.no_sglang else load_sglang()
+    props = torch.cuda.get_device_properties(0)
+    copy_gbs = copy_bandwidth()
+    meta = {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__, "triton": triton.__version__, "copy_gbs": copy_gbs, "sglang": sg_src,
+            "command": " ".join(sys.argv)}
+    print(f"# {props.name}, {meta['date']}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"# device copy bandwidth (read+write): {copy_gbs:.0f} GB/s; SGLang: {sg_src}")
+    t_start = time.time()
+    rows, vrows = [], []
+    for hs, bs_, ss, vtext in groups:
+        variants = parse_variants(vtext)
+        for h in ints(hs):
+            for b in ints(bs_):
+                for s in ints(ss):
+                    if b * s * D * 2 > 12e9:
+                        continue
+                    row, vr = run_case(b, h, s, variants, sg_fwd, copy_gbs)
+                    if row is not None:
+                        rows.append(row)
+                        vrows.extend(vr)
+                    torch.cuda.empty_cache()
+                    print(f"# b={b} h={h} s={s} done at {time.time() - t_start:.0f} s", flush=True)
+    print_tables(rows, vrows, copy_gbs)
     dest = args.json or (os.path.join(os.environ["OUT"], "bench_mla_decode.json") if os.environ.get("OUT") else None)
     if dest:
         with open(dest, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            json.dump({"meta": meta, "rows": rows, "variant_rows": vrows}, f, indent=1)
 
 
 if __name__ == "__main__":

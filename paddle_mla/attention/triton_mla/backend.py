@@ -17,6 +17,8 @@ Pure decode steps run the decode part alone (and replay as CUDA graphs); the dec
 
 from __future__ import annotations
 
+import sys
+
 from paddle_mla import runtime as _runtime
 
 _runtime.require_selected(__name__)
@@ -46,7 +48,9 @@ class TritonMLABackend(MLABackend):
             raise RuntimeError(f"attention.backend 'triton_mla' cannot run here: {why}; use backend 'native'")
         H, L = dims.num_heads, dims.kv_lora_rank
         self.cfg = decode_config(H)
-        self.ws = alloc_decode_workspace(max_num_seqs, H, L, MAX_KV_SPLITS, device)
+        # compact split workspace: (max_num_seqs + programs) rows of partials, not max_num_seqs x 32;
+        # allocated before the KV-cache profile, so what it does not take goes to the cache
+        self.ws = alloc_decode_workspace(max_num_seqs, H, L, MAX_KV_SPLITS, device, programs=self.cfg.programs)
         self.q_buf = torch.zeros(max_num_seqs, H, dims.latent_dim, dtype=dtype, device=device)
         self.o_buf = torch.zeros(max_num_seqs, H, L, dtype=dtype, device=device)
         step_tokens = max_num_batched_tokens or max(max_model_len, max_num_seqs)
@@ -54,7 +58,11 @@ class TritonMLABackend(MLABackend):
         self.extend = ExtendWorkspace(dims, step_tokens, chunk, device, dtype)
         self.short_max_q = crossover_tokens(dims) if short_extend_tokens < 0 else short_extend_tokens
         self.pseudo = PseudoRows(dims, max_pseudo_rows(dims, step_tokens), -(-max_model_len // block_size),
-                                 device, dtype)
+                                 device, dtype, programs=self.cfg.programs)
+        if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
+            print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
+                  f"partial rows x {H} heads x {L}; config {self.cfg}), pseudo-row workspace "
+                  f"{self.pseudo.ws.nbytes / 2**20:.1f} MiB", file=sys.stderr, flush=True)
 
     def _num_decode_rows(self, meta) -> int:
         return meta.num_reqs if meta.is_decode_only else min(meta.num_decode_reqs, self.max_num_seqs)

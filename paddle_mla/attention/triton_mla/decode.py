@@ -25,7 +25,9 @@ import triton
 import triton.language as tl
 
 from paddle_mla.attention.triton_mla._util import dot_precision, interpreting, next_pow2, num_sms
-from paddle_mla.attention.triton_mla.decode_plan import DecodeWorkspace, alloc_decode_workspace, build_decode_plan  # noqa: F401  (re-exported)
+from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exported)
+    MAX_DV_SPLIT, DecodeWorkspace, alloc_decode_workspace, build_decode_plan, partial_rows,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -39,6 +41,10 @@ class DecodeConfig:
     programs: int        # stage-1 programs per head group (persistent grid)
     min_tiles: int = 1   # fewest tiles per split (bounds the partial-output traffic)
     q_in_loop: int = 0   # re-load q per KV tile (frees registers when BLOCK_H is large)
+    # value-column slices: dv_split programs per (head block, split), each computes QK over all
+    # 576 dims but accumulates only Lv/dv_split value columns (a [BLOCK_H, Lv/dv_split] fp32
+    # accumulator instead of [BLOCK_H, Lv]: the h=128 spill fix, docs/triton_decode_notes.md)
+    dv_split: int = 1
 
     @property
     def target_items(self) -> int:
@@ -49,7 +55,10 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
     """Host-known launch config from the head count (and SM count).
 
     ``override`` (or env PADDLE_MLA_DECODE_CFG="block_n=32,num_stages=3") sets fields for tuning;
-    ``waves`` sets programs = SMs * waves / head groups unless ``programs`` is given.
+    ``waves`` sets programs = SMs * waves / (head groups * dv_split) unless ``programs`` is given,
+    so the grid stays about SMs * waves programs whatever the variant.
+    Variants (docs/triton_decode_notes.md): ``dv_split=2|4`` splits the value columns across
+    programs; ``block_h=16|32`` splits the heads into more, smaller blocks.
     """
     if interpreting():
         cfg = {"block_h": max(16, min(next_pow2(num_heads), 64)), "block_n": 16, "num_warps": 4,
@@ -59,8 +68,10 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
         cfg = {"block_h": max(16, next_pow2(num_heads)), "block_n": 32, "num_warps": 4, "num_stages": 3,
                "min_tiles": 1, "waves": 2}
     else:
-        # near the ridge: 64 heads x 64 tokens per wgmma step, one program per SM per head group
-        cfg = {"block_h": 64, "block_n": 64, "num_warps": 8, "num_stages": 2, "min_tiles": 2, "waves": 1}
+        # near the ridge: 64 heads x 64 tokens per wgmma step, one program per SM per head group.
+        # dv_split stays 1 until the H100 comparison of the variants (docs/triton_decode_notes.md)
+        cfg = {"block_h": 64, "block_n": 64, "num_warps": 8, "num_stages": 2, "min_tiles": 2, "waves": 1,
+               "dv_split": 1}
     env = os.environ.get("PADDLE_MLA_DECODE_CFG")
     if env:
         for kv in env.split(","):
@@ -69,31 +80,38 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
     cfg.update(override)
     waves = cfg.pop("waves")
     if "programs" not in cfg:
-        groups = triton.cdiv(num_heads, cfg["block_h"])
+        groups = triton.cdiv(num_heads, cfg["block_h"]) * cfg.get("dv_split", 1)
         cfg["programs"] = 4 if interpreting() else max(num_sms(device_idx) * waves // groups, 1)
     return DecodeConfig(**cfg)
 
 
 @triton.jit
 def _decode_stage1(
-    Q, KV, BT, SEQ, NSPLIT, CU_T, TPP, O, PO, PLSE,
+    Q, KV, BT, SEQ, NSPLIT, CU_T, SPLIT0, TPP, O, PO, PLSE,
     sm_scale_log2,
     stride_qb, stride_qh, stride_kvb, stride_kvs, stride_bt,
-    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_lb, stride_lh,
+    stride_ob, stride_oh, stride_por, stride_poh, stride_lr, stride_lh,
     H, bs,
     PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
+    DV_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    hg = tl.program_id(0)
+    # axis 0 = (head group, value slice): the DV_SPLIT programs of one head group are adjacent, so
+    # they read the same KV tiles close together in time (L2 hits after the first)
+    hg = tl.program_id(0) // DV_SPLIT
+    pv = tl.program_id(0) % DV_SPLIT
     pid = tl.program_id(1)
+    BV: tl.constexpr = BLOCK_KV // DV_SPLIT
     q_tiles = tl.load(TPP)
     p_start = pid * q_tiles
     p_end = tl.minimum(p_start + q_tiles, tl.load(CU_T + bs))
     heads = hg * BLOCK_H + tl.arange(0, BLOCK_H)
     mh = heads < H
-    offs_c = tl.arange(0, BLOCK_KV)
-    mc = offs_c < LKV
+    offs_bv = tl.arange(0, BV)
+    # this program's value columns: QK uses them first, then the other slices (rotated order), so
+    # the V operand is the K tile already loaded for QK (no second load of the latent)
+    offs_v = pv * BV + offs_bv
+    mv = offs_v < LKV
     offs_r = tl.arange(0, BLOCK_R)
     mr = offs_r < LR
     offs_n = tl.arange(0, BLOCK_N)
@@ -116,25 +134,33 @@ def _decode_stage1(
         if t1 > t0:  # zero-length rows are left to stage 2
             q_base = Q + b * stride_qb + heads[:, None] * stride_qh
             if not Q_IN_LOOP:
-                q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
+                q_v = tl.load(q_base + offs_v[None, :], mask=mh[:, None] & mv[None, :], other=0.0)
                 q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
             m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_H, BLOCK_KV], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_H, BV], dtype=tl.float32)
             bt_row = BT + b * stride_bt
             for t in range(t0, t1):
                 tok = t * BLOCK_N + offs_n
                 mn = tok < seq_len
                 page = tl.load(bt_row + tok // PAGE, mask=mn, other=0).to(tl.int64)
                 row = KV + page * stride_kvb + (tok % PAGE) * stride_kvs
-                k_c = tl.load(row[:, None] + offs_c[None, :], mask=mn[:, None] & mc[None, :], other=0.0)
+                k_v = tl.load(row[:, None] + offs_v[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
                 k_r = tl.load(row[:, None] + LKV + offs_r[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
                 if Q_IN_LOOP:
                     # many heads: q re-read per tile (L1/L2 hits) stays a shared-memory MMA operand
-                    # instead of occupying registers next to the [BLOCK_H, LKV] fp32 accumulator
-                    q_c = tl.load(q_base + offs_c[None, :], mask=mh[:, None] & mc[None, :], other=0.0)
+                    # instead of occupying registers next to the [BLOCK_H, BV] fp32 accumulator
+                    q_v = tl.load(q_base + offs_v[None, :], mask=mh[:, None] & mv[None, :], other=0.0)
                     q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
-                s = tl.dot(q_c, tl.trans(k_c), input_precision=DOT_PREC)
+                s = tl.dot(q_v, tl.trans(k_v), input_precision=DOT_PREC)
+                for j in tl.static_range(1, DV_SPLIT):
+                    # the other value slices only feed QK; their q slices are re-read per tile
+                    # (L1 hits) rather than held next to the accumulator
+                    offs_o = ((pv + j) % DV_SPLIT) * BV + offs_bv
+                    mo = offs_o < LKV
+                    k_o = tl.load(row[:, None] + offs_o[None, :], mask=mn[:, None] & mo[None, :], other=0.0)
+                    q_o = tl.load(q_base + offs_o[None, :], mask=mh[:, None] & mo[None, :], other=0.0)
+                    s = tl.dot(q_o, tl.trans(k_o), s, input_precision=DOT_PREC)
                 s = tl.dot(q_r, tl.trans(k_r), s, input_precision=DOT_PREC)
                 s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -142,50 +168,57 @@ def _decode_stage1(
                 p = tl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
                 # accumulate in place: one acc tile live
-                acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None], input_precision=DOT_PREC)
+                acc = tl.dot(p.to(k_v.dtype), k_v, acc * alpha[:, None], input_precision=DOT_PREC)
                 m_i = m_new
 
             safe_l = tl.where(l_i > 0, l_i, 1.0)
             out = acc / safe_l[:, None]
             if n_split == 1:
-                o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + offs_c[None, :]
-                tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mh[:, None] & mc[None, :])
+                o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + offs_v[None, :]
+                tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mh[:, None] & mv[None, :])
             else:
-                po_ptr = PO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_c[None, :]
-                tl.store(po_ptr, out, mask=mh[:, None] & mc[None, :])
-                tl.store(PLSE + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(safe_l), mask=mh)
+                # compact workspace: request b's splits own rows SPLIT0[b] .. SPLIT0[b] + n_split - 1;
+                # each value slice keeps its own LSE (its QK summed in its own order), so the merge
+                # of every column uses the statistics its partial was normalised with
+                r = tl.load(SPLIT0 + b).to(tl.int64) + split
+                po_ptr = PO + r * stride_por + heads[:, None] * stride_poh + offs_v[None, :]
+                tl.store(po_ptr, out, mask=mh[:, None] & mv[None, :])
+                tl.store(PLSE + r * stride_lr + heads * stride_lh + pv, m_i + tl.log2(safe_l), mask=mh)
 
 
 @triton.jit
 def _decode_stage2(
-    PO, PLSE, NSPLIT, SEQ, O,
-    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
-    LV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SC: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    PO, PLSE, NSPLIT, SPLIT0, SEQ, O,
+    stride_por, stride_poh, stride_lr, stride_lh, stride_ob, stride_oh,
+    LV: tl.constexpr, BV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    offs_d = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    d0 = tl.program_id(2) * BLOCK_DV
+    pv = d0 // BV  # the value slice (stage-1 program) these columns came from; BLOCK_DV <= BV
+    offs_d = d0 + tl.arange(0, BLOCK_DV)
     md = offs_d < LV
     n_split = tl.load(NSPLIT + b)
     if tl.load(SEQ + b) == 0:
         tl.store(O + b * stride_ob + h * stride_oh + offs_d, tl.zeros([BLOCK_DV], dtype=O.dtype.element_ty), mask=md)
     elif n_split > 1:
+        r0 = tl.load(SPLIT0 + b).to(tl.int64)
+        lse_base = PLSE + r0 * stride_lr + h * stride_lh + pv
         offs_s = tl.arange(0, BLOCK_S)
-        lse_all = tl.load(PLSE + b * stride_lb + h * stride_lh + offs_s, mask=offs_s < n_split,
-                          other=float("-inf"))
+        lse_all = tl.load(lse_base + offs_s * stride_lr, mask=offs_s < n_split, other=float("-inf"))
         m = tl.max(lse_all, 0)
         denom = tl.sum(tl.exp2(lse_all - m), 0)
         acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-        base = PO + b * stride_pob + h * stride_poh
+        base = PO + r0 * stride_por + h * stride_poh
         # Weights are known up front, so the chunk loads below are independent (pipelined).
         for c in range(0, MAX_SPLITS, BLOCK_SC):
             if c < n_split:
                 sc = c + tl.arange(0, BLOCK_SC)
                 ms = sc < n_split
-                lse_c = tl.load(PLSE + b * stride_lb + h * stride_lh + sc, mask=ms, other=float("-inf"))
+                lse_c = tl.load(lse_base + sc * stride_lr, mask=ms, other=float("-inf"))
                 w_c = tl.exp2(lse_c - m) / denom
-                part = tl.load(base + sc[:, None] * stride_pos + offs_d[None, :], mask=ms[:, None] & md[None, :],
+                part = tl.load(base + sc[:, None] * stride_por + offs_d[None, :], mask=ms[:, None] & md[None, :],
                                other=0.0)
                 acc += tl.sum(part * w_c[:, None], 0)
         tl.store(O + b * stride_ob + h * stride_oh + offs_d, acc.to(O.dtype.element_ty), mask=md)
@@ -205,25 +238,30 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
     Lv = kv_lora_rank
     assert Lk > Lv and kv_cache.shape[-1] == Lk and out.shape[-1] == Lv and H <= ws.num_heads and bs <= ws.max_bs
     assert q.stride(2) == 1 and kv_cache.stride(3) == 1 and out.stride(2) == 1
+    assert cfg.dv_split in (1, 2, 4) and cfg.dv_split <= MAX_DV_SPLIT
+    assert ws.programs == 0 or cfg.programs <= ws.programs, "the workspace was sized for fewer programs"
     po, lse = ws.partial_out, ws.partial_lse
     groups = triton.cdiv(H, cfg.block_h)
-    handle = _decode_stage1[(groups, cfg.programs)](
-        q, kv_cache, block_tables, seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.tiles_per_prog,
+    block_kv = max(16, next_pow2(Lv))
+    bv = block_kv // cfg.dv_split
+    assert bv >= 16, "value slices narrower than 16 columns do not make a tl.dot operand"
+    handle = _decode_stage1[(groups * cfg.dv_split, cfg.programs)](
+        q, kv_cache, block_tables, seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.split_start, ws.tiles_per_prog,
         out, po, lse,
         sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1), po.stride(0), po.stride(1), lse.stride(0), lse.stride(1),
         H, bs,
         PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv, BLOCK_B=ws.block_b,
-        BLOCK_KV=max(16, next_pow2(Lv)), BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-        Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(kv_cache.dtype),
+        BLOCK_KV=block_kv, BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        DV_SPLIT=cfg.dv_split, Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(kv_cache.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    block_dv = min(128, next_pow2(Lv))
+    block_dv = min(128, bv)  # one stage-2 program never spans two value slices (their LSEs differ)
     _decode_stage2[(bs, H, triton.cdiv(Lv, block_dv))](
-        po, lse, ws.num_kv_splits, seq_lens_k, out,
-        po.stride(0), po.stride(1), po.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-        LV=Lv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits), BLOCK_SC=min(16, next_pow2(ws.max_kv_splits)),
-        BLOCK_DV=block_dv, num_warps=4,
+        po, lse, ws.num_kv_splits, ws.split_start, seq_lens_k, out,
+        po.stride(0), po.stride(1), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+        LV=Lv, BV=bv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits),
+        BLOCK_SC=min(16, next_pow2(ws.max_kv_splits)), BLOCK_DV=block_dv, num_warps=4,
     )
     return handle

@@ -9,7 +9,14 @@ non-empty and there are at most max_kv_splits of them. Written per step:
 
   num_kv_splits[b]   programs touching request b (1 for a zero-length row, which yields zeros)
   cu_tiles[b]        exclusive prefix sum of the requests' tile counts; cu_tiles[bs] = T
+  split_start[b]     exclusive prefix sum of num_kv_splits: request b's splits own the partial rows
+                     [split_start[b], split_start[b] + num_kv_splits[b]) of the compact workspace
   tiles_per_prog[0]  Q
+
+Compact partials: the programs that touch request b form a contiguous range [first_b, last_b],
+and consecutive requests' ranges share at most one program, so sum_b (last_b - first_b) <= P - 1
+and the total split count is at most bs + P - 1 (zero-length rows count one each). The partial
+workspace therefore has min(max_bs + P, max_bs * max_kv_splits) rows, not max_bs * max_kv_splits.
 """
 
 from __future__ import annotations
@@ -36,35 +43,55 @@ class DecodeWorkspace:
     num_heads: int
     v_dim: int
     max_kv_splits: int
+    programs: int        # most stage-1 programs per head group a plan may use (0: unbounded)
     num_kv_splits: Any   # int32 [max_bs]
     cu_tiles: Any        # int32 [max_bs + 1]
+    split_start: Any     # int32 [max_bs + 1]
     tiles_per_prog: Any  # int32 [1]
-    partial_out: Any     # fp32 [max_bs, H, max_kv_splits, v_dim]
-    partial_lse: Any     # fp32 [max_bs, H, max_kv_splits] (log2 domain)
+    partial_out: Any     # fp32 [rows, H, v_dim]; rows = partial_rows(...)
+    partial_lse: Any     # fp32 [rows, H, MAX_DV_SPLIT] (log2 domain; one LSE per value-column slice)
 
     @property
     def block_b(self) -> int:
         return next_pow2(max(self.max_bs + 1, 16))
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.num_kv_splits, self.cu_tiles, self.split_start,
+                                                           self.tiles_per_prog, self.partial_out, self.partial_lse))
+
+
+MAX_DV_SPLIT = 4  # value-column slices per (request, head block, split); see decode.DecodeConfig.dv_split
+
+
+def partial_rows(max_bs: int, max_kv_splits: int, programs: int = 0) -> int:
+    """Rows of the compact partial workspace: total splits <= bs + P - 1 (module doc), and <= bs * max_splits."""
+    bound = max_bs * max_kv_splits
+    return min(bound, max_bs + programs) if programs > 0 else bound
+
 
 def alloc_decode_workspace(max_bs: int, num_heads: int, v_dim: int, max_kv_splits: int,
-                           device: str) -> DecodeWorkspace:
+                           device: str, programs: int = 0) -> DecodeWorkspace:
+    """``programs``: the decode config's ``programs`` (stage-1 programs per head group); plans built
+    into this workspace must use at most that many. 0 sizes for any program count."""
     if max_kv_splits < 2:
         raise ValueError("max_kv_splits must be >= 2 (a request may straddle two programs)")
     i32, f32 = torch.int32, torch.float32
+    rows = partial_rows(max_bs, max_kv_splits, programs)
     return DecodeWorkspace(
-        max_bs=max_bs, num_heads=num_heads, v_dim=v_dim, max_kv_splits=max_kv_splits,
+        max_bs=max_bs, num_heads=num_heads, v_dim=v_dim, max_kv_splits=max_kv_splits, programs=programs,
         num_kv_splits=torch.ones(max_bs, dtype=i32, device=device),
         cu_tiles=torch.zeros(max_bs + 1, dtype=i32, device=device),
+        split_start=torch.zeros(max_bs + 1, dtype=i32, device=device),
         tiles_per_prog=torch.ones(1, dtype=i32, device=device),
-        partial_out=torch.empty((max_bs, num_heads, max_kv_splits, v_dim), dtype=f32, device=device),
-        partial_lse=torch.empty((max_bs, num_heads, max_kv_splits), dtype=f32, device=device),
+        partial_out=torch.empty((rows, num_heads, v_dim), dtype=f32, device=device),
+        partial_lse=torch.empty((rows, num_heads, MAX_DV_SPLIT), dtype=f32, device=device),
     )
 
 
 @triton.jit
 def _plan_kernel(
-    seq_lens, num_splits_out, cu_tiles_out, tiles_per_prog_out,
+    seq_lens, num_splits_out, cu_tiles_out, split_start_out, tiles_per_prog_out,
     bs, programs,
     MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
@@ -84,6 +111,9 @@ def _plan_kernel(
     tl.store(num_splits_out + offs, splits, mask=valid)
     tl.store(cu_tiles_out + offs, start, mask=valid)
     tl.store(cu_tiles_out + bs, total)
+    splits = tl.where(valid, splits, 0)
+    tl.store(split_start_out + offs, tl.cumsum(splits, axis=0) - splits, mask=valid)
+    tl.store(split_start_out + bs, tl.sum(splits, axis=0))
     tl.store(tiles_per_prog_out, q)
 
 
@@ -95,8 +125,9 @@ def build_decode_plan(seq_lens_k, bs: int, ws: DecodeWorkspace, block_n: int, ta
     ``decode.decode_config``; the decode call must use the same config.
     """
     assert 0 <= bs <= ws.max_bs
+    assert ws.programs == 0 or target_items <= ws.programs, "the workspace was sized for fewer programs"
     _plan_kernel[(1,)](
-        seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.tiles_per_prog,
+        seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.split_start, ws.tiles_per_prog,
         bs, max(int(target_items), 1),
         MAX_SPLITS=ws.max_kv_splits, BLOCK_N=block_n, MIN_TILES=min_tiles, BLOCK_B=ws.block_b,
     )

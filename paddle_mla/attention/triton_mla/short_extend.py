@@ -99,13 +99,13 @@ def _gather_rows_kernel(BATCH_ID, POS, BT, BT_OUT, SEQ_OUT, lead_tok, n_lead, ta
 class PseudoRows:
     """Buffers for the pseudo decode rows, sized at start-up (``max_rows`` rows)."""
 
-    def __init__(self, dims, max_rows: int, max_blocks: int, device: str, dtype):
+    def __init__(self, dims, max_rows: int, max_blocks: int, device: str, dtype, programs: int = 0):
         from paddle_mla.attention.triton_mla.decode import alloc_decode_workspace
 
         H, L = dims.num_heads, dims.kv_lora_rank
         self.max_rows = max_rows
         rows = max(max_rows, 1)
-        self.ws = alloc_decode_workspace(rows, H, L, PSEUDO_MAX_KV_SPLITS, device)
+        self.ws = alloc_decode_workspace(rows, H, L, PSEUDO_MAX_KV_SPLITS, device, programs=programs)
         self.tables = torch.zeros(rows, max(max_blocks, 1), dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(rows, dtype=torch.int32, device=device)
         self.q = torch.zeros(rows, H, dims.latent_dim, dtype=dtype, device=device)
