@@ -3,7 +3,11 @@
 - fp32: identical greedy tokens with chunked prefill, prefix caching and CUDA graphs each on and
   off. Triton's fp32 dots default to TF32; exact fp32 is asked for with TRITON_F32_DEFAULT=ieee
   (set below, before any kernel of this process compiles under pytest's collection order).
-- bf16: prefill and decode logits of the two backends agree to bf16 precision.
+- bf16: prefill and decode logits of the two backends agree to bf16 precision, on a dense variant
+  of the tiny model. With the MoE layers a top-k routing decision may flip on a bf16 rounding
+  difference of the attention (H100, 2026-11-22: every attention row of both backends was within
+  0.4% of float64, yet one prompt token's layer-2 latent differed by 37% after a layer-1 MoE, and the
+  decode logits by 13%); that amplification belongs to the model, not to the backend under test.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ pytestmark = pytest.mark.gpu
 BLOCK = 16
 
 
-def make_llm(backend: str, dtype: str, chunked=False, prefix=False, graph=False, max_num_seqs=8) -> LLM:
+def make_llm(backend: str, dtype: str, chunked=False, prefix=False, graph=False, max_num_seqs=8,
+             model: str = "tiny") -> LLM:
     return LLM(config_from_dict({
-        "device": "gpu", "dtype": dtype, "cuda_graph": graph, "attention": {"backend": backend},
+        "model": model, "device": "gpu", "dtype": dtype, "cuda_graph": graph, "attention": {"backend": backend},
         "cache": {"block_size": BLOCK, "num_blocks": 128, "enable_prefix_caching": prefix},
         "scheduler": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": 13 if chunked else 1024,
                       "enable_chunked_prefill": chunked}}))
@@ -57,8 +62,25 @@ def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def test_triton_mla_bf16_logits_close_to_native():
-    runners = [make_llm(b, "bfloat16").runner for b in ("native", "triton_mla")]
+@pytest.fixture(scope="module")
+def dense_tiny(tmp_path_factory):
+    """The tiny model's dims with every layer dense (no routed experts)."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from paddle_mla.models.tiny import tiny_config, tiny_weights
+
+    out = tmp_path_factory.mktemp("dense_tiny")
+    cfg = tiny_config("deepseek_v3", 512, 0, 1)
+    cfg["first_k_dense_replace"] = cfg["num_hidden_layers"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    save_file(tiny_weights(cfg, 0), str(out / "model.safetensors"))
+    return str(out)
+
+
+def test_triton_mla_bf16_logits_close_to_native(dense_tiny):
+    runners = [make_llm(b, "bfloat16", model=dense_tiny).runner for b in ("native", "triton_mla")]
     rng = np.random.default_rng(0)
     lens = np.array([5, 40, 17], np.int32)
     tables = np.arange(3 * 4, dtype=np.int32).reshape(3, 4)
