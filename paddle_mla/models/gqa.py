@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from paddle_mla.attention.backend import LayerRope
 from paddle_mla.models.arch import ModelArch
-from paddle_mla.models.deepseek import CausalLM, DenseMLP, Rope, rms_norm
+from paddle_mla.models.deepseek import CausalLM, DenseMLP, Rope
+from paddle_mla.models.fused_ops import add_rms_norm, rms_norm
 from paddle_mla.models.fp8 import linear
 from paddle_mla.models.moe import MoE, MoEExec
 
@@ -77,9 +78,16 @@ class GQADecoderLayer:
         else:
             self.mlp = DenseMLP(w, p + "mlp.")
 
-    def forward(self, h, backend, kv, meta, layer_rope):
-        h = h + self.attn.forward(rms_norm(h, self.in_norm, self.eps), backend, kv[0], kv[1], meta, layer_rope)
-        return h + self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
+    def forward(self, delta, residual, backend, kv, meta, layer_rope):
+        """(MLP output, residual stream before it): the residual adds fuse into the next norm, as in
+        ``deepseek.DecoderLayer``."""
+        if residual is None:
+            residual, x = delta, rms_norm(delta, self.in_norm, self.eps)
+        else:
+            residual, x = add_rms_norm(residual, delta, self.in_norm, self.eps)
+        a = self.attn.forward(x, backend, kv[0], kv[1], meta, layer_rope)
+        residual, x = add_rms_norm(residual, a, self.post_norm, self.eps)
+        return self.mlp.forward(x), residual
 
 
 class GQACausalLM:
@@ -107,10 +115,12 @@ class GQACausalLM:
     def forward(self, meta, kv_caches: list):
         if self.backend is None:
             raise RuntimeError("call set_backend() before forward()")
-        h = F.embedding(meta.input_ids, self.embed)
+        h, residual = F.embedding(meta.input_ids, self.embed), None
         for layer, kv in zip(self.layers, kv_caches):
-            h = layer.forward(h, self.backend, kv, meta, self.rope)
-        return rms_norm(h, self.norm, self.arch.rms_norm_eps)
+            h, residual = layer.forward(h, residual, self.backend, kv, meta, self.rope)
+        if residual is None:
+            return rms_norm(h, self.norm, self.arch.rms_norm_eps)
+        return add_rms_norm(residual, h, self.norm, self.arch.rms_norm_eps)[1]
 
     def compute_logits(self, hidden_rows):
         return F.linear(hidden_rows, self.lm_head).to(torch.float32)
