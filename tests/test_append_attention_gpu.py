@@ -139,3 +139,32 @@ def test_decode_replays_in_a_cuda_graph():
         torch.cuda.synchronize()
         np.testing.assert_allclose(out.float().cpu().numpy(), want.float().cpu().numpy(), atol=1e-2, rtol=1e-2)
         assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+# Tensor-core decode (append_attention_decode_tc.cuh: bf16/fp16, head_dim % 16 == 0, group <= 16) over
+# every group size it serves, head_dim 64 and 128, contexts off the 64-key tile (and block) edges, 1-3
+# splits, padding rows, uniform and head-wise tables with SWA heads (NaN-poisoned -1 blocks). Prefixes
+# stay short so that the C++ op's prefill of them (the reference side) costs well under a second a case.
+TC_REQS = ((15, 1), (16, 1), (63, 1), (64, 1), (0, 0), (200, 1), (519, 1), (1, 1), (0, 1))
+TC_TABLES = [(16, False, (0, 0, 0)), (64, True, (1, 100, 4)), (16, True, (1, 40, 16))]
+TC_CASES = [(group, d, table, "bfloat16") for group in (1, 2, 4, 8, 16) for d in (64, 128) for table in TC_TABLES]
+TC_CASES += [(8, 128, TC_TABLES[1], "float16"), (16, 64, TC_TABLES[2], "float16"), (3, 80, TC_TABLES[0], "float16")]
+
+
+@pytest.mark.parametrize("group,d,table,dtype", TC_CASES,
+                         ids=["g{}d{}-bs{}{}swa{}-{}".format(c[0], c[1], c[2][0], "hw" if c[2][1] else "", c[2][2][0],
+                                                             c[3]) for c in TC_CASES])
+@pytest.mark.parametrize("tc", ["1", "0"])
+def test_tc_decode_matches_cpu_op(group, d, table, dtype, tc, monkeypatch):
+    """Both decode kernels (PADDLE_MLA_GQA_TC=0: the CUDA-core one) against the C++ op."""
+    monkeypatch.setenv("PADDLE_MLA_GQA_TC", tc)
+    bs, head_wise, swa = table
+    hkv = 2
+    c = Case(TC_REQS, group * hkv, hkv, d, d, True, bs, head_wise, swa, pad=2, seed=17)
+    data = make_data(c)
+    dt = getattr(torch, dtype)
+    got = run_case(c, op.append_attention, dt, gpu(), data)
+    assert not np.isnan(got[0]).any(), "NaN in the output: a masked or -1 slot was read"
+    assert np.all(got[0][-2:] == 0), "padding tokens must come back as zeros"
+    want = run_case(c, op.append_attention, dt, "cpu", data)
+    compare(got, want, TOL[dtype])
