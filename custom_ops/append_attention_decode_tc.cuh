@@ -156,6 +156,12 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
   plan(lo, 0);
   __syncthreads();
   issue(0);
+  // The Q operand stays in registers for the whole split (D / 16 fragments, 4 registers each).
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf[DMAX / 16];
+#pragma unroll
+  for (int kk = 0; kk < DMAX / 16; ++kk) {
+    if (kk * 16 < D) wmma::load_matrix_sync(qf[kk], qs + kk * 16, L.kp);
+  }
   int it = 0;
   for (int64_t first = lo; first < hi; first += TK, ++it) {
     const int cur = it & 1, nxt = cur ^ 1;
@@ -174,12 +180,13 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
     for (int nt = warp; nt < TK / 16; nt += kTcWarps) {  // S[:, 16 nt .. 16 nt + 15] = Q K^T
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
       wmma::fill_fragment(acc, 0.0f);
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;  // K rows are K^T's columns
-        wmma::load_matrix_sync(fa, qs + k0, L.kp);
-        wmma::load_matrix_sync(fb, kt + nt * 16 * L.kp + k0, L.kp);
-        wmma::mma_sync(acc, fa, fb, acc);
+#pragma unroll
+      for (int kk = 0; kk < DMAX / 16; ++kk) {
+        if (kk * 16 < D) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;  // K rows are K^T's columns
+          wmma::load_matrix_sync(fb, kt + nt * 16 * L.kp + kk * 16, L.kp);
+          wmma::mma_sync(acc, qf[kk], fb, acc);
+        }
       }
       wmma::store_matrix_sync(ss + nt * 16, acc, L.sp, wmma::mem_row_major);
     }

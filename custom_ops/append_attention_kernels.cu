@@ -9,6 +9,8 @@
 //    and window), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
 //    query heads at once, merge in shared memory, and write either the output (one split) or a
 //    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
+//    bf16 / fp16 caches with head_dim % 16 == 0 (<= 256) and group <= 16 take decode_tc_kernel instead
+//    (append_attention_decode_tc.cuh: the group as the WMMA M dimension; same grid, splits, merge).
 // 3. prefill_kernel for requests with >= 2 new tokens: one block per (query tile, KV head); the tile
 //    holds 32 (query, head) rows of one request, so a group's heads share every K/V tile load. The
 //    block finds its (request, tile) from cu_seqlens_q itself (grid: ceil(T / queries) + batch).
