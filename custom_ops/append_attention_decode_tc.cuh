@@ -26,8 +26,9 @@ namespace attn {
 constexpr int kTcRows = 16;  // WMMA M: the group's query heads, zero-padded
 constexpr int kTcWarps = 4;
 
-// Keys per tile: 64 for head_dim <= 128 (two 34 KB stages), 32 above (so a block stays under ~100 KB
-// of shared memory and two blocks fit on an SM).
+// Keys per tile (TK): 64 for head_dim <= 128 (two 34 KB stages, ~90 KB a block, two blocks an SM), 32
+// above (a block stays under ~100 KB). head_dim 128 also has a 32-key variant (~52 KB, four blocks an
+// SM), chosen by PADDLE_MLA_GQA_TC_TILE=32 to measure which hides memory latency better.
 template <int DMAX>
 struct TcTile {
   static constexpr int keys = DMAX <= 128 ? 64 : 32;
@@ -58,12 +59,12 @@ struct TcLayout {
   }
 };
 
-template <typename T, int DMAX>
+template <typename T, int DMAX, int TK>
 __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentionArgs a, int splits, float* ws_o,
                                                                   float* ws_lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace nvcuda;
-  constexpr int TK = TcTile<DMAX>::keys;
+  static_assert(TK == 32 || TK == 64, "the softmax step gives each lane TK / 32 keys");
   constexpr int kRowsPerWarp = kTcRows / kTcWarps;
   const int64_t b = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int32_t t0 = a.cu_seqlens_q[b];

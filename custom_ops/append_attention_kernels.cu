@@ -279,14 +279,13 @@ bool use_decode_tc(const AppendAttentionArgs& a) {
   }
 }
 
-template <typename T, int DMAX>
+template <typename T, int DMAX, int TK>
 const char* launch_decode_tc(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
-  constexpr int TK = attn::TcTile<DMAX>::keys;
   const attn::TcLayout<TK> layout(static_cast<int>(a.head_dim), static_cast<int>(sizeof(T)));
   const int splits = decode_splits(a, 1, ws_floats);
   float* ws_o = splits > 1 ? ws : nullptr;
   float* ws_lse = splits > 1 ? ws + a.batch * a.num_q_heads * splits * a.head_dim : nullptr;
-  auto kernel = attn::decode_tc_kernel<T, DMAX>;
+  auto kernel = attn::decode_tc_kernel<T, DMAX, TK>;
   if (const char* err = allow_smem(kernel, layout.total)) return err;
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads), static_cast<unsigned>(splits));
   kernel<<<grid, 32 * attn::kTcWarps, layout.total, stream>>>(a, splits, ws_o, ws_lse);
@@ -298,9 +297,13 @@ template <typename T, int VB, int DPL>
 const char* launch_decode_any(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
     if (use_decode_tc<T>(a)) {
-      if (a.head_dim <= 64) return launch_decode_tc<T, 64>(a, ws, ws_floats, stream);
-      if (a.head_dim <= 128) return launch_decode_tc<T, 128>(a, ws, ws_floats, stream);
-      return launch_decode_tc<T, 256>(a, ws, ws_floats, stream);
+      if (a.head_dim <= 64) return launch_decode_tc<T, 64, attn::TcTile<64>::keys>(a, ws, ws_floats, stream);
+      if (a.head_dim <= 128) {
+        const char* tile = std::getenv("PADDLE_MLA_GQA_TC_TILE");
+        if (tile != nullptr && std::strcmp(tile, "32") == 0) return launch_decode_tc<T, 128, 32>(a, ws, ws_floats, stream);
+        return launch_decode_tc<T, 128, attn::TcTile<128>::keys>(a, ws, ws_floats, stream);
+      }
+      return launch_decode_tc<T, 256, attn::TcTile<256>::keys>(a, ws, ws_floats, stream);
     }
   }
   const int64_t group = a.num_q_heads / a.num_kv_heads;
