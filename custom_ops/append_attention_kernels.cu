@@ -9,14 +9,19 @@
 //    and window), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
 //    query heads at once, merge in shared memory, and write either the output (one split) or a
 //    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
+//    bf16 / fp16 caches with head_dim % 16 == 0 (<= 256) and group <= 16 take decode_tc_kernel instead
+//    (append_attention_decode_tc.cuh: the group as the WMMA M dimension; same grid, splits, merge).
 // 3. prefill_kernel for requests with >= 2 new tokens: one block per (query tile, KV head); the tile
 //    holds 32 (query, head) rows of one request, so a group's heads share every K/V tile load. The
 //    block finds its (request, tile) from cu_seqlens_q itself (grid: ceil(T / queries) + batch).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "append_attention_cuda.h"
+#include "append_attention_decode_tc.cuh"
 #include "append_attention_device.cuh"
 #include "append_attention_prefill.cuh"
 
@@ -209,6 +214,27 @@ int tile_row_bytes(int64_t head_dim) {
   return bytes + ((bytes / 4) % 2 == 0 ? 4 : 0);
 }
 
+// Decode splits from shapes only: enough blocks for the GPU, at least ~256 keys of a full row per
+// split, and no more than the workspace holds. Shared by both decode kernels.
+int decode_splits(const AppendAttentionArgs& a, int hchunks, int64_t ws_floats) {
+  const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * hchunks);
+  int64_t splits = (4 * sm_count() + blocks - 1) / blocks;
+  splits = std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256);
+  const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
+  splits = std::min<int64_t>(splits, per_split_floats > 0 ? ws_floats / per_split_floats : 0);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits)));
+}
+
+// Combines the splits' partials (nothing to do for one split: the kernel wrote the output).
+template <typename T>
+const char* launch_merge(const AppendAttentionArgs& a, int splits, const float* ws_o, const float* ws_lse,
+                         cudaStream_t stream) {
+  if (splits == 1) return nullptr;
+  merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)), 128, 0, stream>>>(
+      a, splits, ws_o, ws_lse);
+  return launched();
+}
+
 template <typename T, int VB, int R, int DPL>
 const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
   DecodeGeometry geo{};
@@ -222,14 +248,7 @@ const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_fl
   // The warps' (m, l, o) exchange reuses the stages; only tiny head dims need more than they hold.
   const size_t merge = static_cast<size_t>(geo.nwarps) * R * (32 * DPL + 2) * sizeof(float);
   geo.smem = base + std::max(geo.nwarps * per_warp, merge);
-  // Splits from shapes only: enough blocks for the GPU, at least ~256 keys of a full row per split,
-  // and no more than the workspace holds.
-  const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * geo.hchunks);
-  int64_t splits = (4 * sm_count() + blocks - 1) / blocks;
-  splits = std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256);
-  const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
-  splits = std::min<int64_t>(splits, per_split_floats > 0 ? ws_floats / per_split_floats : 0);
-  geo.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits)));
+  geo.splits = decode_splits(a, geo.hchunks, ws_floats);
   float* ws_o = geo.splits > 1 ? ws : nullptr;
   float* ws_lse = geo.splits > 1 ? ws + a.batch * a.num_q_heads * geo.splits * a.head_dim : nullptr;
   auto kernel = decode_kernel<T, VB, R, DPL>;
@@ -238,10 +257,58 @@ const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_fl
                   static_cast<unsigned>(geo.splits));
   kernel<<<grid, 32 * geo.nwarps, geo.smem, stream>>>(a, geo, ws_o, ws_lse);
   if (const char* err = launched()) return err;
-  if (geo.splits == 1) return nullptr;
-  merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)), 128, 0, stream>>>(
-      a, geo.splits, ws_o, ws_lse);
-  return launched();
+  return launch_merge<T>(a, geo.splits, ws_o, ws_lse, stream);
+}
+
+// The tensor-core decode (append_attention_decode_tc.cuh): bf16 / fp16, head_dim % 16 == 0 and <= 256,
+// group <= 16 (one block covers the whole group), sm_80+; PADDLE_MLA_GQA_TC=0 turns it off.
+template <typename T>
+bool use_decode_tc(const AppendAttentionArgs& a) {
+  if constexpr (sizeof(T) != 2) {
+    return false;
+  } else {
+    const int64_t group = a.num_q_heads / a.num_kv_heads;
+    if (a.head_dim % 16 != 0 || a.head_dim > 256 || group > attn::kTcRows) return false;
+    const char* env = std::getenv("PADDLE_MLA_GQA_TC");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    return major >= 8;
+  }
+}
+
+template <typename T, int DMAX, int TK>
+const char* launch_decode_tc(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
+  const attn::TcLayout<TK> layout(static_cast<int>(a.head_dim), static_cast<int>(sizeof(T)));
+  const int splits = decode_splits(a, 1, ws_floats);
+  float* ws_o = splits > 1 ? ws : nullptr;
+  float* ws_lse = splits > 1 ? ws + a.batch * a.num_q_heads * splits * a.head_dim : nullptr;
+  auto kernel = attn::decode_tc_kernel<T, DMAX, TK>;
+  if (const char* err = allow_smem(kernel, layout.total)) return err;
+  const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads), static_cast<unsigned>(splits));
+  kernel<<<grid, 32 * attn::kTcWarps, layout.total, stream>>>(a, splits, ws_o, ws_lse);
+  if (const char* err = launched()) return err;
+  return launch_merge<T>(a, splits, ws_o, ws_lse, stream);
+}
+
+template <typename T, int VB, int DPL>
+const char* launch_decode_any(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
+  if constexpr (sizeof(T) == 2) {
+    if (use_decode_tc<T>(a)) {
+      if (a.head_dim <= 64) return launch_decode_tc<T, 64, attn::TcTile<64>::keys>(a, ws, ws_floats, stream);
+      if (a.head_dim <= 128) {
+        const char* tile = std::getenv("PADDLE_MLA_GQA_TC_TILE");
+        if (tile != nullptr && std::strcmp(tile, "32") == 0) return launch_decode_tc<T, 128, 32>(a, ws, ws_floats, stream);
+        return launch_decode_tc<T, 128, attn::TcTile<128>::keys>(a, ws, ws_floats, stream);
+      }
+      return launch_decode_tc<T, 256, attn::TcTile<256>::keys>(a, ws, ws_floats, stream);
+    }
+  }
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  return group <= 4 ? launch_decode<T, VB, 4, DPL>(a, ws, ws_floats, stream)
+                    : launch_decode<T, VB, 8, DPL>(a, ws, ws_floats, stream);
 }
 
 template <typename T, int VB, int DPL>
@@ -268,9 +335,7 @@ const char* launch_all(const AppendAttentionArgs& a, float* ws, int64_t ws_float
   rope_write_kernel<T><<<static_cast<unsigned>(a.num_tokens), 128, 0, stream>>>(a);
   if (const char* err = launched()) return err;
   if (a.batch == 0) return nullptr;
-  const int64_t group = a.num_q_heads / a.num_kv_heads;
-  const char* err = group <= 4 ? launch_decode<T, VB, 4, DPL>(a, ws, ws_floats, stream)
-                               : launch_decode<T, VB, 8, DPL>(a, ws, ws_floats, stream);
+  const char* err = launch_decode_any<T, VB, DPL>(a, ws, ws_floats, stream);
   if (err != nullptr || decode_only) return err;
   return launch_prefill<T, VB, DPL>(a, stream);
 }

@@ -2,7 +2,7 @@
 
 Decode (one new token per request, the op's split-KV path with ``decode_only``): achieved bandwidth
 (unique bytes: K + V of the context, q, the new k/v, out) against the measured device copy
-bandwidth, and time against SGLang's Triton GQA decode kernel ``decode_attention_fwd`` (grouped) on
+bandwidth (the tensor-core decode kernel; its 32-key tile and the CUDA-core kernel in the last columns), and time against SGLang's Triton GQA decode kernel ``decode_attention_fwd`` (grouped) on
 the same values in its token-major layout, at its best over split counts. SGLang's file comes only
 from the git-ignored ./third_party/sglang_decode (tools/fetch_sglang_kernel.sh). Our time includes
 the op's RoPE and cache write of the step's token; SGLang's does not.
@@ -78,6 +78,19 @@ def decode_case(b, s, group, sg_fwd):
     t_graph = bench(graph.replay)
     nbytes = 2 * b * s * HKV * D * 2 + 2 * b * hq * D * 2 + 2 * b * HKV * D * 2
     row = {"b": b, "s": s, "group": group, "us": t, "graph_us": t_graph, "gbs": nbytes / (t_graph * 1e-6) / 1e9}
+    # The other decode kernels on the same data (the op reads these variables per call): the tensor-core
+    # kernel's 32-key tile, and the CUDA-core kernel.
+    for key, env in (("tc32_graph_us", "PADDLE_MLA_GQA_TC_TILE=32"), ("cudacore_graph_us", "PADDLE_MLA_GQA_TC=0")):
+        name, value = env.split("=")
+        os.environ[name] = value
+        try:
+            fn()
+            variant = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(variant):
+                fn()
+            row[key] = bench(variant.replay)
+        finally:
+            del os.environ[name]
     if sg_fwd is None:
         return row
     # SGLang on the same values: token-major buffers [slots, Hkv, D], one slot per token, roped q as ours sees it
@@ -163,8 +176,9 @@ def main():
     print(f"# {props.name}, {meta['date']}, torch {torch.__version__}; copy bandwidth {copy_gbs:.0f} GB/s; "
           f"SGLang: {sg_src}")
     print("\n## decode (bf16, 8 KV heads, head_dim 128, 64-token pages)\n")
-    print("| b | s | group | µs | graph µs | GB/s | % copy | SGLang µs (splits) | speedup | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| b | s | group | µs | graph µs | GB/s | % copy | SGLang µs (splits) | speedup | rel err "
+          "| graph µs: TC 32-key tile | CUDA-core |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     decode_rows = []
     for b in ints(args.b):
         for s in ints(args.s):
@@ -174,7 +188,8 @@ def main():
                 sg = f"{r['sglang_us']:.0f} ({r['sglang_splits']}) | {r['speedup']:.2f}x | {r['rel_err']:.1e}" \
                     if "sglang_us" in r else "- | - | -"
                 print(f"| {b} | {s} | {group} | {r['us']:.0f} | {r['graph_us']:.0f} | {r['gbs']:.0f} | "
-                      f"{100 * r['gbs'] / copy_gbs:.0f}% | {sg} |", flush=True)
+                      f"{100 * r['gbs'] / copy_gbs:.0f}% | {sg} | {r['tc32_graph_us']:.0f} | "
+                      f"{r['cudacore_graph_us']:.0f} |", flush=True)
     print("\n## prefill (bf16, causal, one request)\n")
     print("| s | group | µs | TFLOPS | SDPA flash µs | SDPA TFLOPS | ours / SDPA speed | rel err |")
     print("|---|---|---|---|---|---|---|---|")
