@@ -7,7 +7,9 @@
 //       (table[b, (g,) p / block_size], p % block_size); a block id of -1 is never dereferenced;
 //   (3) token t of request b at position p, query head h, KV head g = h / group, attends causally over
 //       key positions j <= p of request b read from the cache; an SWA head (g >= Hkv - num_swa_heads)
-//       sees j only if j < sink or j > p - window;
+//       sees j only if j < sink or j > p - window. How: swa_mask false (default) walks only the sinks and
+//       the window (work O(sink + window)); swa_mask true walks every j <= p and masks the rest (the
+//       seed's "uniform tables, walk the whole row and mask" baseline). Same outputs either way;
 //   (4) out[t, h, :] in the dtype of q.
 // A token is processed only when it lies in its request's rows of cu_seqlens_q and 0 <= p <
 // seq_lens_k[b]; padding tokens (past cu_seqlens_q[B], or CUDA-graph rows with seq_lens_k 0)
@@ -46,6 +48,7 @@ struct AppendAttentionArgs {
   float softmax_scale;
   bool neox;
   int64_t num_swa_heads, window, sink;
+  bool swa_mask;  // SWA heads walk [0, p] and mask instead of skipping (benchmark baseline)
   AttnDtype dtype;
 };
 
@@ -88,13 +91,18 @@ struct KeyRanges {
 };
 
 PMLA_HD inline KeyRanges key_ranges(const AppendAttentionArgs& a, int64_t g, int64_t p) {
-  if (!is_swa_head(a, g)) return {0, p + 1, 0, 0};
+  if (!is_swa_head(a, g) || a.swa_mask) return {0, p + 1, 0, 0};  // swa_mask: the caller masks (key_visible)
   const int64_t sink_hi = a.sink < p + 1 ? a.sink : p + 1;
   const int64_t sinks = sink_hi > 0 ? sink_hi : 0;
   int64_t win_lo = p - a.window + 1;
   if (win_lo < sinks) win_lo = sinks;  // keys already counted as sinks are not counted twice
   const int64_t win_hi = p + 1 > win_lo ? p + 1 : win_lo;
   return {0, sinks, win_lo, win_hi};
+}
+
+// The contract's rule (3): whether a query at position p of KV head g sees key position j.
+PMLA_HD inline bool key_visible(const AppendAttentionArgs& a, int64_t g, int64_t p, int64_t j) {
+  return j <= p && (!is_swa_head(a, g) || j < a.sink || j > p - a.window);
 }
 
 // RoPE of the pair (x1, x2) at frequency i of position p: (x1 c - x2 s, x2 c + x1 s).
