@@ -94,10 +94,10 @@ def _expected(model, n_swa: int, window: int):
 
 
 def _engine(path, backend: str, ratio: float, window: int, recycle: bool, tight: bool, device: str = "cpu",
-            cuda_graph: bool = False) -> LLM:
+            cuda_graph: bool = False, swa_mode: str = "skip") -> LLM:
     attention = {"backend": backend, "head_wise_swa_ratio": ratio}
     if ratio:
-        attention.update(sliding_window=window, sink_tokens=SINK)
+        attention.update(sliding_window=window, sink_tokens=SINK, swa_mode=swa_mode)
     cache = {"block_size": 4, "enable_prefix_caching": True, "swa_recycle": recycle}
     if tight:   # chunks of <= 8 tokens, 3 at once, 10 blocks per head: prefix hits and preemption
         cache["num_blocks"] = 10

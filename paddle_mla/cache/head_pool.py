@@ -248,7 +248,8 @@ def split_head_blocks(total_head_blocks: int, spec: HeadWiseSwa, block_size: int
 
 def make_block_pool(num_blocks: int, block_size: int, enable_prefix_caching: bool,
                     spec: HeadWiseSwa | None) -> BlockPool | HeadWisePool:
-    """The engine's pool: one BlockPool (uniform tables) without head-wise SWA, else per-head pools."""
-    if spec is None:
+    """The engine's pool: one BlockPool (uniform tables) without head-wise SWA or in its mask mode,
+    else per-head pools."""
+    if spec is None or not spec.head_wise_tables:
         return BlockPool(num_blocks, block_size, enable_prefix_caching)
     return HeadWisePool(spec, num_blocks, block_size, enable_prefix_caching)

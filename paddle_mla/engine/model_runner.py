@@ -158,7 +158,8 @@ class ModelRunner:
 
     def _table_heads(self) -> int:
         """KV heads of a head-wise block table (0: uniform [B, max_blocks] tables)."""
-        return self.head_wise_swa.num_kv_heads if self.head_wise_swa is not None else 0
+        swa = self.head_wise_swa
+        return swa.num_kv_heads if swa is not None and swa.head_wise_tables else 0
 
     def attach_pool(self, pool) -> None:
         """The engine's block pool (LLM builds it from ``limits``): head-wise SWA reads each step's
@@ -181,7 +182,7 @@ class ModelRunner:
 
     def _gather(self, out: SchedulerOutput):
         host = gather_step(self.inputs, out.scheduled)
-        if self.head_wise_swa is not None:
+        if self._table_heads():
             # Recycling and prefix hits turn an SWA row's entries into -1 anywhere in the row, so the
             # uniform rows' append-only deltas do not apply: the rows are rebuilt from the pool (host
             # work O(batch x heads x blocks), no device sync).
