@@ -155,3 +155,17 @@ def test_cuda_swa_mask_mode_matches_skip_mode(table, reqs):
     skip = run_case(c, op.append_attention, torch.float32, gpu(), data)
     compare(mask, skip, TOL["float32"])
     compare(mask, run_case(c, op.append_attention, torch.float32, "cpu", data, swa_mask=True), TOL["float32"])
+
+
+@pytest.mark.parametrize("reqs", ["mixed", "decode", "long_prefill"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_flat_cache_with_per_head_ranges(dtype, reqs):
+    """Per-head ranges of one flat [total, bs, D] cache (global ids, unequal gaps) on the GPU: the same
+    outputs and per-head cache contents as the head-major layout."""
+    c = Case(REQS[reqs], 12, 4, 80, 64, False, 16, True, (2, 40, 16), pad=3, seed=17)
+    data = make_data(c)
+    dt = getattr(torch, dtype)
+    bases = [3, 3 + data.num_blocks, 7 + 2 * data.num_blocks, 7 + 3 * data.num_blocks + 1]
+    got = run_case(c, op.append_attention, dt, gpu(), data, flat_bases=bases)
+    assert not np.isnan(got[0]).any()
+    compare(got, run_case(c, op.append_attention, dt, gpu(), data), TOL[dtype])
