@@ -76,3 +76,17 @@ def test_swa_mask_mode_matches_native_gpu(checkpoint, graph):
     got = engine_tokens(_engine(path, "append_attn", 0.5, 5, False, tight=True, device="gpu", cuda_graph=graph,
                                 swa_mode="mask"))
     assert got == engine_tokens(_engine(path, "native", 0.5, 5, False, tight=True, device="gpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [True, False], ids=["graphs", "eager"])
+def test_per_head_ranges_append_attn_matches_native_gpu(checkpoint, graph):
+    """Recycling re-splits the budget into per-head ranges of one flat cache (global ids): the CUDA op
+    (eager and replayed from CUDA graphs) gives the native reference's tokens, fp32."""
+    if not op.implementation(True) == "custom_op":
+        pytest.skip("CUDA custom op not built")
+    _, path = checkpoint
+    llm = _engine(path, "append_attn", 0.5, 5, True, tight=True, device="gpu", cuda_graph=graph, num_blocks=16)
+    assert llm.runner.swa_num_blocks == 14 and llm.runner.kv_caches[0][0].dim() == 3
+    got = engine_tokens(llm)
+    assert got == engine_tokens(_engine(path, "native", 0.5, 5, True, tight=True, device="gpu", num_blocks=16))

@@ -94,7 +94,7 @@ def _expected(model, n_swa: int, window: int):
 
 
 def _engine(path, backend: str, ratio: float, window: int, recycle: bool, tight: bool, device: str = "cpu",
-            cuda_graph: bool = False, swa_mode: str = "skip") -> LLM:
+            cuda_graph: bool = False, swa_mode: str = "skip", num_blocks: int | None = None) -> LLM:
     attention = {"backend": backend, "head_wise_swa_ratio": ratio}
     if ratio:
         attention.update(sliding_window=window, sink_tokens=SINK, swa_mode=swa_mode)
@@ -105,6 +105,8 @@ def _engine(path, backend: str, ratio: float, window: int, recycle: bool, tight:
     else:       # whole prompts prefilled together
         cache["num_blocks"] = 64
         sched = {"max_num_seqs": 8, "max_num_batched_tokens": 128, "enable_chunked_prefill": False}
+    if num_blocks is not None:
+        cache["num_blocks"] = num_blocks
     return LLM(config_from_dict({"model": str(path), "device": device, "dtype": "float32", "attention": attention,
                                  "cache": cache, "scheduler": sched, "cuda_graph": cuda_graph}))
 
@@ -150,3 +152,21 @@ def test_window_changes_tokens(checkpoint):
     model, _ = checkpoint
     assert _expected(model, 2, 5) != _expected(model, 0, 0)
     assert _expected(model, 1, 5) != _expected(model, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["native", "append_attn"])
+def test_per_head_ranges_match_hf_swa_oracle(checkpoint, backend):
+    """Recycling at ratio 0.5 re-splits the budget (16 blocks x 2 heads): the SWA head's range is
+    what 3 recycled rows and one chunk can use (14), the full head gets the rest (18), both in one
+    flat cache per layer with global ids in the tables. Tokens equal the oracle's, through chunked
+    prefill and prefix hits."""
+    if backend == "append_attn" and op.implementation() != "custom_op":
+        pytest.skip("custom ops not built")
+    model, path = checkpoint
+    llm = _engine(path, backend, 0.5, 5, True, tight=True, num_blocks=16)
+    assert (llm.runner.swa_num_blocks, llm.runner.limits.num_blocks) == (14, 18)
+    assert [p.num_blocks for p in llm.pool.pools] == [18, 14] and llm.pool.bases.tolist() == [0, 18]
+    assert tuple(llm.runner.kv_caches[0][0].shape[:2]) == (18 + 14, 4)
+    for r, tokens in enumerate(engine_tokens(llm)):
+        assert tokens == _expected(model, 1, 5)[r], f"prompt {r}"
+    assert llm.stats().cached_prompt_tokens > 0
