@@ -253,6 +253,19 @@ def split_head_blocks(total_head_blocks: int, spec: HeadWiseSwa, block_size: int
     return full, swa
 
 
+def head_ranges(spec: HeadWiseSwa, num_blocks: int, block_size: int, sched, usable_blocks: int
+                ) -> tuple[int, int | None]:
+    """(full heads' range, SWA heads' range or None when equal) for a budget of ``num_blocks`` blocks
+    per KV head (``cache.num_blocks``, or what the memory profile fits): split_head_blocks, the full
+    heads capped at ``usable_blocks`` (kv_cache.usable_num_blocks: more are never used). Unequal
+    ranges go into one flat cache of flat_cache_blocks(...) <= num_kv_heads x num_blocks blocks."""
+    full, swa = split_head_blocks(spec.num_kv_heads * num_blocks, spec, block_size, sched.max_num_seqs,
+                                  sched.max_num_batched_tokens)
+    if swa == full:
+        return num_blocks, None
+    return min(full, usable_blocks), swa
+
+
 def head_bases(spec: HeadWiseSwa, full_num_blocks: int, swa_num_blocks: int) -> np.ndarray:
     """First global block id of each KV head's range in one flat cache: the full heads' ranges of
     ``full_num_blocks`` first, then the SWA heads' of ``swa_num_blocks`` (int32 [num_kv_heads])."""

@@ -23,8 +23,9 @@ from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
 from paddle_mla.backend_caps import check_model_backend, resolve_backend  # noqa: E402
 from paddle_mla.cache.kv_cache import (allocate_flat_gqa_caches, allocate_index_caches,  # noqa: E402
-                                       allocate_kv_caches, auto_num_blocks, bytes_per_block, kv_width)
-from paddle_mla.cache.head_pool import flat_cache_blocks, split_head_blocks  # noqa: E402
+                                       allocate_kv_caches, auto_num_blocks, bytes_per_block, kv_width,
+                                       usable_num_blocks)
+from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges  # noqa: E402
 from paddle_mla.cache.swa import head_wise_swa  # noqa: E402
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
@@ -134,17 +135,15 @@ class ModelRunner:
         # Head-wise SWA with recycling: the budget of num_blocks per KV head is re-split so each SWA
         # head's range holds what recycled rows can use and the full heads get the rest; unequal
         # ranges live in one flat cache per layer (limits.num_blocks is then the full heads' range).
-        self.swa_num_blocks = None
         swa = self.head_wise_swa
+        self.swa_num_blocks = None
         if swa is not None and swa.head_wise_tables:
-            sc = cfg.scheduler
-            full, swa_blocks = split_head_blocks(swa.num_kv_heads * int(num_blocks), swa, bs, sc.max_num_seqs,
-                                                 sc.max_num_batched_tokens)
-            if swa_blocks != full:
-                num_blocks, self.swa_num_blocks = full, swa_blocks
+            usable = usable_num_blocks(cfg.scheduler.max_num_seqs, max_model_len, bs)
+            num_blocks, self.swa_num_blocks = head_ranges(swa, int(num_blocks), bs, cfg.scheduler, usable)
         self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
         if self.swa_num_blocks is not None:
-            self.kv_caches = allocate_flat_gqa_caches(arch.num_layers, flat_cache_blocks(swa, full, swa_blocks), bs,
+            self.kv_caches = allocate_flat_gqa_caches(arch.num_layers,
+                                                      flat_cache_blocks(swa, num_blocks, self.swa_num_blocks), bs,
                                                       arch.gqa.head_dim, self.dtype, self.device)
         else:
             self.kv_caches = allocate_kv_caches(arch, self.limits.num_blocks, bs, self.dtype, self.device)
