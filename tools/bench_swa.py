@@ -16,15 +16,17 @@ Per mode:
   decode tok/s     tokens of decode-only steps / their time, in the throughput run (``--requests``
                    requests of ``--context`` tokens, ``--output`` tokens each)
   KV MiB/request   one request alone: peak blocks held summed over KV heads x bytes per head-block
-  peak concurrent  most rows scheduled in one step of the throughput run
+  peak concurrent  most requests decoding together in one step of the throughput run (requests
+                   admitted for a prefill chunk and preempted later are not counted)
 Two tables: the seed's acceptance (headwise vs uniform_mask, TTFT and TBT >= 5% better) and the
 moonshot (headwise_recycle vs uniform_mask decode throughput >= 1.4x at the same KV budget).
 
   PYTHONPATH=. python tools/bench_swa.py --quick            # one GPU, about 2-3 minutes (op build excluded)
   PYTHONPATH=. python tools/bench_swa.py [--layers 4] [--context 32768] [--requests 16] [--json out.json]
-NOTE: per-head cache ranges are sized by the pool only (every KV head has --num-blocks blocks: the
-caches are [Hkv, num_blocks, ...]); with ratio 0.5 the full heads still bound concurrency, so
-recycling frees SWA memory but admits no more requests (docs/head_wise_swa.md, "Per-head ranges").
+The budget is the same for every mode: uniform_mask and headwise give each KV head --num-blocks
+blocks; headwise_recycle re-splits 8 x --num-blocks into per-head ranges of one flat cache (SWA heads:
+what --requests recycled rows and one chunk use; full heads: the rest), which is why more requests
+fit (docs/head_wise_swa.md, "Per-head cache ranges").
 """
 
 from __future__ import annotations
@@ -117,18 +119,19 @@ def sync() -> None:
 
 def run(llm: LLM, n: int, context: int, output: int, seed: int) -> dict:
     """``n`` requests of ``context`` random tokens and ``output`` tokens each. Returns the wall time,
-    the most rows scheduled in one step, and the decode-only steps' count, rows and time (a step's
+    the most rows decoding in one step, and the decode-only steps' count, rows and time (a step's
     time: from its schedule() to the next one, or to the end)."""
     rng = np.random.default_rng(seed)
     reqs = [GenerationRequest(id=i, prompt_token_ids=rng.integers(2, llm.runner.arch.vocab_size - 2, context).tolist(),
                               params=SamplingParams(max_tokens=output, ignore_eos=True)) for i in range(n)]
-    steps = []     # (start time, decode-only, rows)
+    steps = []     # (start time, decode-only, rows, rows decoding)
     schedule = llm.scheduler.schedule
 
     def timed():
         out = schedule()
         if out.scheduled:
-            steps.append((time.perf_counter(), all(not s.is_prefill for s in out.scheduled), len(out.scheduled)))
+            decoding = sum(not s.is_prefill for s in out.scheduled)
+            steps.append((time.perf_counter(), decoding == len(out.scheduled), len(out.scheduled), decoding))
         return out
     llm.scheduler.schedule = timed
     sync()
@@ -139,8 +142,8 @@ def run(llm: LLM, n: int, context: int, output: int, seed: int) -> dict:
     llm.scheduler.schedule = schedule
     assert all(o.error is None for o in outs), [o.error for o in outs if o.error]
     times = [b[0] - a[0] for a, b in zip(steps, steps[1:])] + [end - steps[-1][0]] if steps else []
-    dec = [(dt, rows) for dt, (_, only, rows) in zip(times, steps) if only]
-    return {"seconds": end - t, "peak": max([r for _, _, r in steps] + [0]), "decode_steps": len(dec),
+    dec = [(dt, rows) for dt, (_, only, rows, _) in zip(times, steps) if only]
+    return {"seconds": end - t, "peak": max([d for *_, d in steps] + [0]), "decode_steps": len(dec),
             "decode_rows": sum(r for _, r in dec), "decode_s": sum(dt for dt, _ in dec)}
 
 
@@ -212,7 +215,7 @@ def main() -> None:
                     help="blocks of 64 tokens per KV head (default: 8 requests of 32k at a time when uniform)")
     ap.add_argument("--modes", default=DEFAULT_MODES)
     ap.add_argument("--quick", action="store_true",
-                    help="8 requests x 32 tokens over a budget of 4 concurrent 32k requests (about 2-3 min)")
+                    help="8 requests x 32 tokens, a budget of 4 uniform 32k requests (about 2-3 min)")
     ap.add_argument("--dir", default="/tmp/paddle_mla_bench_qwen3_swa")
     ap.add_argument("--json")
     ap.add_argument("--device", default="gpu")
