@@ -4,10 +4,15 @@
 // Semantics (docs: /work/wt/_notes/GQA_CONTRACT.md, paddle_mla/attention/gqa_reference.py):
 //   (1) RoPE on q and k at `positions` (neox halves or interleaved pairs, over the first rot_dim dims);
 //   (2) roped k and v go into the head-major paged caches [Hkv, num_blocks, block_size, D] at
-//       (table[b, (g,) p / block_size], p % block_size); a block id of -1 is never dereferenced;
+//       (table[b, (g,) p / block_size], p % block_size); a block id of -1 is never dereferenced.
+//       Per-head ranges (flat_cache): caches [num_blocks, block_size, D] shared by every head, with
+//       head-wise tables whose ids are global (each head's ids lie in its own range of the one array);
+
 //   (3) token t of request b at position p, query head h, KV head g = h / group, attends causally over
 //       key positions j <= p of request b read from the cache; an SWA head (g >= Hkv - num_swa_heads)
-//       sees j only if j < sink or j > p - window;
+//       sees j only if j < sink or j > p - window. How: swa_mask false (default) walks only the sinks and
+//       the window (work O(sink + window)); swa_mask true walks every j <= p and masks the rest (the
+//       seed's "uniform tables, walk the whole row and mask" baseline). Same outputs either way;
 //   (4) out[t, h, :] in the dtype of q.
 // A token is processed only when it lies in its request's rows of cu_seqlens_q and 0 <= p <
 // seq_lens_k[b]; padding tokens (past cu_seqlens_q[B], or CUDA-graph rows with seq_lens_k 0)
@@ -31,10 +36,11 @@ struct AppendAttentionArgs {
   const void* k;  // [T, Hkv, D], token stride k_stride
   const void* v;  // [T, Hkv, D], token stride v_stride
   int64_t q_stride, k_stride, v_stride;
-  void* k_cache;  // [Hkv, num_blocks, block_size, D], contiguous
+  void* k_cache;  // [Hkv, num_blocks, block_size, D], or [num_blocks, block_size, D] (flat_cache), contiguous
   void* v_cache;
   const int32_t* block_tables;  // [B, max_blocks] (uniform) or [B, Hkv, max_blocks] (head_wise)
   bool head_wise;
+  bool flat_cache;  // caches [num_blocks, block_size, D], table ids global (per-head ranges); needs head_wise
   const int32_t* cu_seqlens_q;        // [B + 1]
   const int32_t* seq_lens_k;          // [B]
   const int32_t* batch_id_per_token;  // [T]
@@ -46,6 +52,7 @@ struct AppendAttentionArgs {
   float softmax_scale;
   bool neox;
   int64_t num_swa_heads, window, sink;
+  bool swa_mask;  // SWA heads walk [0, p] and mask instead of skipping (benchmark baseline)
   AttnDtype dtype;
 };
 
@@ -60,7 +67,7 @@ PMLA_HD inline int64_t block_of(const AppendAttentionArgs& a, int64_t b, int64_t
 
 // Element offset of (g, block, pos % block_size, 0) in a cache.
 PMLA_HD inline int64_t cache_offset(const AppendAttentionArgs& a, int64_t g, int64_t block, int64_t pos) {
-  return ((g * a.num_blocks + block) * a.block_size + pos % a.block_size) * a.head_dim;
+  return (((a.flat_cache ? 0 : g * a.num_blocks) + block) * a.block_size + pos % a.block_size) * a.head_dim;
 }
 
 // Request of token t, or -1 when the token is padding: outside its request's rows of cu_seqlens_q
@@ -88,13 +95,18 @@ struct KeyRanges {
 };
 
 PMLA_HD inline KeyRanges key_ranges(const AppendAttentionArgs& a, int64_t g, int64_t p) {
-  if (!is_swa_head(a, g)) return {0, p + 1, 0, 0};
+  if (!is_swa_head(a, g) || a.swa_mask) return {0, p + 1, 0, 0};  // swa_mask: the caller masks (key_visible)
   const int64_t sink_hi = a.sink < p + 1 ? a.sink : p + 1;
   const int64_t sinks = sink_hi > 0 ? sink_hi : 0;
   int64_t win_lo = p - a.window + 1;
   if (win_lo < sinks) win_lo = sinks;  // keys already counted as sinks are not counted twice
   const int64_t win_hi = p + 1 > win_lo ? p + 1 : win_lo;
   return {0, sinks, win_lo, win_hi};
+}
+
+// The contract's rule (3): whether a query at position p of KV head g sees key position j.
+PMLA_HD inline bool key_visible(const AppendAttentionArgs& a, int64_t g, int64_t p, int64_t j) {
+  return j <= p && (!is_swa_head(a, g) || j < a.sink || j > p - a.window);
 }
 
 // RoPE of the pair (x1, x2) at frequency i of position p: (x1 c - x2 s, x2 c + x1 s).
@@ -127,6 +139,7 @@ inline const char* check_append_attention_args(const AppendAttentionArgs& a) {
   if (a.head_dim <= 0) return "head_dim must be positive";
   if (a.rot_dim < 0 || a.rot_dim > a.head_dim || a.rot_dim % 2 != 0) return "rot_dim must be even and <= head_dim";
   if (a.block_size <= 0) return "block_size must be positive";
+  if (a.flat_cache && !a.head_wise) return "a flat [num_blocks, block_size, D] cache needs head-wise [B, Hkv, M] tables";
   if (a.num_swa_heads < 0 || a.num_swa_heads > a.num_kv_heads) return "num_swa_heads must be in [0, num_kv_heads]";
   if (a.num_swa_heads > 0 && (a.window < 0 || a.sink < 0)) return "window and sink must be >= 0";
   if (a.q_stride < a.num_q_heads * a.head_dim || a.k_stride < a.num_kv_heads * a.head_dim ||

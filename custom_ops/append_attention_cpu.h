@@ -136,6 +136,7 @@ void attend(const AppendAttentionArgs& a) {
       const KeyRanges keys = key_ranges(a, g, p);
       for (int64_t i = 0; i < keys.count(); ++i) {
         const int64_t j = keys.position(i);
+        if (!key_visible(a, g, p, j)) continue;  // swa_mask: keys outside an SWA head's window are masked
         const int64_t block = block_of(a, b, g, j);
         if (block < 0) continue;  // no block: nothing to read (a visible key always has one)
         const int64_t off = cache_offset(a, g, block, j);

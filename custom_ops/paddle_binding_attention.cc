@@ -28,12 +28,13 @@ void AppendAttention(const paddle::Tensor& q_in, const paddle::Tensor& k_in, con
                      const paddle::Tensor& batch_id_per_token, const paddle::Tensor& positions,
                      const paddle::Tensor& cos_sin, paddle::Tensor& out, const paddle::Tensor& workspace,
                      float softmax_scale, bool neox, int64_t rot_dim, int64_t num_swa_heads, int64_t window,
-                     int64_t sink, bool decode_only) {
+                     int64_t sink, bool swa_mask, bool decode_only) {
   const char* op = "pmla_append_attention";
   PD_CHECK(q_in.shape().size() == 3 && k_in.shape().size() == 3 && v_in.shape().size() == 3, op,
            ": q, k, v must be [T, H, D]");
-  PD_CHECK(k_cache.shape().size() == 4 && k_cache.shape() == v_cache.shape(), op,
-           ": k_cache and v_cache must both be [Hkv, num_blocks, block_size, D]");
+  PD_CHECK((k_cache.shape().size() == 4 || k_cache.shape().size() == 3) && k_cache.shape() == v_cache.shape(), op,
+           ": k_cache and v_cache must both be [Hkv, num_blocks, block_size, D] or [num_blocks, block_size, D]");
+  const bool flat = k_cache.shape().size() == 3;  // per-head ranges of one array, global ids in head-wise tables
   PD_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && out.is_contiguous(), op,
            ": caches and out must be contiguous");
   const DataType dt = q_in.dtype();
@@ -59,6 +60,7 @@ void AppendAttention(const paddle::Tensor& q_in, const paddle::Tensor& k_in, con
   a.v_cache = v_cache.data();
   a.block_tables = tables.data<int32_t>();
   a.head_wise = tshape.size() == 3;
+  a.flat_cache = flat;
   a.cu_seqlens_q = cu_q.data<int32_t>();
   a.seq_lens_k = lens.data<int32_t>();
   a.batch_id_per_token = ids.data<int32_t>();
@@ -70,8 +72,8 @@ void AppendAttention(const paddle::Tensor& q_in, const paddle::Tensor& k_in, con
   a.num_q_heads = q.shape()[1];
   a.num_kv_heads = k.shape()[1];
   a.head_dim = q.shape()[2];
-  a.num_blocks = k_cache.shape()[1];
-  a.block_size = k_cache.shape()[2];
+  a.num_blocks = k_cache.shape()[flat ? 0 : 1];
+  a.block_size = k_cache.shape()[flat ? 1 : 2];
   a.max_blocks = tshape.back();
   a.max_position = cs.shape()[0];
   a.rot_dim = rot_dim;
@@ -80,12 +82,13 @@ void AppendAttention(const paddle::Tensor& q_in, const paddle::Tensor& k_in, con
   a.num_swa_heads = num_swa_heads;
   a.window = window;
   a.sink = sink;
+  a.swa_mask = swa_mask;
   a.dtype = dt == DataType::FLOAT32    ? paddle_mla::AttnDtype::kFloat32
             : dt == DataType::BFLOAT16 ? paddle_mla::AttnDtype::kBFloat16
                                        : paddle_mla::AttnDtype::kFloat16;
   PD_CHECK(k.shape()[0] == a.num_tokens && v.shape()[0] == a.num_tokens && v.shape()[1] == a.num_kv_heads &&
-               k.shape()[2] == a.head_dim && v.shape()[2] == a.head_dim && k_cache.shape()[0] == a.num_kv_heads &&
-               k_cache.shape()[3] == a.head_dim,
+               k.shape()[2] == a.head_dim && v.shape()[2] == a.head_dim && (flat || k_cache.shape()[0] == a.num_kv_heads) &&
+               k_cache.shape().back() == a.head_dim,
            op, ": q, k, v and cache shapes disagree");
   PD_CHECK(out.numel() == q.numel(), op, ": out must be [T, Hq, D]");
   PD_CHECK(tshape[0] == a.batch && cu_q.numel() == a.batch + 1 && ids.numel() == a.num_tokens &&
@@ -121,5 +124,5 @@ PD_BUILD_OP(pmla_append_attention)
     .Outputs({"k_cache_out", "v_cache_out", "out_out"})
     .SetInplaceMap({{"k_cache", "k_cache_out"}, {"v_cache", "v_cache_out"}, {"out", "out_out"}})
     .Attrs({"softmax_scale: float", "neox: bool", "rot_dim: int64_t", "num_swa_heads: int64_t",
-            "window: int64_t", "sink: int64_t", "decode_only: bool"})
+            "window: int64_t", "sink: int64_t", "swa_mask: bool", "decode_only: bool"})
     .SetKernelFn(PD_KERNEL(AppendAttention));

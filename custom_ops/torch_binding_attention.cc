@@ -27,11 +27,12 @@ void append_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::
                       const at::Tensor& seq_lens_k, const at::Tensor& batch_id_per_token,
                       const at::Tensor& positions, const at::Tensor& cos_sin, at::Tensor& out,
                       const at::Tensor& workspace, double softmax_scale, bool neox, int64_t rot_dim,
-                      int64_t num_swa_heads, int64_t window, int64_t sink, bool decode_only) {
+                      int64_t num_swa_heads, int64_t window, int64_t sink, bool swa_mask, bool decode_only) {
   const char* op = "paddle_mla::append_attention";
   TORCH_CHECK(q_in.dim() == 3 && k_in.dim() == 3 && v_in.dim() == 3, op, ": q, k, v must be [T, H, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), op,
-              ": k_cache and v_cache must both be [Hkv, num_blocks, block_size, D]");
+  TORCH_CHECK((k_cache.dim() == 4 || k_cache.dim() == 3) && k_cache.sizes() == v_cache.sizes(), op,
+              ": k_cache and v_cache must both be [Hkv, num_blocks, block_size, D] or [num_blocks, block_size, D]");
+  const bool flat = k_cache.dim() == 3;  // per-head ranges of one array, global ids in head-wise tables
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && out.is_contiguous(), op,
               ": caches and out must be contiguous");
   const auto dt = q_in.scalar_type();
@@ -54,6 +55,7 @@ void append_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::
   a.v_cache = v_cache.data_ptr();
   a.block_tables = tables.data_ptr<int32_t>();
   a.head_wise = tables.dim() == 3;
+  a.flat_cache = flat;
   a.cu_seqlens_q = cu_q.data_ptr<int32_t>();
   a.seq_lens_k = lens.data_ptr<int32_t>();
   a.batch_id_per_token = ids.data_ptr<int32_t>();
@@ -65,8 +67,8 @@ void append_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::
   a.num_q_heads = q.size(1);
   a.num_kv_heads = k.size(1);
   a.head_dim = q.size(2);
-  a.num_blocks = k_cache.size(1);
-  a.block_size = k_cache.size(2);
+  a.num_blocks = k_cache.size(flat ? 0 : 1);
+  a.block_size = k_cache.size(flat ? 1 : 2);
   a.max_blocks = tables.size(-1);
   a.max_position = cs.size(0);
   a.rot_dim = rot_dim;
@@ -75,13 +77,14 @@ void append_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::
   a.num_swa_heads = num_swa_heads;
   a.window = window;
   a.sink = sink;
+  a.swa_mask = swa_mask;
   a.dtype = dt == at::kFloat      ? paddle_mla::AttnDtype::kFloat32
             : dt == at::kBFloat16 ? paddle_mla::AttnDtype::kBFloat16
                                   : paddle_mla::AttnDtype::kFloat16;
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op, ": dtype must be fp32, bf16 or fp16");
   TORCH_CHECK(k.size(0) == a.num_tokens && v.size(0) == a.num_tokens && v.size(1) == a.num_kv_heads &&
-                  k.size(2) == a.head_dim && v.size(2) == a.head_dim && k_cache.size(0) == a.num_kv_heads &&
-                  k_cache.size(3) == a.head_dim,
+                  k.size(2) == a.head_dim && v.size(2) == a.head_dim && (flat || k_cache.size(0) == a.num_kv_heads) &&
+                  k_cache.size(-1) == a.head_dim,
               op, ": q, k, v and cache shapes disagree");
   TORCH_CHECK(out.numel() == q.numel(), op, ": out must be [T, Hq, D]");
   TORCH_CHECK(tables.size(0) == a.batch && cu_q.numel() == a.batch + 1 && ids.numel() == a.num_tokens &&
@@ -115,7 +118,7 @@ TORCH_LIBRARY_FRAGMENT(paddle_mla, m) {
   m.def("append_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor block_tables, Tensor cu_seqlens_q, Tensor seq_lens_k, Tensor batch_id_per_token, "
         "Tensor positions, Tensor cos_sin, Tensor(c!) out, Tensor workspace, float softmax_scale, bool neox, "
-        "int rot_dim, int num_swa_heads, int window, int sink, bool decode_only) -> ()");
+        "int rot_dim, int num_swa_heads, int window, int sink, bool swa_mask, bool decode_only) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(paddle_mla, CPU, m) { m.impl("append_attention", &append_attention); }

@@ -33,6 +33,10 @@ class AttentionConfig:
     head_wise_swa_ratio: float = 0.0
     sliding_window: int = 0       # W, tokens (required > 0 when the ratio is > 0)
     sink_tokens: int = 0          # S, tokens
+    # skip: SWA heads read only their sinks and window (head-wise tables, per-head pools); mask: the
+    # seed's baseline, uniform tables and one pool, SWA heads walk the whole context and mask it
+    # (same outputs, a benchmark reference; no recycling)
+    swa_mode: Literal["skip", "mask"] = "skip"
 
 
 @dataclass
@@ -203,6 +207,10 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(not (a.head_wise_swa_ratio > 0 and a.sliding_window == 0),
          f"'attention.head_wise_swa_ratio' is {a.head_wise_swa_ratio} but 'attention.sliding_window' is not set; "
          "set the window W in tokens (an integer >= 1)")
+    need(a.swa_mode in ("skip", "mask"), f"'attention.swa_mode' is {a.swa_mode!r}; allowed: skip, mask")
+    need(not (a.swa_mode == "mask" and cfg.cache.swa_recycle),
+         "'cache.swa_recycle' is true with 'attention.swa_mode: mask'; mask mode keeps uniform tables (every "
+         "head holds the whole context), so there is nothing to recycle: use swa_mode: skip or swa_recycle: false")
     par = cfg.parallel
     need(par.tensor_parallel_size >= 1, f"'parallel.tensor_parallel_size' is {par.tensor_parallel_size}; allowed: >= 1")
     need(par.data_parallel_size >= 1, f"'parallel.data_parallel_size' is {par.data_parallel_size}; allowed: >= 1")

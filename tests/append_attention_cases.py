@@ -90,17 +90,26 @@ def step_inputs(c: Case, data: CaseData, spans, pad: int):
     return take(data.Q), take(data.K), take(data.V), cu, k_lens, bid, pos
 
 
-def run_case(c: Case, fn, dtype, device: str, data: CaseData | None = None, **extra):
+def run_case(c: Case, fn, dtype, device: str, data: CaseData | None = None, flat_bases=None, **extra):
     """Both calls through ``fn`` (the op or the reference); returns (out of the second call, k_cache,
-    v_cache) as float32 numpy arrays."""
+    v_cache) as float32 numpy arrays. ``flat_bases`` (head-wise cases): per-head ranges of one flat
+    [total, bs, D] cache, head g's local id i being global id flat_bases[g] + i; the caches come back
+    as [Hkv, num_blocks, bs, D] (each head's range cut out), comparable with the head-major layout."""
     data = data or make_data(c)
     n_swa, window, sink = c.swa
     kw = dict(softmax_scale=c.head_dim ** -0.5 * 1.1, neox=c.neox, rot_dim=c.rot_dim, num_swa_heads=n_swa,
               window=window, sink=sink, **extra)
     shape = (c.hkv, data.num_blocks, c.block_size, c.head_dim)
+    tables = data.tables.copy()
+    if flat_bases is not None:
+        assert c.head_wise and len(flat_bases) == c.hkv
+        total = max(flat_bases) + data.num_blocks
+        shape = (total, c.block_size, c.head_dim)
+        bases = np.asarray(flat_bases, dtype=np.int32)[None, :, None]
+        tables = np.where(tables >= 0, tables + bases, -1).astype(np.int32)
     kc = torch.zeros(shape, dtype=dtype).to(device)
     vc = torch.zeros(shape, dtype=dtype).to(device)
-    tables = data.tables.copy()
+    slot = (lambda g, phys: (g, phys)) if flat_bases is None else (lambda g, phys: flat_bases[g] + phys)  # noqa: E731
     dev = lambda a, dt=None: torch.from_numpy(np.ascontiguousarray(a)).to(device) if dt is None else \
         torch.from_numpy(np.ascontiguousarray(a)).to(dt).to(device)  # noqa: E731
     out = None
@@ -108,12 +117,14 @@ def run_case(c: Case, fn, dtype, device: str, data: CaseData | None = None, **ex
         if call == 1:
             for r, g, blk, phys in data.poison:
                 tables[r, g, blk] = -1
-                kc[g, phys] = float("nan")
-                vc[g, phys] = float("nan")
+                kc[slot(g, phys)] = float("nan")
+                vc[slot(g, phys)] = float("nan")
         q, k, v, cu, k_lens, bid, pos = step_inputs(c, data, spans, pad)
         out = torch.full(q.shape, float("nan"), dtype=dtype).to(device)
         lens = (cu, k_lens) if fn is append_attention_reference else (dev(cu), dev(k_lens))   # the reference: host
         fn(dev(q, dtype), dev(k, dtype), dev(v, dtype), kc, vc, dev(tables), *lens, dev(bid), dev(pos),
            dev(data.cos_sin), out, **kw)
-    return (out.to(torch.float32).cpu().numpy(), kc.to(torch.float32).cpu().numpy(),
-            vc.to(torch.float32).cpu().numpy())
+    kc, vc = kc.to(torch.float32).cpu().numpy(), vc.to(torch.float32).cpu().numpy()
+    if flat_bases is not None:
+        kc, vc = (np.stack([x[b:b + data.num_blocks] for b in flat_bases]) for x in (kc, vc))
+    return out.to(torch.float32).cpu().numpy(), kc, vc

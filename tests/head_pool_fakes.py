@@ -10,7 +10,7 @@ those cached positions, so one check per step covers them all.
 
 from __future__ import annotations
 
-from paddle_mla.cache.head_pool import HeadWisePool
+from paddle_mla.cache.head_pool import HeadWisePool, flat_cache_blocks
 from paddle_mla.engine.request import GenerationRequest, RequestMetrics, SamplingParams, Sequence
 
 
@@ -53,6 +53,32 @@ class FakeHeadCache:
                 slots[(block, p % bs)] = ids[p]
 
 
+def check_global_ids(pool: HeadWisePool, live: list[Sequence]) -> None:
+    """The uploaded table: with unequal ranges (one flat cache), head h's ids lie in its own range
+    [base_h, base_h + range_h), the ranges are disjoint and inside the flat cache, so no block of
+    storage is named by two heads; with equal ranges, ids are local to [0, range_h)."""
+    spec = pool.spec
+    sizes = [pool.head_pool(h).num_blocks for h in range(spec.num_kv_heads)]
+    if pool.bases is None:
+        assert len(set(sizes)) == 1
+        bases = [0] * spec.num_kv_heads
+    else:
+        bases = [int(b) for b in pool.bases]
+        spans = sorted(zip(bases, sizes))
+        assert spans[0][0] >= 0 and all(b0 + n0 <= b1 for (b0, n0), (b1, _) in zip(spans, spans[1:]))
+        assert spans[-1][0] + spans[-1][1] <= flat_cache_blocks(spec, sizes[0], sizes[-1])
+    width = max([pool.num_logical_blocks(s) for s in live] + [1])
+    table = pool.block_tables(live, width)
+    for b, seq in enumerate(live):
+        rows = pool.rows(seq)
+        for h in range(spec.num_kv_heads):
+            local = rows[0] if pool.full and h < spec.first_swa_head else rows[h - spec.first_swa_head + bool(pool.full)]
+            want = [x + bases[h] if x >= 0 else -1 for x in local] + [-1] * (width - len(local))
+            assert table[b, h].tolist() == want
+            ids = table[b, h][table[b, h] >= 0]
+            assert ((ids >= bases[h]) & (ids < bases[h] + sizes[h])).all(), f"head {h} id outside its range"
+
+
 def check_invariants(pool: HeadWisePool, live: list[Sequence]) -> None:
     """Per pool: every id in its range, free + used = total, reference counts = holders; a block
     held twice is a cached, fully computed block at the same index; SWA rows hold every block the
@@ -80,6 +106,7 @@ def check_invariants(pool: HeadWisePool, live: list[Sequence]) -> None:
             if len(hs) > 1:   # shared: a cached block every holder has computed, at one logical index
                 assert p.block_key[b] is not None and len({i for _, i in hs}) == 1
                 assert all(s.num_computed_tokens >= (i + 1) * bs for s, i in hs), f"shared block {b} being written"
+    check_global_ids(pool, live)
     for seq in live:
         c = seq.num_computed_tokens
         for row in seq.swa_block_ids:

@@ -174,3 +174,33 @@ def test_tc_decode_matches_cpu_op(case, env, monkeypatch):
     if case not in _TC_WANT:   # the C++ op's answer, once per case for the three kernels
         _TC_WANT[case] = run_case(c, op.append_attention, dt, "cpu", data)
     compare(got, _TC_WANT[case], TOL[dtype])
+
+
+@pytest.mark.parametrize("reqs", ["mixed", "decode", "long_prefill"])
+@pytest.mark.parametrize("table", [t for t in TABLES if t[2][0]], ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
+def test_cuda_swa_mask_mode_matches_skip_mode(table, reqs):
+    """swa_mask=True (the decode and prefill kernels walk every key j <= p of an SWA head and mask it
+    in attend_tile) against the default skip mode on the GPU and the C++ op's mask mode on CPU.
+    Tile boundaries differ between the modes, so fp32 agrees to rounding, not bit for bit."""
+    bs, head_wise, swa = table
+    c = Case(REQS[reqs], 12, 4, 80, 64, False, bs, head_wise, swa, pad=3, seed=13)
+    data = make_data(c)
+    mask = run_case(c, op.append_attention, torch.float32, gpu(), data, swa_mask=True)
+    assert not np.isnan(mask[0]).any(), "NaN in the output: a masked or -1 slot was read"
+    skip = run_case(c, op.append_attention, torch.float32, gpu(), data)
+    compare(mask, skip, TOL["float32"])
+    compare(mask, run_case(c, op.append_attention, torch.float32, "cpu", data, swa_mask=True), TOL["float32"])
+
+
+@pytest.mark.parametrize("reqs", ["mixed", "decode", "long_prefill"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_flat_cache_with_per_head_ranges(dtype, reqs):
+    """Per-head ranges of one flat [total, bs, D] cache (global ids, unequal gaps) on the GPU: the same
+    outputs and per-head cache contents as the head-major layout."""
+    c = Case(REQS[reqs], 12, 4, 80, 64, False, 16, True, (2, 40, 16), pad=3, seed=17)
+    data = make_data(c)
+    dt = getattr(torch, dtype)
+    bases = [3, 3 + data.num_blocks, 7 + 2 * data.num_blocks, 7 + 3 * data.num_blocks + 1]
+    got = run_case(c, op.append_attention, dt, gpu(), data, flat_bases=bases)
+    assert not np.isnan(got[0]).any()
+    compare(got, run_case(c, op.append_attention, dt, gpu(), data), TOL[dtype])

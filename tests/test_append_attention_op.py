@@ -126,3 +126,72 @@ def test_bad_shapes_are_rejected():
         op.append_attention(q, kv, kv, cache, cache.clone(), i32([[0]]), i32([0, 2]), i32([2]), i32([0, 0]),
                             torch.tensor([0, 1], dtype=torch.int64), torch.zeros(4, 8), torch.zeros(2, 3, 8),
                             softmax_scale=1.0, neox=True, rot_dim=8)
+
+
+SWA_TABLES = [t for t in TABLES if t[2][0]]
+
+
+@pytest.mark.parametrize("table", SWA_TABLES, ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2]}")
+@pytest.mark.parametrize("reqs", sorted(REQS))
+def test_swa_mask_mode_equals_skip_mode(table, reqs):
+    """swa_mask=True (SWA heads walk every key j <= p and mask the rest: the benchmarks' uniform
+    baseline) gives the same outputs and caches as the default, which walks only sinks + window.
+    The CPU loops see the same visible keys in the same order, so the results are bit-identical;
+    both match the reference. Head-wise cases keep their -1, NaN-poisoned slots: mask mode must
+    not read them either."""
+    bs, head_wise, swa = table
+    c = Case(REQS[reqs], 6, 2, 24, 16, True, bs, head_wise, swa, pad=1, seed=zlib.crc32(repr((reqs, table)).encode()) % 1000)
+    data = make_data(c)
+    skip = run_case(c, op.append_attention, torch.float32, "cpu", data)
+    mask = run_case(c, op.append_attention, torch.float32, "cpu", data, swa_mask=True)
+    assert not np.isnan(mask[0]).any()
+    for a, b in zip(skip, mask):
+        np.testing.assert_array_equal(a, b)
+    want = run_case(c, append_attention_reference, torch.float32, "cpu", data)
+    assert_same(mask, want, atol=2e-5, rtol=1e-4)
+
+
+def test_swa_mask_mode_masks_on_uniform_tables():
+    """On uniform tables every block of the context is present, so mask mode reads keys outside the
+    window and must drop them: its output differs from plain causal attention and equals the
+    reference's per-head window."""
+    c = Case(REQS["long"], 4, 2, 16, 16, False, 16, False, (1, 3, 1), seed=3)
+    data = make_data(c)
+    mask = run_case(c, op.append_attention, torch.float32, "cpu", data, swa_mask=True)
+    causal = run_case(Case(REQS["long"], 4, 2, 16, 16, False, 16, False), op.append_attention, torch.float32, "cpu",
+                      data)
+    want = run_case(c, append_attention_reference, torch.float32, "cpu", data)
+    assert_same(mask, want, atol=2e-5, rtol=1e-4)
+    assert np.abs(mask[0][:, 2:] - causal[0][:, 2:]).max() > 1e-3, "SWA heads (query heads 2, 3) must differ"
+    np.testing.assert_array_equal(mask[0][:, :2], causal[0][:, :2])  # full heads: plain causal
+
+
+@pytest.mark.parametrize("table", [t for t in TABLES if t[1]], ids=lambda t: f"bs{t[0]}hw-swa{t[2]}")
+@pytest.mark.parametrize("fn", ["op", "reference"])
+def test_flat_cache_with_per_head_ranges(table, fn):
+    """Per-head cache ranges: one flat [total, bs, D] array per layer, head g's blocks at global ids
+    base[g] + local, ranges of unequal size with gaps between them (the SWA heads' ranges smaller in
+    the engine). Outputs equal the head-major [Hkv, num_blocks, bs, D] layout's, and every head's
+    range holds what that head's slice holds there."""
+    bs, _, swa = table
+    c = Case(REQS["mixed"], 6, 2, 24, 16, True, bs, True, swa, pad=1, seed=21)
+    data = make_data(c)
+    call = op.append_attention if fn == "op" else append_attention_reference
+    bases = [5, 5 + data.num_blocks + 3]          # gaps: 5 blocks before head 0, 3 between the heads
+    got = run_case(c, call, torch.float32, "cpu", data, flat_bases=bases)
+    want = run_case(c, call, torch.float32, "cpu", data)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_flat_cache_needs_head_wise_tables():
+    c = Case(REQS["mixed"], 4, 2, 16, 16, True, 16)   # uniform tables
+    data = make_data(c)
+    q = torch.zeros(3, 4, 16)
+    kv = torch.zeros(3, 2, 16)
+    flat = torch.zeros(8, 16, 16)
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    with pytest.raises(Exception, match="head-wise"):
+        op.append_attention(q, kv, kv, flat, flat.clone(), i32([[0]]), i32([0, 3]), i32([3]), i32([0, 0, 0]),
+                            torch.tensor([0, 1, 2], dtype=torch.int64), torch.from_numpy(data.cos_sin),
+                            torch.zeros(3, 4, 16), softmax_scale=1.0, neox=True, rot_dim=16)

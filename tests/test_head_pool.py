@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paddle_mla.cache.block_pool import extend_chain
-from paddle_mla.cache.head_pool import HeadWisePool, split_head_blocks
+from paddle_mla.cache.head_pool import HeadWisePool, flat_cache_blocks, split_head_blocks
 from paddle_mla.cache.swa import HeadWiseSwa
 from head_pool_fakes import FakeHeadCache, check_invariants, make_seq, sees
 
@@ -246,7 +246,22 @@ def test_block_tables_are_head_wise_with_minus_one_holes():
     assert (t[0, 0] == t[0, 1]).all() and list(t[0, 0, :6]) == s0.block_ids
     assert list(t[0, 2, :6]) == s0.swa_block_ids[0] and t[0, 2, 1] == -1 and t[0, 2, 0] >= 0
     assert (t[1, :, 2:] == -1).all() and (t[0, :, 6:] == -1).all()
-    assert spec.backend_kwargs() == {"num_swa_heads": 1, "window": 4, "sink": 2}
+    assert spec.backend_kwargs() == {"num_swa_heads": 1, "window": 4, "sink": 2, "swa_mask": False}
+
+
+def test_unequal_ranges_give_global_ids_in_one_flat_cache():
+    """Full heads 20 blocks each, the SWA head 7: one flat cache of 2 x 20 + 7 blocks, head h's
+    ids offset by its base (0, 20, 40); -1 stays -1."""
+    spec = HeadWiseSwa(3, 1, window=4, sink=2, recycle=True)
+    pool = HeadWisePool(spec, 20, 2, enable_prefix_caching=False, swa_num_blocks=7)
+    assert pool.bases.tolist() == [0, 20, 40] and flat_cache_blocks(spec, 20, 7) == 47
+    d = Driver(pool)
+    s0 = make_seq(0, list(range(11)))
+    assert d.admit(s0, 11)
+    t = pool.block_tables([s0], width=6)
+    assert list(t[0, 0]) == s0.block_ids and list(t[0, 1]) == [b + 20 for b in s0.block_ids]
+    assert list(t[0, 2]) == [b + 40 if b >= 0 else -1 for b in s0.swa_block_ids[0]] and t[0, 2, 1] == -1
+    assert HeadWisePool(spec, 20, 2, False).bases is None    # equal ranges: head-major cache, local ids
 
 
 def test_split_head_blocks_gives_swa_heads_what_recycled_rows_can_use():

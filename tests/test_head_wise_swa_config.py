@@ -81,3 +81,23 @@ def test_engine_on_an_mla_checkpoint_refuses_a_ratio():
 
     with pytest.raises(ConfigError, match="needs a GQA model"):
         LLM(config_from_dict({**SWA, "model": "tiny", "dtype": "float32"}))
+
+
+def test_swa_mode_mask_keeps_uniform_tables():
+    """attention.swa_mode: mask is the seed's baseline: one uniform pool, the op told to mask."""
+    cfg = config_from_dict({**SWA, "attention": {**SWA["attention"], "swa_mode": "mask"}, "cache": {}})
+    spec = head_wise_swa(cfg, "gqa", 8)
+    assert spec.mask and not spec.head_wise_tables and spec.backend_kwargs()["swa_mask"] is True
+    assert type(make_block_pool(8, 4, True, spec)) is BlockPool
+    assert head_wise_swa(config_from_dict(SWA), "gqa", 8).backend_kwargs()["swa_mask"] is False
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"attention": {"swa_mode": "walk"}}, "'attention.swa_mode' is 'walk'"),
+    ({"attention": {"swa_mode": "mask"}, "cache": {"swa_recycle": True}},
+     "'cache.swa_recycle' is true with 'attention.swa_mode: mask'"),
+])
+def test_swa_mode_checks(extra, needle):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"attention": {**SWA["attention"], **extra["attention"]}, "cache": extra.get("cache", {})})
+    assert needle in str(err.value)

@@ -94,10 +94,10 @@ def _expected(model, n_swa: int, window: int):
 
 
 def _engine(path, backend: str, ratio: float, window: int, recycle: bool, tight: bool, device: str = "cpu",
-            cuda_graph: bool = False) -> LLM:
+            cuda_graph: bool = False, swa_mode: str = "skip", num_blocks: int | None = None) -> LLM:
     attention = {"backend": backend, "head_wise_swa_ratio": ratio}
     if ratio:
-        attention.update(sliding_window=window, sink_tokens=SINK)
+        attention.update(sliding_window=window, sink_tokens=SINK, swa_mode=swa_mode)
     cache = {"block_size": 4, "enable_prefix_caching": True, "swa_recycle": recycle}
     if tight:   # chunks of <= 8 tokens, 3 at once, 10 blocks per head: prefix hits and preemption
         cache["num_blocks"] = 10
@@ -105,6 +105,8 @@ def _engine(path, backend: str, ratio: float, window: int, recycle: bool, tight:
     else:       # whole prompts prefilled together
         cache["num_blocks"] = 64
         sched = {"max_num_seqs": 8, "max_num_batched_tokens": 128, "enable_chunked_prefill": False}
+    if num_blocks is not None:
+        cache["num_blocks"] = num_blocks
     return LLM(config_from_dict({"model": str(path), "device": device, "dtype": "float32", "attention": attention,
                                  "cache": cache, "scheduler": sched, "cuda_graph": cuda_graph}))
 
@@ -150,3 +152,62 @@ def test_window_changes_tokens(checkpoint):
     model, _ = checkpoint
     assert _expected(model, 2, 5) != _expected(model, 0, 0)
     assert _expected(model, 1, 5) != _expected(model, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["native", "append_attn"])
+def test_per_head_ranges_match_hf_swa_oracle(checkpoint, backend):
+    """Recycling at ratio 0.5 re-splits the budget (16 blocks x 2 heads): the SWA head's range is
+    what 3 recycled rows and one chunk can use (14), the full head gets the rest (18), both in one
+    flat cache per layer with global ids in the tables. Tokens equal the oracle's, through chunked
+    prefill and prefix hits."""
+    if backend == "append_attn" and op.implementation() != "custom_op":
+        pytest.skip("custom ops not built")
+    model, path = checkpoint
+    llm = _engine(path, backend, 0.5, 5, True, tight=True, num_blocks=16)
+    assert (llm.runner.swa_num_blocks, llm.runner.limits.num_blocks) == (14, 18)
+    assert [p.num_blocks for p in llm.pool.pools] == [18, 14] and llm.pool.bases.tolist() == [0, 18]
+    assert tuple(llm.runner.kv_caches[0][0].shape[:2]) == (18 + 14, 4)
+    for r, tokens in enumerate(engine_tokens(llm)):
+        assert tokens == _expected(model, 1, 5)[r], f"prompt {r}"
+    assert llm.stats().cached_prompt_tokens > 0
+
+
+def _peak_rows(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], int]:
+    """Greedy tokens, and the most rows decoding together in one step."""
+    peak, schedule = [0], llm.scheduler.schedule
+
+    def counting():
+        out = schedule()
+        peak[0] = max(peak[0], sum(not s.is_prefill for s in out.scheduled))
+        return out
+    llm.scheduler.schedule = counting
+    outs = llm.generate([GenerationRequest(id=i, prompt_token_ids=p, params=SamplingParams(max_tokens=max_tokens,
+                                                                                        ignore_eos=True))
+                         for i, p in enumerate(prompts)], use_tqdm=False)
+    assert [o.error for o in outs] == [None] * len(prompts)
+    return [list(o.token_ids) for o in outs], peak[0]
+
+
+def test_recycling_fits_more_requests_at_the_same_kv_memory(checkpoint):
+    """Ratio 0.5 at one budget (40 blocks x 2 KV heads), 6 requests of 42 + 30 tokens (11 to 18
+    blocks): uniform tables (mask mode) decode at most 3 together and preempt over and over;
+    recycling with per-head ranges (the SWA head 20 blocks, the full head 60) decodes 4
+    (max_num_seqs) together, preempts less and takes fewer steps, with the same tokens."""
+    _, path = checkpoint
+    prompts = [[(7 * i + 3 * j) % 97 + 2 for j in range(42)] for i in range(6)]
+
+    def llm(mode: str, recycle: bool) -> LLM:
+        return LLM(config_from_dict({
+            "model": str(path), "device": "cpu", "dtype": "float32",
+            "attention": {"backend": "native", "head_wise_swa_ratio": 0.5, "sliding_window": 5, "sink_tokens": SINK,
+                          "swa_mode": mode},
+            "cache": {"block_size": 4, "num_blocks": 40, "swa_recycle": recycle},
+            "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 16, "enable_chunked_prefill": True}}))
+    uniform_llm, recycled_llm = llm("mask", False), llm("skip", True)
+    assert (recycled_llm.runner.limits.num_blocks, recycled_llm.runner.swa_num_blocks) == (60, 20)
+    uniform, uniform_peak = _peak_rows(uniform_llm, prompts, 30)
+    recycled, recycled_peak = _peak_rows(recycled_llm, prompts, 30)
+    assert recycled == uniform
+    u, r = uniform_llm.stats(), recycled_llm.stats()
+    assert (uniform_peak, recycled_peak) == (3, 4), (uniform_peak, recycled_peak)
+    assert r.num_preemptions < u.num_preemptions and r.steps < u.steps, (u, r)

@@ -129,3 +129,37 @@ def test_dummy_step_runs_through_the_model():
     logits = mp.run_dummy_step(runner.model, runner.backend, batch, caches, 16, runner.device, None, 4)
     host = logits.cpu().numpy()
     assert host.shape == (4, arch.vocab_size) and np.isfinite(host).all()
+
+
+def test_profile_with_head_wise_swa_uses_head_wise_tables_and_sizes_per_head_ranges(monkeypatch, tmp_path):
+    """cache.num_blocks: auto with head-wise SWA: the dummy steps carry [B, Hkv, M] tables (the op's
+    head-wise path), and the fitted per-head budget becomes per-head ranges (full heads larger,
+    SWA heads what recycled rows use) whose one flat cache stays within what the profile fitted."""
+    pytest.importorskip("transformers")
+    from test_head_wise_swa_oracle import QWEN3, _hf_model
+
+    from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges
+
+    _hf_model("Qwen3", QWEN3, seed=3).save_pretrained(tmp_path)
+    cfg = config_from_dict({"model": str(tmp_path), "device": "cpu", "dtype": "float32",
+                            "attention": {"backend": "native", "head_wise_swa_ratio": 0.5, "sliding_window": 32,
+                                          "sink_tokens": 4},
+                            "cache": {"block_size": 16, "num_blocks": 8, "swa_recycle": True},
+                            "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 64,
+                                          "enable_chunked_prefill": True}})
+    runner = ModelRunner(cfg, str(tmp_path))
+    shapes = []
+    real_step = mp.run_dummy_step
+    monkeypatch.setattr(mp, "run_dummy_step", lambda model, backend, batch, *a: (
+        shapes.append(batch.block_tables.shape), real_step(model, backend, batch, *a))[1])
+    GiB = 1 << 30
+    FakeMemory(weights=GiB, step_peak=GiB // 8, total=4 * GiB, free_after=3 * GiB, reserved=GiB).install(monkeypatch)
+    per_block = 4 << 20     # about 500 blocks fit, fewer than 4 rows of 4096 tokens use (1025): no cap
+    prof = mp.profile_kv_cache(runner, per_block, max_model_len=4096, index_dim=0, use_graphs=True)
+    assert prof.num_blocks < prof.usable_blocks
+    assert shapes == [(1, 2, 4), (4, 2, 1)]          # prefill of 64 tokens, decode of 4 rows; 2 KV heads
+    spec, bs = runner.head_wise_swa, 16
+    full, swa = head_ranges(spec, prof.num_blocks, bs, cfg.scheduler, prof.usable_blocks)
+    assert swa == 4 * (1 + 3) + 4 + 4 and full > prof.num_blocks > swa    # sink 1 + window 3 blocks a row
+    per_head_block = per_block // spec.num_kv_heads
+    assert flat_cache_blocks(spec, full, swa) * per_head_block <= prof.num_blocks * per_block

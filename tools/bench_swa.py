@@ -1,24 +1,32 @@
 """Benchmark: head-wise sliding-window attention on the GPU (docs/head_wise_swa.md), whole engine.
 
 A Qwen3-8B-dimension checkpoint cut to ``--layers`` layers, random bf16 weights written once (to
-``--dir``, reused when present; tools/bench_loader.py does the same for DeepSeek), run through the
-LLM in three modes at one fixed KV budget (``--num-blocks`` blocks per KV head range):
-  uniform          ratio 0: every head full, uniform tables (the op has no "walk the whole row and
-                   mask" mode: it skips keys outside a window whatever the table shape, so the
-                   seed's uniform-tables-with-window baseline is not measurable; this is full attention)
-  headwise         ratio 0.5, window W, sink S, recycling off
-  headwise_recycle ratio 0.5, recycling on
-Per mode: TTFT (one request of ``--context`` tokens, 1 output token), TBT (the same request, mean
-time per output token after the first), decode throughput (``--requests`` requests of ``--context``
-tokens, ``--output`` tokens each: output tokens / s), KV memory per request (one request alone:
-peak blocks held summed over KV heads x bytes per head-block) and peak concurrent requests (most
-rows scheduled in one step).
+``--dir``, reused when present), run through the LLM at ratio 0.5 (4 of 8 KV heads SWA, window W,
+sink S), bf16, append_attn, in these modes at one fixed KV budget (``--num-blocks`` blocks of 64
+tokens per KV head, times 8 heads):
+  uniform_mask     the seed's baseline: uniform tables and one pool, every head walks the whole row
+                   and SWA heads mask it (attention.swa_mode: mask)
+  headwise         head-wise tables, SWA heads read only sink + window, recycling off
+  headwise_recycle head-wise tables, recycling on (SWA heads give back out-of-window blocks)
+  full             ratio 0, every head full (not in the default set; --modes adds it)
+Per mode:
+  TTFT             one request of ``--context`` tokens, 1 output token, wall time
+  TBT              mean wall time of the decode-only steps of the throughput run (every mode of the
+                   acceptance table runs the same batch: recycling off admits the same requests)
+  decode tok/s     tokens of decode-only steps / their time, in the throughput run (``--requests``
+                   requests of ``--context`` tokens, ``--output`` tokens each)
+  KV MiB/request   one request alone: peak blocks held summed over KV heads x bytes per head-block
+  peak concurrent  most requests decoding together in one step of the throughput run (requests
+                   admitted for a prefill chunk and preempted later are not counted)
+Two tables: the seed's acceptance (headwise vs uniform_mask, TTFT and TBT >= 5% better) and the
+moonshot (headwise_recycle vs uniform_mask decode throughput >= 1.4x at the same KV budget).
 
-  PYTHONPATH=. python tools/bench_swa.py [--layers 4] [--context 32768] [--json out.json]
-Targets (issue 13): headwise vs uniform TTFT and TBT >= 5% better; headwise_recycle decode
-throughput >= 1.4x uniform at the same KV budget.
-NOTE: every KV head gets the same range (the caches are [Hkv, num_blocks, ...]), so with ratio 0.5
-the full heads still bound concurrency; recycling frees SWA memory but does not admit more requests.
+  PYTHONPATH=. python tools/bench_swa.py --quick            # one GPU, about 2-3 minutes (op build excluded)
+  PYTHONPATH=. python tools/bench_swa.py [--layers 4] [--context 32768] [--requests 16] [--json out.json]
+The budget is the same for every mode: uniform_mask and headwise give each KV head --num-blocks
+blocks; headwise_recycle re-splits 8 x --num-blocks into per-head ranges of one flat cache (SWA heads:
+what --requests recycled rows and one chunk use; full heads: the rest), which is why more requests
+fit (docs/head_wise_swa.md, "Per-head cache ranges").
 """
 
 from __future__ import annotations
@@ -44,11 +52,13 @@ QWEN3_8B = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_si
                 intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                 max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False,
                 tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16")
-MODES = {
-    "uniform": {"head_wise_swa_ratio": 0.0},
-    "headwise": {"head_wise_swa_ratio": 0.5, "recycle": False},
-    "headwise_recycle": {"head_wise_swa_ratio": 0.5, "recycle": True},
+MODES = {   # attention keys (ratio, swa_mode) and cache.swa_recycle of each mode
+    "uniform_mask": {"head_wise_swa_ratio": 0.5, "swa_mode": "mask", "recycle": False},
+    "headwise": {"head_wise_swa_ratio": 0.5, "swa_mode": "skip", "recycle": False},
+    "headwise_recycle": {"head_wise_swa_ratio": 0.5, "swa_mode": "skip", "recycle": True},
+    "full": {"head_wise_swa_ratio": 0.0, "recycle": False},
 }
+DEFAULT_MODES = "uniform_mask,headwise,headwise_recycle"
 
 
 def write_checkpoint(out: Path, layers: int, tiny: bool = False) -> None:
@@ -65,10 +75,11 @@ def write_checkpoint(out: Path, layers: int, tiny: bool = False) -> None:
                  head_dim=16)
     h, hq, hk, d, inter, v = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
                              c["intermediate_size"], c["vocab_size"])
-    gen = real_torch.Generator().manual_seed(0)
+    dev = "cuda" if real_torch.cuda.is_available() else "cpu"     # the GPU draws 3 GB of weights in seconds
+    gen = real_torch.Generator(device=dev).manual_seed(0)
 
     def w(*shape):
-        return (real_torch.randn(*shape, generator=gen) * 0.02).to(real_torch.bfloat16)
+        return (real_torch.randn(*shape, generator=gen, device=dev) * 0.02).to(real_torch.bfloat16).cpu()
 
     def ones(n):
         return real_torch.ones(n, dtype=real_torch.bfloat16)
@@ -90,7 +101,7 @@ def engine(path: Path, mode: str, args) -> LLM:
     m = MODES[mode]
     attention = {"backend": "append_attn", "head_wise_swa_ratio": m["head_wise_swa_ratio"]}
     if m["head_wise_swa_ratio"]:
-        attention.update(sliding_window=args.window, sink_tokens=args.sink)
+        attention.update(sliding_window=args.window, sink_tokens=args.sink, swa_mode=m["swa_mode"])
     return LLM(config_from_dict({
         "model": str(path), "device": args.device, "dtype": "bfloat16" if args.device == "gpu" else "float32",
         "attention": attention,
@@ -106,49 +117,90 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(llm: LLM, n: int, context: int, output: int, seed: int) -> tuple[float, int]:
-    """Seconds for ``n`` requests of ``context`` random tokens and ``output`` tokens each; the most
-    rows scheduled in one step."""
+def run(llm: LLM, n: int, context: int, output: int, seed: int) -> dict:
+    """``n`` requests of ``context`` random tokens and ``output`` tokens each. Returns the wall time,
+    the most rows decoding in one step, and the decode-only steps' count, rows and time (a step's
+    time: from its schedule() to the next one, or to the end)."""
     rng = np.random.default_rng(seed)
     reqs = [GenerationRequest(id=i, prompt_token_ids=rng.integers(2, llm.runner.arch.vocab_size - 2, context).tolist(),
                               params=SamplingParams(max_tokens=output, ignore_eos=True)) for i in range(n)]
-    peak = [0]
+    steps = []     # (start time, decode-only, rows, rows decoding)
     schedule = llm.scheduler.schedule
 
-    def counting():
+    def timed():
         out = schedule()
-        peak[0] = max(peak[0], len(out.scheduled))
+        if out.scheduled:
+            decoding = sum(not s.is_prefill for s in out.scheduled)
+            steps.append((time.perf_counter(), decoding == len(out.scheduled), len(out.scheduled), decoding))
         return out
-    llm.scheduler.schedule = counting
+    llm.scheduler.schedule = timed
     sync()
     t = time.perf_counter()
     outs = llm.generate(reqs, use_tqdm=False)
     sync()
-    dt = time.perf_counter() - t
+    end = time.perf_counter()
     llm.scheduler.schedule = schedule
     assert all(o.error is None for o in outs), [o.error for o in outs if o.error]
-    return dt, peak[0]
+    times = [b[0] - a[0] for a, b in zip(steps, steps[1:])] + [end - steps[-1][0]] if steps else []
+    dec = [(dt, rows) for dt, (_, only, rows, _) in zip(times, steps) if only]
+    return {"seconds": end - t, "peak": max([d for *_, d in steps] + [0]), "decode_steps": len(dec),
+            "decode_rows": sum(r for _, r in dec), "decode_s": sum(dt for dt, _ in dec)}
 
 
 def bench_mode(path: Path, mode: str, args) -> dict:
     llm = engine(path, mode, args)
     run(llm, 1, min(1024, args.context), 4, seed=99)       # warm-up (graphs, kernels)
-    ttft, _ = run(llm, 1, args.context, 1, seed=1)
     pool = llm.pool
     head_wise = hasattr(pool, "peak_head_blocks")
     llm.reset_stats()            # restarts the uniform pool's peak
     if head_wise:
         pool.peak_head_blocks = 0
-    full, _ = run(llm, 1, args.context, args.output, seed=1)
-    tbt = (full - ttft) / (args.output - 1)
+    ttft = run(llm, 1, args.context, 1, seed=1)["seconds"]
     arch = llm.runner.arch.gqa
     elt = torch.zeros(1, dtype=llm.runner.dtype).element_size()
     per_head_block = 2 * 64 * arch.head_dim * elt * llm.runner.arch.num_layers     # K + V, all layers
     held = pool.peak_head_blocks if head_wise else pool.peak_used * arch.num_kv_heads
-    dt, peak = run(llm, args.requests, args.context, args.output, seed=2)
-    return {"mode": mode, "ttft_ms": ttft * 1e3, "tbt_ms": tbt * 1e3,
-            "decode_tok_s": args.requests * args.output / dt, "kv_mib_per_request": held * per_head_block / 2**20,
-            "peak_concurrent": peak, "elapsed_s": dt}
+    r = run(llm, args.requests, args.context, args.output, seed=2)
+    del llm
+    return {"mode": mode, "ttft_ms": ttft * 1e3, "tbt_ms": r["decode_s"] / max(1, r["decode_steps"]) * 1e3,
+            "decode_tok_s": r["decode_rows"] / max(r["decode_s"], 1e-9), "kv_mib_per_request": held * per_head_block / 2**20,
+            "peak_concurrent": r["peak"], "elapsed_s": r["seconds"], "decode_steps": r["decode_steps"]}
+
+
+def gain(base: float, new: float) -> str:
+    """How much lower ``new`` is than ``base``, in percent of ``base``."""
+    return f"{(base - new) / base * 100:+.1f}%"
+
+
+def report(rows: dict, args) -> None:
+    dt = "bf16" if args.device == "gpu" else "fp32"
+    print(f"Qwen3-8B dims, {args.layers} layers, {dt}, context {args.context}, ratio 0.5 (4 of 8 KV heads SWA), "
+          f"W {args.window}, S {args.sink}, KV budget {args.num_blocks} blocks x 8 heads x 64 tokens, "
+          f"{args.requests} requests x {args.output} tokens")
+    print("| mode | TTFT ms | TBT ms | decode tok/s | KV MiB/request | peak concurrent | decode steps | run s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows.values():
+        print(f"| {r['mode']} | {r['ttft_ms']:.1f} | {r['tbt_ms']:.2f} | {r['decode_tok_s']:.0f} | "
+              f"{r['kv_mib_per_request']:.1f} | {r['peak_concurrent']} | {r['decode_steps']} | {r['elapsed_s']:.1f} |")
+    base = rows.get("uniform_mask")
+    if base and "headwise" in rows:
+        h = rows["headwise"]
+        print("\nSeed acceptance (recycling off; target: both >= 5% better)")
+        print("| metric | uniform_mask | headwise | better by |")
+        print("|---|---|---|---|")
+        print(f"| TTFT ms | {base['ttft_ms']:.1f} | {h['ttft_ms']:.1f} | {gain(base['ttft_ms'], h['ttft_ms'])} |")
+        print(f"| TBT ms | {base['tbt_ms']:.2f} | {h['tbt_ms']:.2f} | {gain(base['tbt_ms'], h['tbt_ms'])} |")
+    if base and "headwise_recycle" in rows:
+        h = rows["headwise_recycle"]
+        print("\nMoonshot (recycling on vs uniform_mask, same KV budget; target: >= 1.4x decode tok/s)")
+        print("| metric | uniform_mask | headwise_recycle | ratio |")
+        print("|---|---|---|---|")
+        print(f"| decode tok/s | {base['decode_tok_s']:.0f} | {h['decode_tok_s']:.0f} | "
+              f"{h['decode_tok_s'] / base['decode_tok_s']:.2f}x |")
+        print(f"| KV MiB/request | {base['kv_mib_per_request']:.1f} | {h['kv_mib_per_request']:.1f} | "
+              f"{h['kv_mib_per_request'] / base['kv_mib_per_request']:.2f}x |")
+        print(f"| peak concurrent | {base['peak_concurrent']} | {h['peak_concurrent']} | "
+              f"{h['peak_concurrent'] / base['peak_concurrent']:.2f}x |")
 
 
 def main() -> None:
@@ -158,29 +210,31 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=64)
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--sink", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--num-blocks", type=int, default=8192, help="blocks of 64 tokens per KV head range")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--num-blocks", type=int, default=4200,
+                    help="blocks of 64 tokens per KV head (default: 8 requests of 32k at a time when uniform)")
+    ap.add_argument("--modes", default=DEFAULT_MODES)
+    ap.add_argument("--quick", action="store_true",
+                    help="8 requests x 32 tokens, a budget of 4 uniform 32k requests (about 2-3 min)")
     ap.add_argument("--dir", default="/tmp/paddle_mla_bench_qwen3_swa")
     ap.add_argument("--json")
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--tiny", action="store_true", help="small dims (a CPU smoke test of the script)")
     args = ap.parse_args()
+    if args.quick:
+        args.requests, args.output, args.num_blocks = 8, 32, 2100
     path = Path(args.dir) / (f"layers{args.layers}" + ("_tiny" if args.tiny else ""))
+    t0 = time.perf_counter()
     write_checkpoint(path, args.layers, args.tiny)
-    rows = []
+    print(f"checkpoint ready in {time.perf_counter() - t0:.0f} s", flush=True)
+    rows = {}
     for mode in args.modes.split(","):
-        rows.append(bench_mode(path, mode, args))
+        t = time.perf_counter()
+        rows[mode] = bench_mode(path, mode, args)
+        print(f"{mode}: {time.perf_counter() - t:.0f} s", flush=True)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    base = rows[0]
-    print(f"Qwen3-8B dims, {args.layers} layers, context {args.context}, W {args.window}, S {args.sink}, "
-          f"{args.num_blocks} blocks/head, {args.requests} requests x {args.output} tokens")
-    print("| mode | TTFT ms | TBT ms | decode tok/s | vs first | KV MiB/request | peak concurrent |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['mode']} | {r['ttft_ms']:.1f} | {r['tbt_ms']:.2f} | {r['decode_tok_s']:.0f} | "
-              f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x | {r['kv_mib_per_request']:.1f} | {r['peak_concurrent']} |")
+    report(rows, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
 

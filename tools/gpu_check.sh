@@ -90,7 +90,7 @@ else
   echo "=== data parallel benchmark skipped: it needs 2 GPUs, this machine has $NGPU" | tee "$OUT/bench_dp.md"
 fi
 echo "=== head-wise SWA (Qwen3-8B dims, 4 layers, 32k context, ratio 0.5): uniform vs head-wise, recycling off/on"
-PYTHONPATH=. python3 tools/bench_swa.py --layers 4 --context 32768 --json "$OUT/bench_swa.json" 2>&1 | tee "$OUT/bench_swa.md"
+PYTHONPATH=. python3 tools/bench_swa.py --quick --json "$OUT/bench_swa.json" 2>&1 | tee "$OUT/bench_swa.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "gpu_check status: $status"
 exit $status

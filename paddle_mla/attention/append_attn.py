@@ -20,9 +20,10 @@ from paddle_mla.ops import build
 @register_backend("append_attn")
 class AppendAttnBackend(GQABackend):
     def __init__(self, dims: GQADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str,
-                 dtype, num_swa_heads: int = 0, window: int = 0, sink: int = 0, max_num_batched_tokens: int = 0):
+                 dtype, num_swa_heads: int = 0, window: int = 0, sink: int = 0, max_num_batched_tokens: int = 0,
+                 swa_mask: bool = False):
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, num_swa_heads, window, sink,
-                         max_num_batched_tokens)
+                         max_num_batched_tokens, swa_mask)
         on_gpu = not str(device).startswith("cpu")
         if op.implementation(on_gpu) != "custom_op":
             why = build.unavailable_reason() or "the custom ops were built without CUDA (nvcc not found)"
@@ -37,4 +38,4 @@ class AppendAttnBackend(GQABackend):
             q, k, v, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens_k_dev,
             meta.batch_id_per_token, meta.positions, layer_rope.cos_sin, out, softmax_scale=self.dims.softmax_scale,
             neox=layer_rope.neox, rot_dim=layer_rope.rot_dim, num_swa_heads=self.num_swa_heads, window=self.window,
-            sink=self.sink, workspace=self.workspace, decode_only=bool(meta.is_decode_only))
+            sink=self.sink, swa_mask=self.swa_mask, workspace=self.workspace, decode_only=bool(meta.is_decode_only))

@@ -109,7 +109,7 @@ class GQABackend(ABC):
 
     def __init__(self, dims: GQADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str,
                  dtype: Any, num_swa_heads: int = 0, window: int = 0, sink: int = 0,
-                 max_num_batched_tokens: int = 0):
+                 max_num_batched_tokens: int = 0, swa_mask: bool = False):
         self.dims = dims
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -118,6 +118,7 @@ class GQABackend(ABC):
         self.device = device
         self.dtype = dtype
         self.num_swa_heads, self.window, self.sink = num_swa_heads, window, sink
+        self.swa_mask = swa_mask    # walk the whole row and mask (same outputs; the native reference masks anyway)
 
     @property
     def caps(self) -> BackendCaps:

@@ -61,16 +61,18 @@ def _slot_rows(block_tables, rows_b, blk_idx, num_kv_heads: int):
 
 
 def write_kv(k_cache, v_cache, k, v, block_tables, batch_id_per_token, positions):
-    """Step (2): k, v [T, Hkv, D] into the caches at each token's slot; -1 blocks are skipped."""
-    Hkv, NB, bs, D = k_cache.shape
-    T = k.shape[0]
+    """Step (2): k, v [T, Hkv, D] into the caches at each token's slot; -1 blocks are skipped.
+    A flat [num_blocks, bs, D] cache (per-head ranges) takes global ids from head-wise tables."""
+    NB, bs, D = k_cache.shape[-3:]
+    stride = NB if k_cache.dim() == 4 else 0          # flat: the ids already name the head's range
+    Hkv, T = k.shape[1], k.shape[0]
     if T == 0:
         return
     bid = batch_id_per_token[:T].to(torch.int64)
     pos = positions[:T].to(torch.int64)
     blocks = _slot_rows(block_tables, bid, pos // bs, Hkv)                          # [T, Hkv]
     heads = torch.arange(Hkv, dtype=torch.int64, device=blocks.device).unsqueeze(0)
-    flat_idx = (heads * NB + blocks) * bs + (pos % bs).unsqueeze(1)                  # [T, Hkv]
+    flat_idx = (heads * stride + blocks) * bs + (pos % bs).unsqueeze(1)              # [T, Hkv]
     keep = (blocks >= 0).reshape(-1)
     flat_idx = flat_idx.reshape(-1)[keep]
     k_cache.view(-1, D)[flat_idx] = k.reshape(-1, D)[keep].to(k_cache.dtype)
@@ -81,8 +83,11 @@ def _gather_request(cache, table_row, k_len: int):
     """Keys (or values) 0..k_len-1 of one request per KV head: ([Hkv, k_len, D] float32, present [Hkv, k_len]).
 
     ``table_row`` is [max_blocks] (uniform) or [Hkv, max_blocks]; positions whose block is -1 come
-    back as zeros with present=False (their block is never read)."""
-    Hkv, NB, bs, D = cache.shape
+    back as zeros with present=False (their block is never read). A flat cache [num_blocks, bs, D]
+    takes head-wise rows of global ids."""
+    NB, bs, D = cache.shape[-3:]
+    Hkv = cache.shape[0] if cache.dim() == 4 else table_row.shape[0]
+    stride = NB if cache.dim() == 4 else 0
     n_blocks = -(-k_len // bs)
     row = table_row[..., :n_blocks].to(torch.int64)
     if row.dim() == 1:
@@ -91,7 +96,7 @@ def _gather_request(cache, table_row, k_len: int):
     blocks = row.index_select(1, j // bs)                                            # [Hkv, k_len]
     present = blocks >= 0
     heads = torch.arange(Hkv, dtype=torch.int64, device=row.device).unsqueeze(1)
-    flat_idx = (heads * NB + torch.clamp(blocks, min=0)) * bs + (j % bs).unsqueeze(0)
+    flat_idx = (heads * stride + torch.clamp(blocks, min=0)) * bs + (j % bs).unsqueeze(0)
     vals = cache.view(-1, D).index_select(0, flat_idx.reshape(-1)).reshape(Hkv, k_len, D).to(torch.float32)
     vals = torch.where(present.unsqueeze(-1), vals, torch.zeros_like(vals))
     return vals, present
@@ -122,6 +127,8 @@ def append_attention_reference(q, k, v, k_cache, v_cache, block_tables, cu_seqle
         raise ValueError(f"num_swa_heads {num_swa_heads} not in [0, {Hkv}]")
     if num_swa_heads and window < 1:
         raise ValueError(f"SWA heads need a window >= 1 (got {window}): a query must see itself")
+    if k_cache.dim() == 3 and block_tables.dim() != 3:
+        raise ValueError("a flat [num_blocks, block_size, D] cache needs head-wise [B, Hkv, M] tables")
     if rot_dim % 2 or not 0 < rot_dim <= D:
         raise ValueError(f"rot_dim {rot_dim} must be even and in (0, {D}]")
     group = Hq // Hkv

@@ -44,6 +44,10 @@ class HeadWisePool:
         self.swa = [BlockPool(swa_num_blocks, block_size, enable_prefix_caching) for _ in range(spec.num_swa_heads)]
         self.pools = ([self.full] if self.full else []) + self.swa
         self.num_blocks = self.pools[0].num_blocks   # the full heads' range (the SWA heads' when all are SWA)
+        # Unequal ranges live in one flat cache per layer (kv_cache.allocate_flat_gqa_caches): the
+        # tables then carry global ids, head h's local id i being bases[h] + i. Equal ranges keep the
+        # head-major [Hkv, num_blocks, ...] cache and local ids.
+        self.bases = head_bases(spec, num_blocks, swa_num_blocks) if swa_num_blocks != num_blocks else None
         self._changes = 0    # see version
         self.peak_head_blocks = 0   # peak of head_blocks_used(): KV memory, for benchmarks
 
@@ -219,7 +223,8 @@ class HeadWisePool:
     # -- what the model runner uploads ---------------------------------------------------------------
     def block_tables(self, seqs: list[Sequence], width: int) -> np.ndarray:
         """int32 ``[len(seqs), num_kv_heads, width]``: each KV head's row of each sequence, with
-        local block ids and -1 for no block (the head-wise table of GQA_CONTRACT)."""
+        local block ids (global ids in the flat cache when ranges differ: ``bases``) and -1 for no
+        block (the head-wise table of GQA_CONTRACT)."""
         spec = self.spec
         out = np.full((len(seqs), spec.num_kv_heads, width), -1, dtype=np.int32)
         for b, seq in enumerate(seqs):
@@ -227,6 +232,8 @@ class HeadWisePool:
                 out[b, :spec.first_swa_head, :len(seq.block_ids)] = seq.block_ids
             for r, row in enumerate(seq.swa_block_ids):
                 out[b, spec.first_swa_head + r, :len(row)] = row
+        if self.bases is not None:
+            out = np.where(out >= 0, out + self.bases[None, :, None], -1).astype(np.int32)
         return out
 
 
@@ -246,9 +253,36 @@ def split_head_blocks(total_head_blocks: int, spec: HeadWiseSwa, block_size: int
     return full, swa
 
 
+def head_ranges(spec: HeadWiseSwa, num_blocks: int, block_size: int, sched, usable_blocks: int
+                ) -> tuple[int, int | None]:
+    """(full heads' range, SWA heads' range or None when equal) for a budget of ``num_blocks`` blocks
+    per KV head (``cache.num_blocks``, or what the memory profile fits): split_head_blocks, the full
+    heads capped at ``usable_blocks`` (kv_cache.usable_num_blocks: more are never used). Unequal
+    ranges go into one flat cache of flat_cache_blocks(...) <= num_kv_heads x num_blocks blocks."""
+    full, swa = split_head_blocks(spec.num_kv_heads * num_blocks, spec, block_size, sched.max_num_seqs,
+                                  sched.max_num_batched_tokens)
+    if swa == full:
+        return num_blocks, None
+    return min(full, usable_blocks), swa
+
+
+def head_bases(spec: HeadWiseSwa, full_num_blocks: int, swa_num_blocks: int) -> np.ndarray:
+    """First global block id of each KV head's range in one flat cache: the full heads' ranges of
+    ``full_num_blocks`` first, then the SWA heads' of ``swa_num_blocks`` (int32 [num_kv_heads])."""
+    nf = spec.num_full_heads
+    return np.array([h * full_num_blocks if h < nf else nf * full_num_blocks + (h - nf) * swa_num_blocks
+                     for h in range(spec.num_kv_heads)], dtype=np.int32)
+
+
+def flat_cache_blocks(spec: HeadWiseSwa, full_num_blocks: int, swa_num_blocks: int) -> int:
+    """Blocks of the flat cache holding every head's range."""
+    return spec.num_full_heads * full_num_blocks + spec.num_swa_heads * swa_num_blocks
+
+
 def make_block_pool(num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                    spec: HeadWiseSwa | None) -> BlockPool | HeadWisePool:
-    """The engine's pool: one BlockPool (uniform tables) without head-wise SWA, else per-head pools."""
-    if spec is None:
+                    spec: HeadWiseSwa | None, swa_num_blocks: int | None = None) -> BlockPool | HeadWisePool:
+    """The engine's pool: one BlockPool (uniform tables) without head-wise SWA or in its mask mode,
+    else per-head pools (``num_blocks`` per full head, ``swa_num_blocks``, default the same, per SWA head)."""
+    if spec is None or not spec.head_wise_tables:
         return BlockPool(num_blocks, block_size, enable_prefix_caching)
-    return HeadWisePool(spec, num_blocks, block_size, enable_prefix_caching)
+    return HeadWisePool(spec, num_blocks, block_size, enable_prefix_caching, swa_num_blocks)

@@ -62,6 +62,15 @@ def allocate_gqa_caches(num_layers: int, num_kv_heads: int, num_blocks: int, blo
             for _ in range(num_layers)]
 
 
+def allocate_flat_gqa_caches(num_layers: int, total_blocks: int, block_size: int, head_dim: int, dtype,
+                             device: str):
+    """(K, V) per layer, each [total_blocks, block_size, head_dim]: every KV head's range of one array
+    (per-head ranges of unequal size, head-wise SWA with recycling; HeadWisePool.bases places them)."""
+    shape = (total_blocks, block_size, head_dim)
+    return [(torch.zeros(*shape, dtype=dtype, device=device), torch.zeros(*shape, dtype=dtype, device=device))
+            for _ in range(num_layers)]
+
+
 def allocate_index_caches(num_layers: int, num_blocks: int, block_size: int, head_dim: int, dtype, device: str):
     """deepseek_v32 indexer keys, [num_blocks, block_size, 1, index_head_dim] per layer, same block ids."""
     return allocate_latent_caches(num_layers, num_blocks, block_size, head_dim, dtype, device)

@@ -24,6 +24,12 @@ class HeadWiseSwa:
     window: int          # W, tokens
     sink: int            # S, tokens
     recycle: bool        # cache.swa_recycle
+    mask: bool = False   # attention.swa_mode mask: uniform tables, SWA heads walk the whole row and mask
+
+    @property
+    def head_wise_tables(self) -> bool:
+        """Per-KV-head pools and [B, Hkv, M] tables (skip mode); mask mode keeps one uniform pool."""
+        return not self.mask
 
     @property
     def first_swa_head(self) -> int:
@@ -50,8 +56,8 @@ class HeadWiseSwa:
         return max(0, num_computed - self.window + 1) // block_size
 
     def backend_kwargs(self) -> dict[str, int]:
-        """What the attention op takes (GQA_CONTRACT: num_swa_heads, window, sink)."""
-        return {"num_swa_heads": self.num_swa_heads, "window": self.window, "sink": self.sink}
+        """What the attention op takes (GQA_CONTRACT: num_swa_heads, window, sink; swa_mask)."""
+        return {"num_swa_heads": self.num_swa_heads, "window": self.window, "sink": self.sink, "swa_mask": self.mask}
 
 
 def head_wise_swa(cfg: EngineConfig, family: str, num_kv_heads: int) -> HeadWiseSwa | None:
@@ -65,7 +71,7 @@ def head_wise_swa(cfg: EngineConfig, family: str, num_kv_heads: int) -> HeadWise
         raise ConfigError([f"'attention.head_wise_swa_ratio' is {a.head_wise_swa_ratio}: head-wise sliding-window "
                            f"attention needs a GQA model (qwen3, ernie4_5, llama); this checkpoint is {family!r}"])
     return HeadWiseSwa(num_kv_heads, swa_heads(a.head_wise_swa_ratio, num_kv_heads), a.sliding_window,
-                       a.sink_tokens, cfg.cache.swa_recycle)
+                       a.sink_tokens, cfg.cache.swa_recycle, a.swa_mode == "mask")
 
 
 def swa_needed_blocks(spec: HeadWiseSwa, num_cached_blocks: int, block_size: int) -> list[int]:

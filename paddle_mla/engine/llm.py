@@ -72,7 +72,8 @@ class LLM:
         self.runner = build_runner(config, model_dir, model=model)   # rank 0 of N with parallel.tensor_parallel_size N
         self.max_model_len = self.runner.limits.max_model_len
         self.pool = make_block_pool(self.runner.limits.num_blocks, config.cache.block_size,
-                                    config.cache.enable_prefix_caching, self.runner.head_wise_swa)
+                                    config.cache.enable_prefix_caching, self.runner.head_wise_swa,
+                                    self.runner.swa_num_blocks)
         self.runner.attach_pool(self.pool)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.max_model_len)
         eos = set(self.runner.arch.eos_token_ids) | set(self.tokenizer.eos_token_ids)

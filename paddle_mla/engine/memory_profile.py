@@ -17,6 +17,7 @@ fixed budget of ``kv_cache.auto_num_blocks`` stays.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -98,6 +99,11 @@ def dummy_prefill_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, 
                      is_prefill=np.ones(rows, dtype=bool), sample_mask=np.ones(rows, dtype=bool))
 
 
+def head_wise_tables(batch: StepBatch, num_kv_heads: int) -> StepBatch:
+    """``batch`` with each uniform table row given to every KV head: [B, Hkv, M]."""
+    return dataclasses.replace(batch, block_tables=np.repeat(batch.block_tables[:, None, :], num_kv_heads, 1))
+
+
 def dummy_decode_batch(rows: int, vocab_size: int) -> StepBatch:
     """``rows`` decodes of one token after one cached token, all in block 0."""
     return StepBatch(token_ids=np.arange(rows, dtype=np.int64) % vocab_size, num_new=np.ones(rows, dtype=np.int32),
@@ -138,6 +144,9 @@ def profile_kv_cache(runner, per_block: int, max_model_len: int, index_dim: int,
     prefill = dummy_prefill_batch(sc.max_num_batched_tokens, sc.max_num_seqs, max_model_len, bs, vocab)
     decode = dummy_decode_batch(sc.max_num_seqs, vocab)
     nblk = prefill.block_tables.shape[1]
+    heads = runner._table_heads()
+    if heads:    # head-wise SWA: the op reads [B, Hkv, M] tables every step; profile that path
+        prefill, decode = head_wise_tables(prefill, heads), head_wise_tables(decode, heads)
     caches = allocate_kv_caches(arch, nblk, bs, runner.dtype, runner.device)
     if index_dim:
         runner.model.attach_index_caches(allocate_index_caches(arch.num_layers, nblk, bs, index_dim, runner.dtype,

@@ -22,8 +22,10 @@ import torch  # noqa: E402
 from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
 from paddle_mla.backend_caps import check_model_backend, resolve_backend  # noqa: E402
-from paddle_mla.cache.kv_cache import (allocate_index_caches, allocate_kv_caches,  # noqa: E402
-                                       auto_num_blocks, bytes_per_block, kv_width)
+from paddle_mla.cache.kv_cache import (allocate_flat_gqa_caches, allocate_index_caches,  # noqa: E402
+                                       allocate_kv_caches, auto_num_blocks, bytes_per_block, kv_width,
+                                       usable_num_blocks)
+from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges  # noqa: E402
 from paddle_mla.cache.swa import head_wise_swa  # noqa: E402
 from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
@@ -130,8 +132,21 @@ class ModelRunner:
                                          cfg.cache.gpu_memory_utilization)
         if tp is not None:   # one block pool for all ranks: the smallest rank's count
             num_blocks = tp.agree_min(num_blocks)
+        # Head-wise SWA with recycling: the budget of num_blocks per KV head is re-split so each SWA
+        # head's range holds what recycled rows can use and the full heads get the rest; unequal
+        # ranges live in one flat cache per layer (limits.num_blocks is then the full heads' range).
+        swa = self.head_wise_swa
+        self.swa_num_blocks = None
+        if swa is not None and swa.head_wise_tables:
+            usable = usable_num_blocks(cfg.scheduler.max_num_seqs, max_model_len, bs)
+            num_blocks, self.swa_num_blocks = head_ranges(swa, int(num_blocks), bs, cfg.scheduler, usable)
         self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
-        self.kv_caches = allocate_kv_caches(arch, self.limits.num_blocks, bs, self.dtype, self.device)
+        if self.swa_num_blocks is not None:
+            self.kv_caches = allocate_flat_gqa_caches(arch.num_layers,
+                                                      flat_cache_blocks(swa, num_blocks, self.swa_num_blocks), bs,
+                                                      arch.gqa.head_dim, self.dtype, self.device)
+        else:
+            self.kv_caches = allocate_kv_caches(arch, self.limits.num_blocks, bs, self.dtype, self.device)
         if index_dim:
             self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
                                                       self.dtype, self.device)
@@ -158,7 +173,8 @@ class ModelRunner:
 
     def _table_heads(self) -> int:
         """KV heads of a head-wise block table (0: uniform [B, max_blocks] tables)."""
-        return self.head_wise_swa.num_kv_heads if self.head_wise_swa is not None else 0
+        swa = self.head_wise_swa
+        return swa.num_kv_heads if swa is not None and swa.head_wise_tables else 0
 
     def attach_pool(self, pool) -> None:
         """The engine's block pool (LLM builds it from ``limits``): head-wise SWA reads each step's
@@ -181,7 +197,7 @@ class ModelRunner:
 
     def _gather(self, out: SchedulerOutput):
         host = gather_step(self.inputs, out.scheduled)
-        if self.head_wise_swa is not None:
+        if self._table_heads():
             # Recycling and prefix hits turn an SWA row's entries into -1 anywhere in the row, so the
             # uniform rows' append-only deltas do not apply: the rows are rebuilt from the pool (host
             # work O(batch x heads x blocks), no device sync).

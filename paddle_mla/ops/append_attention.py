@@ -35,10 +35,11 @@ def implementation(on_gpu: bool = False) -> str:
 
 def append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, batch_id_per_token,
                      positions, cos_sin, out, *, softmax_scale: float, neox: bool, rot_dim: int,
-                     num_swa_heads: int = 0, window: int = 0, sink: int = 0, workspace=None,
-                     decode_only: bool = False):
+                     num_swa_heads: int = 0, window: int = 0, sink: int = 0, swa_mask: bool = False,
+                     workspace=None, decode_only: bool = False):
     """Writes the step's roped K/V into ``k_cache``/``v_cache`` and the attention output into ``out``
-    ([T, Hq, D], dtype of q); returns ``out``."""
+    ([T, Hq, D], dtype of q); returns ``out``. ``swa_mask``: SWA heads walk every key j <= p and mask
+    those outside their window instead of skipping them (same outputs; the benchmarks' baseline)."""
     on_gpu = bool(q.is_cuda)
     if implementation(on_gpu) == "reference":
         why = build.unavailable_reason() or "the custom ops were built without CUDA (nvcc not found)"
@@ -50,5 +51,5 @@ def append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_
     build.load_ops().append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k,
                                       batch_id_per_token, positions, cos_sin, out, workspace, float(softmax_scale),
                                       bool(neox), int(rot_dim), int(num_swa_heads), int(window), int(sink),
-                                      bool(decode_only))
+                                      bool(swa_mask), bool(decode_only))
     return out

@@ -71,8 +71,8 @@ class CompiledOps:
     get_cu_seqlens: Callable[..., Any]
     compute_slot_mapping: Callable[..., Any]
     # (q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, batch_id_per_token, positions,
-    #  cos_sin, out, workspace, softmax_scale, neox, rot_dim, num_swa_heads, window, sink, decode_only):
-    # updates k_cache, v_cache, out in place; see paddle_mla/ops/append_attention.py
+    #  cos_sin, out, workspace, softmax_scale, neox, rot_dim, num_swa_heads, window, sink, swa_mask,
+    #  decode_only): updates k_cache, v_cache, out in place; see paddle_mla/ops/append_attention.py
     append_attention: Callable[..., Any]
     runtime: str
     with_cuda: bool
@@ -389,7 +389,7 @@ def _register_torch_fakes() -> None:
 
     @torch.library.register_fake("paddle_mla::append_attention")
     def _(q, k, v, k_cache, v_cache, tables, cu_q, lens, ids, pos, cos_sin, out, ws, scale, neox, rot, swa, window,
-          sink, decode_only):
+          sink, swa_mask, decode_only):
         return None  # mutates k_cache, v_cache, out
 
 
