@@ -120,7 +120,9 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
       if (i < hi) {
         const int64_t j = keys.position(i);
         const int64_t blk = block_of(a, b, g, j);
-        if (blk >= 0) off = cache_offset(a, g, blk, j);
+        // swa_mask (the uniform-table baseline) walks every key of an SWA head: those outside its
+        // sinks and window are masked here, like a -1 block (always visible in skip mode)
+        if (blk >= 0 && key_visible(a, g, p, j)) off = cache_offset(a, g, blk, j);
       }
       offs[st * TK + tid] = off;
     }
