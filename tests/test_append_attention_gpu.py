@@ -176,20 +176,22 @@ def test_tc_decode_matches_cpu_op(case, env, monkeypatch):
     compare(got, _TC_WANT[case], TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])   # bf16 decode rows take the tensor-core kernel
 @pytest.mark.parametrize("reqs", ["mixed", "decode", "long_prefill"])
 @pytest.mark.parametrize("table", [t for t in TABLES if t[2][0]], ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
-def test_cuda_swa_mask_mode_matches_skip_mode(table, reqs):
+def test_cuda_swa_mask_mode_matches_skip_mode(table, reqs, dtype):
     """swa_mask=True (the decode and prefill kernels walk every key j <= p of an SWA head and mask it
     in attend_tile) against the default skip mode on the GPU and the C++ op's mask mode on CPU.
     Tile boundaries differ between the modes, so fp32 agrees to rounding, not bit for bit."""
     bs, head_wise, swa = table
     c = Case(REQS[reqs], 12, 4, 80, 64, False, bs, head_wise, swa, pad=3, seed=13)
     data = make_data(c)
-    mask = run_case(c, op.append_attention, torch.float32, gpu(), data, swa_mask=True)
+    dt = getattr(torch, dtype)
+    mask = run_case(c, op.append_attention, dt, gpu(), data, swa_mask=True)
     assert not np.isnan(mask[0]).any(), "NaN in the output: a masked or -1 slot was read"
-    skip = run_case(c, op.append_attention, torch.float32, gpu(), data)
-    compare(mask, skip, TOL["float32"])
-    compare(mask, run_case(c, op.append_attention, torch.float32, "cpu", data, swa_mask=True), TOL["float32"])
+    skip = run_case(c, op.append_attention, dt, gpu(), data)
+    compare(mask, skip, TOL[dtype])
+    compare(mask, run_case(c, op.append_attention, dt, "cpu", data, swa_mask=True), TOL[dtype])
 
 
 @pytest.mark.parametrize("reqs", ["mixed", "decode", "long_prefill"])
