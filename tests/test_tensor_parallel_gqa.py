@@ -73,7 +73,8 @@ def test_kv_heads_not_divisible_is_a_clear_error(tmp_path):
     from paddle_mla.models.arch import load_arch
     from paddle_mla.parallel.sharding import local_arch
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", **_BASE, **CONFIGS["qwen3_g2_yarn_sharded"][1]}))
+    cfg = {"model_type": "qwen3", **_BASE, **CONFIGS["qwen3_g2_yarn_sharded"][1]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
     arch = load_arch(str(tmp_path))
     with pytest.raises(ValueError, match=r"tensor_parallel_size 2 must divide num_key_value_heads 3"):
         local_arch(arch, 2)
