@@ -97,3 +97,36 @@ def test_parallel_config_is_validated():
                        (("runtime=paddle", "parallel.tensor_parallel_size=2"), "torch-only for now")):
         with pytest.raises(ConfigError, match=words):
             load_config(None, bad)
+
+
+def test_gqa_checkpoint_shards(tmp_path):
+    """A llama checkpoint with every bias (6 q heads, 2 KV heads, head_dim 10) over 2 ranks: each
+    rank holds its KV head's k/v rows and biases and the q heads of that group, its o_proj columns,
+    its MLP widths; o_proj / down_proj biases and norms whole. Head ranges written out here."""
+    pytest.importorskip("transformers")
+    from test_gqa_oracle import CONFIGS, _hf_model
+
+    prefix, extra, _ = CONFIGS["llama_g1_llama3_bias"]
+    dims = {"num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 10}
+    _hf_model(prefix, {**extra, **dims}).save_pretrained(tmp_path)
+    _check_shards(tmp_path)
+    arch = load_arch(tmp_path)
+    full = {k: _np(v) for k, v in load_weights(tmp_path, arch, torch.float32, "cpu").items()}
+    a, inter = "model.layers.1.self_attn.", full["model.layers.1.mlp.gate_proj.weight"].shape[0]
+    for rank in range(2):
+        loaded = load_weights(tmp_path, arch, torch.float32, "cpu", tp_rank=rank, tp_size=2)
+        local = {k: _np(v) for k, v in loaded.items()}
+        q, kv = slice(rank * 30, rank * 30 + 30), slice(rank * 10, rank * 10 + 10)   # 3 q heads / 1 KV head of 10
+        for n in ("q_proj.weight", "q_proj.bias"):
+            np.testing.assert_array_equal(local[a + n], full[a + n][q])
+        for n in ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"):
+            np.testing.assert_array_equal(local[a + n], full[a + n][kv])
+        np.testing.assert_array_equal(local[a + "o_proj.weight"], full[a + "o_proj.weight"][:, q])
+        np.testing.assert_array_equal(local[a + "o_proj.bias"], full[a + "o_proj.bias"])
+        lo, hi = split_range(inter, rank, 2)
+        m = "model.layers.1.mlp."
+        np.testing.assert_array_equal(local[m + "up_proj.bias"], full[m + "up_proj.bias"][lo:hi])
+        np.testing.assert_array_equal(local[m + "down_proj.weight"], full[m + "down_proj.weight"][:, lo:hi])
+        np.testing.assert_array_equal(local[m + "down_proj.bias"], full[m + "down_proj.bias"])
+    local_dims = local_arch(arch, 2).gqa
+    assert (local_dims.num_heads, local_dims.num_kv_heads, local_dims.head_dim) == (3, 1, 10)

@@ -9,8 +9,15 @@ step of ``--batch`` requests at ``--context`` tokens each (paged latent cache, r
 timed as the engine runs it: ``forward_step`` (rank 0 sends the batch to the worker, metadata,
 model, gathered logits) + greedy argmax + the one host read. Target (issue 15): TP=2 <= 0.6x TP=1.
 
+Memory target (issue 15: a model that does not fit one GPU's budget runs under TP=2):
+``--gpu-memory-utilization U`` sizes the KV cache by the profile run (``cache.num_blocks: auto``)
+under that budget; a TP size whose engine cannot start in it is a row "does not fit" with the
+profile's reason, and TP=1 is then also run without the budget (a fixed cache) as the ratio's
+baseline, so one command measures both targets. At U=0.2 (28 GiB of an H200) the 27-layer model's
+31 GB of bf16 weights do not fit one GPU; under TP=2 each rank holds about half, and the step runs.
+
     PYTHONPATH=. python tools/bench_tp.py [--layers 27] [--batch 64] [--context 4096] [--tp 1,2]
-        [--dir /tmp/bench_v2lite_27L] [--iters 30] [--json out.json]
+        [--dir /tmp/bench_v2lite_27L] [--iters 30] [--json out.json] [--gpu-memory-utilization 0.2]
 
 NCCL_NVLS_ENABLE=0 is set for every rank (the GPU machines' rule: no NVLink multicast).
 """
@@ -18,6 +25,7 @@ NCCL_NVLS_ENABLE=0 is set for every rank (the GPU machines' rule: no NVLink mult
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -57,19 +65,42 @@ def time_decode(llm: LLM, batch: StepBatch, iters: int) -> float:
     return time_steps(llm.runner, batch, iters)
 
 
-def run(tp: int, path: Path, args) -> dict:
-    num_blocks = args.batch * (-(-args.context // BLOCK) + 1) + 8
+def run(tp: int, path: Path, args, budget: float) -> dict:
+    need = args.batch * -(-args.context // BLOCK)        # the decode batch's blocks
+    num_blocks = need + args.batch + 8
     gpu = not args.smoke
+    cache = ({"block_size": BLOCK, "num_blocks": "auto", "gpu_memory_utilization": budget} if budget else
+             {"block_size": BLOCK, "num_blocks": num_blocks})
     cfg = config_from_dict({
         "model": str(path), "runtime": "torch", "device": "gpu" if gpu else "cpu",
         "dtype": "bfloat16" if gpu else "float32", "attention": {"backend": "triton_mla" if gpu else "native"},
         "cuda_graph": gpu, "max_model_len": args.context + BLOCK,
-        "cache": {"block_size": BLOCK, "num_blocks": num_blocks},
+        "cache": cache,
         "scheduler": {"max_num_seqs": args.batch, "enable_chunked_prefill": True},
         "parallel": {"tensor_parallel_size": tp}})
     t = time.perf_counter()
-    llm = LLM(cfg)
+    try:
+        llm = LLM(cfg)
+    except RuntimeError as exc:
+        if not budget:
+            raise
+        print(f"TP={tp} does not fit gpu_memory_utilization {budget}:\n{exc}\n", file=sys.stderr)
+        error = str(exc).splitlines()[0]
+    else:
+        error = None
+    if error is not None:   # outside the except block: the failed engine's weights are free to go
+        gc.collect()
+        runtime.empty_cache()
+        return dict(tp=tp, budget=budget, step_ms=float("nan"), engine_start_s=time.perf_counter() - t,
+                    rank0_peak_gib=0.0, fits=False, error=error)
     start_s = time.perf_counter() - t
+    prof = llm.runner.memory_profile
+    weights_gib = prof.weights / 2**30 if prof is not None else 0.0
+    num_blocks = llm.runner.limits.num_blocks
+    if num_blocks < need:
+        llm.close()
+        raise SystemExit(f"TP={tp}: the KV cache holds {num_blocks} blocks, the decode batch needs {need}: "
+                         "raise --gpu-memory-utilization or lower --batch / --context")
     for cache in llm.runner.kv_caches:       # rank 0's cache; the values do not change the work
         cache.normal_(0.0, 1.0)
     step_s = time_decode(llm, decode_batch(num_blocks, args.batch, args.context), args.iters)
@@ -79,7 +110,8 @@ def run(tp: int, path: Path, args) -> dict:
     runtime.empty_cache()
     if gpu:
         torch.cuda.reset_peak_memory_stats()
-    return dict(tp=tp, step_ms=step_s * 1e3, engine_start_s=start_s, rank0_peak_gib=mem)
+    return dict(tp=tp, budget=budget, step_ms=step_s * 1e3, engine_start_s=start_s, rank0_peak_gib=mem, fits=True,
+                rank0_weights_gib=weights_gib, kv_blocks=num_blocks)
 
 
 def main() -> None:
@@ -92,24 +124,46 @@ def main() -> None:
     ap.add_argument("--dir", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.0,
+                    help="size the KV cache by the profile run under this budget (the memory target); "
+                         "a TP size that does not fit is reported, not fatal (CPU: the budget is ignored)")
     args = ap.parse_args()
     cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_DIMS if args.smoke else {}))
     path = Path(args.dir or f"/tmp/bench_v2lite_{args.layers}L{'_smoke' if args.smoke else ''}")
     if not (path / "config.json").exists():
         print(f"writing a random bf16 checkpoint to {path}", file=sys.stderr)
         write_checkpoint(path, cfg, 5 * 10 ** 9)
-    rows = [run(int(tp), path, args) for tp in args.tp.split(",")]
-    base = rows[0]["step_ms"]
+    rows = []
+    for tp in map(int, args.tp.split(",")):
+        rows.append(run(tp, path, args, args.gpu_memory_utilization))
+        if not rows[-1]["fits"] and tp == 1:   # the ratio's baseline: TP=1 without the budget
+            rows.append(run(tp, path, args, 0.0))
+    base = next((r["step_ms"] for r in rows if r["fits"] and r["tp"] == 1), float("nan"))
     print(f"# TP decode step: V2-Lite dims, {args.layers} layers, batch {args.batch}, context {args.context}, "
-          + ("SMOKE (tiny dims, CPU fp32, native)\n" if args.smoke else
-             f"bf16, triton_mla + CUDA graphs, {runtime.device_name()}\n"))
-    print(f"| TP | step ms | vs TP={rows[0]['tp']} | engine start s | rank-0 peak GiB |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+          + ("SMOKE (tiny dims, CPU fp32, native)" if args.smoke else
+             f"bf16, triton_mla + CUDA graphs, {runtime.device_name()}")
+          + (f", gpu_memory_utilization {args.gpu_memory_utilization} (KV cache: auto)\n"
+             if args.gpu_memory_utilization else "\n"))
+    print("| TP | gpu_memory_utilization | fits | step ms | vs TP=1 | engine start s | rank-0 weights GiB "
+          "| KV blocks | rank-0 peak GiB |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         r["ratio"] = r["step_ms"] / base
-        print(f"| {r['tp']} | {r['step_ms']:.2f} | {r['ratio']:.2f}x | {r['engine_start_s']:.0f} | "
-              f"{r['rank0_peak_gib']:.1f} |")
-    print("\ntarget: TP=2 step <= 0.6x TP=1")
+        util = r["budget"] or "- (fixed cache)"
+        if not r["fits"]:
+            print(f"| {r['tp']} | {util} | no: {r['error']} | - | - | {r['engine_start_s']:.0f} | - | - | - |")
+            continue
+        print(f"| {r['tp']} | {util} | yes | {r['step_ms']:.2f} | {r['ratio']:.2f}x | {r['engine_start_s']:.0f} | "
+              f"{r['rank0_weights_gib']:.1f} | {r['kv_blocks']} | {r['rank0_peak_gib']:.1f} |")
+    two = next((r for r in rows if r["tp"] == 2 and r["fits"]), None)
+    if two is not None:
+        verdict = "met" if two["ratio"] <= 0.6 else "NOT met"
+        print(f"\ntarget: TP=2 step <= 0.6x TP=1: {two['ratio']:.2f}x ({verdict})")
+    if args.gpu_memory_utilization:
+        one = [r for r in rows if r["tp"] == 1 and r["budget"]]
+        met = bool(one) and not one[0]["fits"] and two is not None and two["budget"]
+        print(f"memory target (under gpu_memory_utilization {args.gpu_memory_utilization}: TP=1 does not fit, "
+              f"TP=2 runs): {'met' if met else 'NOT met' + (' (CPU: the budget is ignored)' if args.smoke else '')}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(layers=args.layers, batch=args.batch, context=args.context, rows=rows), f, indent=1)

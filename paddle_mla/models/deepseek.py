@@ -206,13 +206,23 @@ class CausalLM:
         self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
         if self.lm_head is None:
             raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
-        if tp is not None:   # vocab-parallel: this rank's token ids, and a head padded for the gather
-            self.vocab_start = tp.vocab_range(arch.vocab_size)[0]
-            self.lm_head = tp.pad_vocab_rows(self.lm_head, arch.vocab_size)
+        self._vocab_parallel()
         self.moe_exec = MoEExec(device, dtype)
         self.layers = [DecoderLayer(arch, weights, i, self.moe_exec, tp) for i in range(arch.num_layers)]
         self.rope = Rope(arch.rope, device)
         self.backend = None
+
+    def _vocab_parallel(self) -> None:
+        """Under TP: this rank's first token id, and its LM-head rows padded for the gather."""
+        if self.tp is not None:
+            self.vocab_start = self.tp.vocab_range(self.arch.vocab_size)[0]
+            self.lm_head = self.tp.pad_vocab_rows(self.lm_head, self.arch.vocab_size)
+
+    def embed_tokens(self, ids):
+        """Token embeddings, looked up vocab-parallel under TP."""
+        if self.tp is None:
+            return F.embedding(ids, self.embed)
+        return self.tp.embed(ids, self.embed, self.vocab_start)
 
     def reserve_moe_workspace(self, max_num_tokens: int) -> None:
         """Size the fused MoE buffers for calls of up to ``max_num_tokens`` tokens (once, at start-up)."""
@@ -233,10 +243,7 @@ class CausalLM:
     def forward(self, meta, kv_caches: list):
         if self.backend is None:
             raise RuntimeError("call set_backend() before forward()")
-        if self.tp is None:
-            h = F.embedding(meta.input_ids, self.embed)
-        else:
-            h = self.tp.embed(meta.input_ids, self.embed, self.vocab_start)
+        h = self.embed_tokens(meta.input_ids)
         cos, sin = self.rope.cos_sin(meta.positions)
         residual = None
         for layer, cache in zip(self.layers, kv_caches):

@@ -5,6 +5,11 @@ Plain classes holding tensors; the semantics follow transformers' Qwen3 / Ernie4
 code: RMSNorm in fp32 then cast, per-head q/k RMSNorm before rope (qwen3), rope from one
 [max_position, rot_dim] cos||sin table built once (scaling folded in) and applied by the backend,
 optional biases (ernie4_5 use_bias, llama attention_bias / mlp_bias), logits in fp32.
+
+Tensor parallel (``tp``): the loader gives each rank its KV heads and their q heads, its MLP / expert
+widths and vocabulary rows (``paddle_mla.parallel.sharding``) and an ``arch`` with its head counts;
+the per-head q/k norms need no collective; o_proj and each MLP / MoE block are all-reduced once,
+with their output biases added on rank 0 only; embedding and logits as in ``CausalLM``.
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from paddle_mla.attention.backend import LayerRope
 from paddle_mla.models.arch import ModelArch
@@ -33,14 +37,19 @@ def rope_table(arch: ModelArch, device: str) -> LayerRope:
                      rot_dim=arch.rope.dim)
 
 
+def bias_once(tp, bias):
+    """A row-parallel output's bias: every rank's partial output is summed, so one rank adds it."""
+    return bias if tp is None or tp.rank == 0 else None
+
+
 class GQAAttention:
-    def __init__(self, arch: ModelArch, w: dict[str, Any], prefix: str):
-        self.dims, self.eps = arch.gqa, arch.rms_norm_eps
+    def __init__(self, arch: ModelArch, w: dict[str, Any], prefix: str, tp=None):
+        self.dims, self.eps, self.tp = arch.gqa, arch.rms_norm_eps, tp
         a = prefix + "self_attn."
         self.q_proj, self.q_bias = w[a + "q_proj.weight"], w.get(a + "q_proj.bias")
         self.k_proj, self.k_bias = w[a + "k_proj.weight"], w.get(a + "k_proj.bias")
         self.v_proj, self.v_bias = w[a + "v_proj.weight"], w.get(a + "v_proj.bias")
-        self.o_proj, self.o_bias = w[a + "o_proj.weight"], w.get(a + "o_proj.bias")
+        self.o_proj, self.o_bias = w[a + "o_proj.weight"], bias_once(tp, w.get(a + "o_proj.bias"))
         self.q_norm, self.k_norm = w.get(a + "q_norm.weight"), w.get(a + "k_norm.weight")
         if arch.model_type in QK_NORM_FAMILIES and (self.q_norm is None or self.k_norm is None):
             raise ValueError(f"{arch.model_type} checkpoint lacks {a}q_norm.weight / k_norm.weight")
@@ -55,7 +64,8 @@ class GQAAttention:
             q = rms_norm(q, self.q_norm, self.eps)
             k = rms_norm(k, self.k_norm, self.eps)
         out = backend.forward(q.contiguous(), k.contiguous(), v.contiguous(), k_cache, v_cache, meta, layer_rope)
-        return linear(out.reshape(T, d.num_heads * d.head_dim).to(x.dtype), self.o_proj, self.o_bias)
+        out = linear(out.reshape(T, d.num_heads * d.head_dim).to(x.dtype), self.o_proj, self.o_bias)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 def _moe(arch: ModelArch, w: dict[str, Any], p: str, moe_exec: MoEExec) -> MoE:
@@ -67,47 +77,58 @@ def _moe(arch: ModelArch, w: dict[str, Any], p: str, moe_exec: MoEExec) -> MoE:
 
 
 class GQADecoderLayer:
-    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, moe_exec: MoEExec):
+    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, moe_exec: MoEExec, tp=None):
         p = f"model.layers.{i}."
-        self.eps = arch.rms_norm_eps
+        self.eps, self.tp = arch.rms_norm_eps, tp
         self.in_norm = w[p + "input_layernorm.weight"]
         self.post_norm = w[p + "post_attention_layernorm.weight"]
-        self.attn = GQAAttention(arch, w, p)
+        self.attn = GQAAttention(arch, w, p, tp)
         if arch.moe and arch.moe.is_moe_layer(i):
             self.mlp = _moe(arch, w, p + "mlp.", moe_exec)
+            dense = self.mlp.shared
         else:
-            self.mlp = DenseMLP(w, p + "mlp.")
+            self.mlp = dense = DenseMLP(w, p + "mlp.")
+        if dense is not None:
+            dense.down_b = bias_once(tp, dense.down_b)
 
     def forward(self, delta, residual, backend, kv, meta, layer_rope):
         """(MLP output, residual stream before it): the residual adds fuse into the next norm, as in
-        ``deepseek.DecoderLayer``."""
+        ``deepseek.DecoderLayer``; tensor parallel: the MLP / MoE partials are all-reduced once."""
         if residual is None:
             residual, x = delta, rms_norm(delta, self.in_norm, self.eps)
         else:
             residual, x = add_rms_norm(residual, delta, self.in_norm, self.eps)
         a = self.attn.forward(x, backend, kv[0], kv[1], meta, layer_rope)
         residual, x = add_rms_norm(residual, a, self.post_norm, self.eps)
-        return self.mlp.forward(x), residual
+        out = self.mlp.forward(x)
+        return (out if self.tp is None else self.tp.all_reduce(out)), residual
 
 
 class GQACausalLM:
     """``forward(meta, kv_caches)`` with ``kv_caches`` a list of (k_cache, v_cache) per layer."""
 
-    def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any):
+    def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any, tp=None):
+        """``tp``: the tensor-parallel group; ``arch`` and ``weights`` are then this rank's (loader)."""
         if arch.family != "gqa":
             raise ValueError(f"GQACausalLM got a {arch.family} arch ({arch.model_type})")
-        self.arch, self.device, self.dtype = arch, device, dtype
+        self.arch, self.device, self.dtype, self.tp = arch, device, dtype, tp
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
         self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
         if self.lm_head is None:
             raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+        self._vocab_parallel()
         self.moe_exec = MoEExec(device, dtype)
-        self.layers = [GQADecoderLayer(arch, weights, i, self.moe_exec) for i in range(arch.num_layers)]
+        self.layers = [GQADecoderLayer(arch, weights, i, self.moe_exec, tp) for i in range(arch.num_layers)]
         self.rope = rope_table(arch, device)
         self.backend = None
 
-    reserve_moe_workspace = CausalLM.reserve_moe_workspace     # the same rule: size from the first MoE layer
+    # the same rules as the MLA model: MoE workspace from the first MoE layer, vocab-parallel
+    # embedding and LM head (gathered logits) under TP
+    reserve_moe_workspace = CausalLM.reserve_moe_workspace
+    _vocab_parallel = CausalLM._vocab_parallel
+    embed_tokens = CausalLM.embed_tokens
+    compute_logits = CausalLM.compute_logits
 
     def set_backend(self, backend) -> None:
         self.backend = backend
@@ -115,12 +136,9 @@ class GQACausalLM:
     def forward(self, meta, kv_caches: list):
         if self.backend is None:
             raise RuntimeError("call set_backend() before forward()")
-        h, residual = F.embedding(meta.input_ids, self.embed), None
+        h, residual = self.embed_tokens(meta.input_ids), None
         for layer, kv in zip(self.layers, kv_caches):
             h, residual = layer.forward(h, residual, self.backend, kv, meta, self.rope)
         if residual is None:
             return rms_norm(h, self.norm, self.arch.rms_norm_eps)
         return add_rms_norm(residual, h, self.norm, self.arch.rms_norm_eps)[1]
-
-    def compute_logits(self, hidden_rows):
-        return F.linear(hidden_rows, self.lm_head).to(torch.float32)

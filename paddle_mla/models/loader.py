@@ -349,5 +349,5 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
     weights = load_weights(model_dir, arch, dtype, device, keep_fp8=keep, expert_fp8=expert_fp8, threads=threads,
                            progress=progress and rank == 0, tp_rank=rank, tp_size=size)
     if arch.family == "gqa":
-        return GQACausalLM(arch, weights, device, dtype)
+        return GQACausalLM(local_arch(arch, size), weights, device, dtype, tp=tp)
     return CausalLM(local_arch(arch, size), weights, device, dtype, tp=tp)

@@ -8,10 +8,13 @@ Megatron-style splits of the DeepSeek layers over ``size`` ranks:
 - MLPs (dense, shared experts, routed experts): ``gate_proj`` / ``up_proj`` split by the
   intermediate dim (rows), ``down_proj`` by its input columns; one all-reduce per block.
 - ``embed_tokens`` and ``lm_head``: vocabulary-parallel (rows split by token id).
-- Everything else (norms, the router, the V3.2 indexer) is replicated.
+- GQA (qwen3, ernie4_5, llama and their MoE): KV heads split (``num_key_value_heads`` % size == 0,
+  never replicated), q heads with their groups; q/k/v projections and their biases column-parallel,
+  ``o_proj`` row-parallel; per-head q/k norms replicated (no collective).
+- Everything else (norms, the router, the V3.2 indexer, o_proj / down_proj biases) is replicated.
 
 Splits are contiguous ranges; the vocabulary and MLP ranges may be uneven (ceil-sized chunks, the
-last rank takes the rest); heads must divide evenly.
+last rank takes the rest); heads must divide evenly. 1-D tensors are only split as GQA / MLP biases.
 """
 
 from __future__ import annotations
@@ -58,34 +61,71 @@ def vocab_chunk(vocab_size: int, size: int) -> int:
 
 def check_tp_arch(arch, size: int) -> None:
     """A clear error when ``arch`` cannot be split ``size`` ways (before any weight is read)."""
-    if getattr(arch, "family", "mla") != "mla":
-        raise NotImplementedError(
-            f"tensor parallelism supports MLA models (DeepSeek-V2/V3/V3.2) for now; {arch.model_type} "
-            f"(family {arch.family}) needs its KV heads split, which is not built yet: "
-            "use parallel.tensor_parallel_size: 1")
-    heads = arch.mla.num_heads
-    if heads % size:
-        raise ValueError(f"parallel.tensor_parallel_size {size} must divide num_attention_heads {heads}")
+    if arch.family == "gqa":
+        # KV heads are split, never replicated: tp > num_key_value_heads is refused like any non-divisor
+        kv = arch.gqa.num_kv_heads
+        if kv % size:
+            raise ValueError(f"parallel.tensor_parallel_size {size} must divide num_key_value_heads {kv} "
+                             f"({arch.model_type}: KV heads are split over the ranks, not replicated)")
+    elif arch.mla.num_heads % size:
+        raise ValueError(f"parallel.tensor_parallel_size {size} must divide num_attention_heads {arch.mla.num_heads}")
     if arch.vocab_size < size:
         raise ValueError(f"parallel.tensor_parallel_size {size} exceeds vocab_size {arch.vocab_size}")
 
 
 def local_arch(arch, size: int):
-    """``arch`` as one rank sees it: its share of the attention heads (everything else unchanged,
-    vocab_size included: the sampler sees gathered full-vocabulary logits)."""
+    """``arch`` as one rank sees it: its share of the attention heads (GQA: of the q and KV heads, so
+    its KV cache holds only its KV heads); everything else unchanged, vocab_size included: the
+    sampler sees gathered full-vocabulary logits."""
     if size == 1:
         return arch
     check_tp_arch(arch, size)
+    if arch.family == "gqa":
+        g = arch.gqa
+        return dataclasses.replace(arch, gqa=dataclasses.replace(
+            g, num_heads=g.num_heads // size, num_kv_heads=g.num_kv_heads // size))
     return dataclasses.replace(arch, mla=dataclasses.replace(arch.mla, num_heads=arch.mla.num_heads // size))
+
+
+def _mlp_shard(name: str, shape: list[int], rank: int, size: int) -> Shard | None:
+    """Dense, shared and per-expert MLPs: gate/up rows (and their biases), down columns; the down
+    bias is replicated (the model adds it on one rank only)."""
+    if name.endswith(("gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias")):
+        return Shard(0, *split_range(shape[0], rank, size))
+    if name.endswith("down_proj.weight"):
+        return Shard(1, *split_range(shape[1], rank, size))
+    return None
+
+
+def _gqa_shard(name: str, arch, rank: int, size: int) -> Shard | None:
+    """q heads split with their groups (q head i belongs to KV head i // group, and both are split
+    in contiguous equal ranges, so a rank's q heads are exactly those of its KV heads); q/k/v rows
+    and biases column-parallel, o_proj columns row-parallel (its bias replicated, added once)."""
+    d = arch.gqa
+    q, kv = d.num_heads // size * d.head_dim, d.num_kv_heads // size * d.head_dim
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        return Shard(0, rank * q, (rank + 1) * q)
+    if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias",
+                      "self_attn.v_proj.weight", "self_attn.v_proj.bias")):
+        return Shard(0, rank * kv, (rank + 1) * kv)
+    if name.endswith("self_attn.o_proj.weight"):
+        return Shard(1, rank * q, (rank + 1) * q)
+    return None
 
 
 def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int) -> Shard | None:
     """The slice of checkpoint tensor ``name`` (of ``shape``) that ``rank`` holds; None: all of it."""
-    if size == 1 or len(shape) != 2:
+    if size == 1 or len(shape) not in (1, 2):
         return None
-    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+    if len(shape) == 2 and name in ("model.embed_tokens.weight", "lm_head.weight"):
         return Shard(0, *split_range(shape[0], rank, size))
     if not _LAYER_NAME.match(name):
+        return None
+    if ".mlp." in name:
+        return _mlp_shard(name, shape, rank, size)
+    if arch.family == "gqa":
+        return _gqa_shard(name, arch, rank, size)
+    if len(shape) != 2:
         return None
     d = arch.mla
     heads = d.num_heads // size
@@ -97,10 +137,6 @@ def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int) ->
         return Shard(0, rank * heads * per, (rank + 1) * heads * per)
     if name.endswith("self_attn.o_proj.weight"):
         return Shard(1, rank * heads * d.v_head_dim, (rank + 1) * heads * d.v_head_dim)
-    if ".mlp." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):
-        return Shard(0, *split_range(shape[0], rank, size))     # dense, shared and per-expert MLPs
-    if ".mlp." in name and name.endswith("down_proj.weight"):
-        return Shard(1, *split_range(shape[1], rank, size))
     return None
 
 
