@@ -14,6 +14,8 @@ through ``LLM.generate`` itself, with overlapped scheduling on and off. Per deco
 - roofline: (weight bytes + KV bytes of the batch) / copy bandwidth measured in this process.
 
     python tools/bench_engine_step.py --layers 4 --batch 1,64 --context 4096 --host-batch 256
+
+Host time only (batch 256, about a minute): ``--batch '' --host-batch 256 --overlap on --steps 30``.
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ def main() -> None:
     ap.add_argument("--host-batch", type=int, default=256, help="a batch measured for host time (0: none)")
     ap.add_argument("--host-context", type=int, default=1024, help="its context (host work is O(batch))")
     ap.add_argument("--steps", type=int, default=40, help="decode steps per case")
+    ap.add_argument("--overlap", choices=("both", "on", "off"), default="both",
+                    help="overlapped scheduling on, off or both (a host-time check: --batch '' --overlap on)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = runtime.device_string("gpu")
@@ -152,7 +156,7 @@ def main() -> None:
         cases.append((args.host_batch, args.host_context))
     rows = []
     for b, ctx in cases:
-        for overlap in (True, False):
+        for overlap in {"both": (True, False), "on": (True,), "off": (False,)}[args.overlap]:
             r = run_case(model, b, ctx, args.steps, overlap)
             kv_bytes = b * ctx * arch.mla.latent_dim * 2 * args.layers
             r.update(batch=b, context=ctx, overlap=overlap, roofline_ms=(weight_bytes + kv_bytes) / bw * 1e3)
