@@ -11,7 +11,7 @@ from sampling_reference import (CHI2_CRITICAL_1E3, chi_square, log_softmax, min_
 
 from paddle_mla.engine import sampler
 from paddle_mla.engine.request import GenerationRequest, RequestMetrics, SamplingParams, Sequence
-from paddle_mla.engine.sampling_batch import build_sampling_batch, unpack
+from paddle_mla.engine.sampling_batch import SamplingBatchBuilder, build_sampling_batch, unpack
 from paddle_mla.tensor_api import torch
 
 EOS = {2}
@@ -167,3 +167,24 @@ def test_logprobs_are_raw_log_softmax_packed_in_one_read():
         assert [t for t, _ in lp.top] == np.argsort(-ref[row])[:k].tolist()
         np.testing.assert_allclose([v for _, v in lp.top], np.sort(ref[row])[::-1][:k], atol=1e-5)
     assert logprobs[2].token_id == int(np.argmax(logits[2])) and logprobs[2].top == []
+
+
+def test_builder_reuses_row_params_and_matches_a_fresh_build():
+    """A steady step (same sequences, same order) reuses the row parameters; every field equals a
+    fresh build, also after tokens were appended (steps, penalty counts, min_tokens masks move)."""
+    seqs = [make_seq([5, 6, 7], [8], seed=1, temperature=0.7, top_p=0.9, presence_penalty=0.5),
+            make_seq([9, 10], seed=2, min_tokens=3, stop_token_ids=[4]),
+            make_seq([11], [12, 13], seed=3, repetition_penalty=1.3, logprobs=True, top_logprobs=2)]
+    builder = SamplingBatchBuilder()
+    builder.build(list(seqs), EOS, 32)
+    kept = builder._rows
+    for s in seqs:
+        s.output_token_ids.append(14)
+    got, want = builder.build(list(seqs), EOS, 32), build_sampling_batch(seqs, EOS, 32)
+    assert builder._rows is kept
+    for name in want.__dataclass_fields__:
+        a, b = getattr(got, name), getattr(want, name)
+        assert (np.array_equal(a, b) and np.asarray(a).dtype == np.asarray(b).dtype) if isinstance(b, np.ndarray) \
+            else a == b, name
+    builder.build(list(reversed(seqs)), EOS, 32)
+    assert builder._rows is not kept       # another row order: rebuilt

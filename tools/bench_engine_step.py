@@ -18,6 +18,8 @@ through ``LLM.generate`` itself, with overlapped scheduling on and off. Per deco
 ``--moe``: the DeepSeek-V2-Lite-dims checkpoint of ``bench_e2e_moe.py`` (routed MoE, written once
 to /tmp) instead, for issue 10's decode-step target; its roofline counts the routed experts the
 batch selects (``bench_e2e_moe.decode_bytes``, measured per layer in one eager step).
+
+Host time only (batch 256, about a minute): ``--batch '' --host-batch 256 --overlap on --steps 30``.
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ def main() -> None:
     ap.add_argument("--host-context", type=int, default=1024, help="its context (host work is O(batch))")
     ap.add_argument("--steps", type=int, default=40, help="decode steps per case")
     ap.add_argument("--moe", action="store_true", help="V2-Lite dims (routed MoE) from bench_e2e_moe's checkpoint")
+    ap.add_argument("--overlap", choices=("both", "on", "off"), default="both",
+                    help="overlapped scheduling on, off or both (a host-time check: --batch '' --overlap on)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = runtime.device_string("gpu")
@@ -187,7 +191,7 @@ def main() -> None:
         weight_bytes = {b: dense_bytes for b, _ in cases}
     rows = []
     for b, ctx in cases:
-        for overlap in (True, False):
+        for overlap in {"both": (True, False), "on": (True,), "off": (False,)}[args.overlap]:
             r = run_case(model, b, ctx, args.steps, overlap, model_dir)
             kv_bytes = b * ctx * arch.mla.latent_dim * 2 * args.layers
             r.update(batch=b, context=ctx, overlap=overlap, roofline_ms=(weight_bytes[b] + kv_bytes) / bw * 1e3)

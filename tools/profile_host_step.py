@@ -1,17 +1,20 @@
-"""Host time of the engine's decode steps, by phase (issue 9's host-time target: <= 0.5 ms at batch 256).
+"""Host time of one decode step of the real engine, with the model's forward replaced (CPU only).
 
-Runs ``LLM.generate`` on ``--batch`` requests (token ids, greedy, ignore_eos) and times, per decode step
-where every request decodes, the host-side phases of ``LLM._step``: scheduling, building the step's
-inputs (``ModelRunner.step_batch`` and the sampling batch), launching, and output handling
-(``LLM._apply``). The forward itself is excluded: on a GPU it runs asynchronously (a graph replay)
-and the host does not wait for it except in the one read, which is timed separately. A cProfile of
-the same phases (the launch, which holds the forward on CPU, left out) lists the costliest functions
-by own time.
+The engine is ``LLM`` on the tiny model (torch runtime, CPU); ``runner._forward`` is replaced by
+the host part of the step's forward: ``ForwardMeta.build`` (the staging upload and the metadata
+ops) and a fixed logits tensor, so what is timed is the scheduler, the input state, the sampling
+batch, the sampler, the read, output handling and stop checks, as one decode step runs them.
+``batch`` requests of ``--context`` prompt tokens are prefilled, then decode steps with every
+request decoding are timed. Per phase, the self time (nested phases subtracted) per step:
 
-On CPU (the tiny model, ``--device cpu``) the forward runs synchronously inside ``launch``, so read the
-other phases there; ``--device gpu`` with the tiny model gives all phases.
+- schedule: ``Scheduler.schedule``; finish_step: ``Scheduler.finish_step``
+- inputs: ``ModelRunner._gather`` (persistent rows, block tables); meta: ``ForwardMeta.build``
+- sampling batch: ``build_sampling_batch`` + ``sampler.device_arrays``
+- sampler ops: ``sampler.sample_step_ids`` (device work on a GPU; here run by the CPU, so it is
+  listed apart and not counted in ``host``)
+- read/unpack: ``LaunchedStep.result``; outputs: ``LLM._apply`` less stop checks; stop: ``LLM._stopped``
 
-    python tools/profile_host_step.py [--batch 256] [--context 1024] [--steps 30] [--device cpu|gpu]
+    python tools/profile_host_step.py --batch 64,256 --steps 30 [--overlap] [--stop-frac 0.25]
 """
 
 from __future__ import annotations
@@ -28,73 +31,180 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddle_mla.config import config_from_dict  # noqa: E402
-from paddle_mla.engine.llm import LLM  # noqa: E402
-from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla import runtime  # noqa: E402
 
-PHASES = {"schedule": ("scheduler", "schedule"), "finish_step": ("scheduler", "finish_step"),
-          "inputs (step_batch)": ("runner", "step_batch"), "launch (incl. CPU forward)": ("runner", "launch"),
-          "outputs (_apply)": ("llm", "_apply")}
+runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
+
+from paddle_mla.attention.forward_meta import ForwardMeta  # noqa: E402
+from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.engine import llm as llm_mod, model_runner, sampler  # noqa: E402
+from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.engine.scheduler import Scheduler  # noqa: E402
+from paddle_mla.tensor_api import torch  # noqa: E402
+
+DEVICE_PHASES = ("sampler ops",)
+
+
+class PhaseTimer:
+    """Self time per named phase: a phase nested in another is subtracted from its parent."""
+
+    def __init__(self):
+        self.total: dict[str, float] = {}
+        self._stack: list[list] = []
+        self._undo: list = []
+
+    def wrap(self, owner, attr: str, name: str) -> None:
+        real = getattr(owner, attr)
+        timer = self
+
+        def timed(*args, **kwargs):
+            frame = [0.0]                       # time of nested phases
+            timer._stack.append(frame)
+            t = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t
+                timer._stack.pop()
+                timer.total[name] = timer.total.get(name, 0.0) + dt - frame[0]
+                if timer._stack:
+                    timer._stack[-1][0] += dt
+
+        setattr(owner, attr, timed)
+        self._undo.append((owner, attr, real))
+
+    def reset(self) -> None:
+        self.total = {}
+
+    def close(self) -> None:
+        for owner, attr, real in reversed(self._undo):
+            setattr(owner, attr, real)
+
+
+def make_llm(batch: int, context: int, steps: int, overlap: bool, prefix: bool):
+    from paddle_mla.engine.llm import LLM
+
+    block = 16
+    cfg = config_from_dict({
+        "model": "tiny", "device": "cpu", "dtype": "float32", "attention": {"backend": "native"},
+        "max_model_len": context + steps + 64,
+        "cache": {"block_size": block, "num_blocks": batch * (-(-(context + steps + 32) // block)) + 8,
+                  "enable_prefix_caching": prefix},
+        "scheduler": {"max_num_seqs": batch, "max_num_batched_tokens": max(8192, batch * context),
+                      "enable_chunked_prefill": True, "overlap": overlap}})
+    llm = LLM(cfg)
+    runner = llm.runner
+    vocab = runner.arch.vocab_size
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(0))
+
+    def fake_forward(step_batch, extra=None):
+        meta = ForwardMeta.build(step_batch, runner.cfg.cache.block_size, runner.device, runner.key_windows,
+                                 runner.uploader, extra)
+        if "pending_pos" in meta.extra:
+            ids = runner.last_sampled.gather(0, meta.extra["pending_slot"])
+            meta.input_ids.scatter_(0, meta.extra["pending_pos"], ids)
+        return logits[:int(step_batch.sample_mask.sum())], meta
+
+    runner._forward = fake_forward
+    return llm
+
+
+def requests(batch: int, context: int, steps: int, vocab: int, stop_frac: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(batch):
+        stop = ["\x00never\x00"] if i < stop_frac * batch else []
+        params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0.8 if i % 2 else 0.0,
+                                top_p=0.95 if i % 4 == 1 else 1.0, seed=i, stop=stop)
+        reqs.append(GenerationRequest(i, rng.integers(3, vocab, context).tolist(), params))
+    return reqs
+
+
+def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, stop_frac: float, top: int,
+            use_cprofile: bool = False):
+    llm = make_llm(batch, context, steps, overlap, prefix)
+    timer = PhaseTimer()
+    timer.wrap(Scheduler, "schedule", "schedule")
+    timer.wrap(Scheduler, "finish_step", "finish_step")
+    timer.wrap(llm.runner, "_gather", "inputs")
+    timer.wrap(ForwardMeta, "build", "meta")
+    if hasattr(llm.runner, "sampling_builder"):       # row parameters kept across steps
+        timer.wrap(llm.runner.sampling_builder, "build", "sampling batch")
+    else:                                             # the code before: rebuilt every step
+        timer.wrap(model_runner, "build_sampling_batch", "sampling batch")
+    timer.wrap(sampler, "device_arrays", "sampling batch")
+    timer.wrap(sampler, "sample_step_ids", "sampler ops")
+    timer.wrap(model_runner.LaunchedStep, "result", "read/unpack")
+    timer.wrap(llm, "_apply", "outputs")
+    timer.wrap(llm, "_stopped", "stop checks")
+    timer.wrap(llm, "_step", "other (step)")
+    step_times, prof = [], cProfile.Profile()
+    real_step = llm._step
+
+    def counted_step(finished):
+        decode = len(llm.scheduler.running) == batch and all(
+            s.num_computed_tokens >= s.prompt_len for s in llm.scheduler.running)
+        if not decode:
+            return real_step(finished)
+        if use_cprofile:
+            prof.enable()
+        t = time.perf_counter()
+        try:
+            return real_step(finished)
+        finally:
+            step_times.append(time.perf_counter() - t)
+            if use_cprofile:
+                prof.disable()
+
+    llm._step = counted_step
+    reqs = requests(batch, context, steps, llm.runner.arch.vocab_size, stop_frac)
+    # prefill steps are not decode steps: reset the phase totals when the first decode step starts
+    timed = {"on": False}
+
+    def gate(finished):
+        if not timed["on"] and len(llm.scheduler.running) == batch and all(
+                s.num_computed_tokens >= s.prompt_len for s in llm.scheduler.running):
+            timer.reset()
+            timed["on"] = True
+        return counted_step(finished)
+
+    llm._step = gate
+    outs = llm.generate(reqs, use_tqdm=False)
+    timer.close()
+    assert all(o.error is None for o in outs)
+    n = len(step_times)
+    # the last steps (requests finishing) are counted too: they are decode steps of this batch
+    per_step = {k: v / n * 1e3 for k, v in timer.total.items()}
+    host = sum(v for k, v in per_step.items() if k not in DEVICE_PHASES)
+    s = io.StringIO()
+    if use_cprofile:
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    llm.close()
+    return dict(batch=batch, context=context, steps=n, overlap=overlap, host_ms=host,
+                wall_ms=float(np.median(step_times)) * 1e3, phases=per_step, cprofile=s.getvalue())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--context", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", default="64,256")
+    ap.add_argument("--context", type=int, default=512, help="prompt tokens per request")
+    ap.add_argument("--steps", type=int, default=30, help="decode steps")
+    ap.add_argument("--overlap", action="store_true", help="overlapped scheduling (the GPU default)")
+    ap.add_argument("--no-prefix", action="store_true", help="prefix caching off")
+    ap.add_argument("--stop-frac", type=float, default=0.25, help="fraction of requests with a stop string")
+    ap.add_argument("--top", type=int, default=20, help="cProfile rows (0: none)")
     args = ap.parse_args()
-    block = 16
-    llm = LLM(config_from_dict({
-        "device": args.device, "dtype": "float32" if args.device == "cpu" else "bfloat16",
-        "max_model_len": args.context + args.steps + 64,
-        "cache": {"block_size": block, "num_blocks": args.batch * -(-(args.context + args.steps + 16) // block) + 8},
-        "scheduler": {"max_num_seqs": args.batch, "max_num_batched_tokens": 16384, "overlap": False}}))
-    owners = {"scheduler": llm.scheduler, "runner": llm.runner, "llm": llm}
-    spent = {k: [] for k in PHASES}
-    in_decode = [False]
-
-    prof = cProfile.Profile()
-
-    def timed(name, fn):
-        profiled = not name.startswith("launch")
-
-        def wrapper(*a, **kw):
-            on = profiled and in_decode[0]
-            t = time.perf_counter()
-            if on:
-                prof.enable()
-            try:
-                return fn(*a, **kw)
-            finally:
-                if on:
-                    prof.disable()
-                if in_decode[0]:
-                    spent[name].append(time.perf_counter() - t)
-        return wrapper
-
-    for name, (owner, attr) in PHASES.items():
-        setattr(owners[owner], attr, timed(name, getattr(owners[owner], attr)))
-    real_schedule = llm.scheduler.schedule
-
-    def schedule():
-        out = real_schedule()
-        in_decode[0] = len(out.scheduled) == args.batch and all(s.num_new == 1 for s in out.scheduled)
-        return out
-    llm.scheduler.schedule = schedule
-    rng = np.random.default_rng(0)
-    vocab = llm.runner.arch.vocab_size
-    reqs = [GenerationRequest(i, rng.integers(3, vocab, args.context - 8).tolist(),
-                              SamplingParams(max_tokens=args.steps, ignore_eos=True)) for i in range(args.batch)]
-    llm.generate(reqs, use_tqdm=False)
-    n = len(spent["outputs (_apply)"])
-    print(f"batch {args.batch}, context {args.context}, device {args.device}: {n} full decode steps")
-    print("| phase | host ms per step |\n| --- | --- |")
-    for name, ts in spent.items():
-        print(f"| {name} | {f'{1e3 * np.median(ts):.3f}' if ts else 'not called'} |")
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(15)
-    print(s.getvalue()[-4000:])
+    torch.set_num_threads(1)
+    for b in [int(x) for x in args.batch.split(",") if x]:
+        r = profile(b, args.context, args.steps, args.overlap, not args.no_prefix, args.stop_frac, args.top)
+        print(f"\n## batch {b}, context {r['context']}, overlap {r['overlap']}, {r['steps']} decode steps")
+        print(f"host per step: {r['host_ms']:.3f} ms (wall {r['wall_ms']:.3f} ms median, sampler ops included)")
+        print("| phase | ms / step |\n| --- | --- |")
+        for k, v in sorted(r["phases"].items(), key=lambda kv: -kv[1]):
+            print(f"| {k}{' (device work, not host)' if k in DEVICE_PHASES else ''} | {v:.3f} |")
+        if args.top:   # a second run under cProfile (its overhead would distort the phases)
+            print(profile(b, args.context, min(args.steps, 10), args.overlap, not args.no_prefix, args.stop_frac,
+                          args.top, use_cprofile=True)["cprofile"])
 
 
 if __name__ == "__main__":

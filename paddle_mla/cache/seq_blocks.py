@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from paddle_mla.cache.block_pool import BlockPool
+from paddle_mla.engine.input_state import token_slice
 
 if TYPE_CHECKING:
     from paddle_mla.engine.request import Sequence
@@ -50,6 +51,19 @@ class SeqBlocks(Protocol):
         """The error of a request that needs ``num_tokens`` tokens of KV and cannot fit alone."""
 
 
+class _TokenSlices:
+    """``seq``'s prompt + output as ``register_full_blocks`` reads it (slices of whole blocks),
+    without building the whole list: registering a block costs O(block), not O(context)."""
+
+    __slots__ = ("seq",)
+
+    def __init__(self, seq: Sequence):
+        self.seq = seq
+
+    def __getitem__(self, item: slice) -> list[int]:
+        return token_slice(self.seq, item.start, item.stop)
+
+
 class UniformSeqBlocks:
     def __init__(self, pool: BlockPool):
         self.pool = pool
@@ -86,7 +100,7 @@ class UniformSeqBlocks:
         if seq.num_computed_tokens // self.block_size <= seq.num_registered_blocks:
             return
         seq.num_registered_blocks = self.pool.register_full_blocks(
-            seq.token_ids(), seq.block_ids, seq.num_computed_tokens, seq.block_keys, seq.num_registered_blocks)
+            _TokenSlices(seq), seq.block_ids, seq.num_computed_tokens, seq.block_keys, seq.num_registered_blocks)
 
     def prompt_problem(self, num_tokens: int) -> str | None:
         need = self.pool.blocks_for(num_tokens + 1)

@@ -53,16 +53,18 @@ class InputState:
         self.rows: dict[Sequence, _Row] = {}
         self.blocks_written = 0      # tests: block ids copied into the table (deltas only)
 
-    def _sweep(self, keep: set) -> None:
-        """Free the slots of sequences no longer running (finished, failed or preempted)."""
+    def _sweep(self, scheduled) -> None:
+        """Free the slots of sequences no longer running (finished, failed or preempted) and not
+        in this step (``scheduled``: its rows)."""
+        keep = {s.seq for s in scheduled}
         for seq in [s for s, r in self.rows.items() if s.status is not Status.RUNNING and s not in keep]:
             self.free.append(self.rows.pop(seq).slot)
 
-    def row(self, seq: Sequence, keep: set) -> _Row:
+    def row(self, seq: Sequence, scheduled) -> _Row:
         r = self.rows.get(seq)
         if r is None:
             if not self.free:
-                self._sweep(keep)
+                self._sweep(scheduled)
             if not self.free:
                 raise RuntimeError(f"more than {len(self.tables)} sequences in flight")
             r = _Row(self.free.pop(), [], 0)
@@ -95,34 +97,34 @@ class HostStep:
 
 
 def gather_step(state: InputState, scheduled) -> HostStep:
-    """``scheduled``: the SchedulerOutput rows. Updates the block-table rows by deltas."""
-    b = len(scheduled)
-    keep = {s.seq for s in scheduled}
-    num_new = np.empty(b, np.int32)
-    num_cached = np.empty(b, np.int32)
-    is_prefill = np.empty(b, bool)
-    sample_mask = np.empty(b, bool)
-    slots = np.empty(b, np.int64)
-    tokens: list[int] = []
-    pending_pos, pending_slot = [], []
+    """``scheduled``: the SchedulerOutput rows. Updates the block-table rows by deltas. The per-row
+    values go into Python lists and become arrays once (a numpy item write per row costs more)."""
+    slots, tokens, pending_pos, pending_slot = [], [], [], []
     width = 1
-    for i, s in enumerate(scheduled):
+    row = state.row
+    for s in scheduled:
         seq = s.seq
-        r = state.row(seq, keep)
-        slots[i] = r.slot
-        num_new[i], num_cached[i] = s.num_new, s.num_cached
-        is_prefill[i], sample_mask[i] = s.is_prefill, s.samples
-        width = max(width, r.written)
+        r = row(seq, scheduled)
+        slots.append(r.slot)
+        if r.written > width:
+            width = r.written
+        c = s.num_cached
         if s.num_new == 1:       # decode: one token, by index
-            prompt, c = seq.request.prompt_token_ids, s.num_cached
-            ids = [prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)]]
+            prompt = seq.request.prompt_token_ids
+            tok = prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)]
+            tokens.append(tok)
         else:
-            ids = token_slice(seq, s.num_cached, s.num_cached + s.num_new)
-        if ids[-1] == PENDING:       # only ever the last token of a sequence, sampled by the running step
-            pending_pos.append(len(tokens) + len(ids) - 1)
+            tokens.extend(token_slice(seq, c, c + s.num_new))
+            tok = tokens[-1]
+        if tok == PENDING:       # only ever the last token of a sequence, sampled by the running step
+            pending_pos.append(len(tokens) - 1)
             pending_slot.append(r.slot)
-        tokens.extend(ids)
+    slots = np.array(slots, dtype=np.int64)
     return HostStep(
-        token_ids=np.array(tokens, dtype=np.int64), num_new=num_new, num_cached=num_cached,
-        block_tables=state.tables[slots, :width], is_prefill=is_prefill, sample_mask=sample_mask, slots=slots,
+        token_ids=np.array(tokens, dtype=np.int64),
+        num_new=np.fromiter((s.num_new for s in scheduled), np.int32, len(scheduled)),
+        num_cached=np.fromiter((s.num_cached for s in scheduled), np.int32, len(scheduled)),
+        block_tables=state.tables[slots, :width],
+        is_prefill=np.fromiter((s.is_prefill for s in scheduled), bool, len(scheduled)),
+        sample_mask=np.fromiter((s.samples for s in scheduled), bool, len(scheduled)), slots=slots,
         pending_pos=np.array(pending_pos, dtype=np.int64), pending_slot=np.array(pending_slot, dtype=np.int64))

@@ -291,29 +291,41 @@ class LLM:
         self._apply(out, launched.result(), finished)
 
     def _apply(self, out: SchedulerOutput, step, finished: dict[int, RequestOutput]) -> None:
-        """A step's sampled tokens: append (or resolve the PENDING one), stop checks, outputs."""
+        """A step's sampled tokens: append (or resolve the PENDING one), stop checks, outputs.
+        Per row only O(1) work, but for rows whose stop strings need the detector."""
         self._stats.steps += 1
         now = time.perf_counter()
+        finished_status, eos, max_len = Status.FINISHED, self.eos_token_ids, self.max_model_len
+        produced = 0
         for s, token, logprob in zip(out.scheduled, step.token_ids.tolist(), step.logprobs):
             seq = s.seq
-            if not s.samples or seq.status is Status.FINISHED:   # finished: an overlapped extra step
+            if not s.samples or seq.status is finished_status:   # finished: an overlapped extra step
                 continue
-            if has_pending(seq):
-                seq.output_token_ids[-1] = token
+            toks = seq.output_token_ids
+            if toks and toks[-1] == PENDING:
+                toks[-1] = token
             else:
-                seq.output_token_ids.append(token)
+                toks.append(token)
+            n = len(toks)
             if logprob is not None:
                 seq.logprobs.append(logprob)
-            self._stats.completion_tokens += 1
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            seq.metrics.token_times.append(now)
-            if seq.completion == 0:
+            produced += 1
+            metrics = seq.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.token_times.append(now)
+            if seq.completion == 0 and n == 1:     # its first token: the only time siblings wait
                 self._admit_deferred(seq)
+            # the common row: no stop id, no stop string, below the length limits (as _stopped)
+            p = seq.params
+            if (n < p.max_tokens and len(seq.request.prompt_token_ids) + n < max_len and not p.stop
+                    and (n < p.min_tokens or ((p.ignore_eos or token not in eos) and token not in p.stop_token_ids))):
+                continue
             if self._stopped(seq, token):
-                seq.metrics.finish_time = now
+                metrics.finish_time = now
                 self.scheduler.finish(seq)
                 self._completed(seq, finished)
+        self._stats.completion_tokens += produced
 
     def _stopped(self, seq: Sequence, token: int) -> bool:
         p = seq.params

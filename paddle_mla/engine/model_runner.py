@@ -31,7 +31,7 @@ from paddle_mla.config import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.engine import sampler  # noqa: E402
 from paddle_mla.engine.request import TokenLogprob  # noqa: E402
 from paddle_mla.engine.input_state import InputState, gather_step  # noqa: E402
-from paddle_mla.engine.sampling_batch import SamplingBatch, build_sampling_batch, unpack  # noqa: E402
+from paddle_mla.engine.sampling_batch import SamplingBatch, SamplingBatchBuilder, unpack  # noqa: E402
 from paddle_mla.engine.staging import PendingRead, ResultReader, Uploader  # noqa: E402
 from paddle_mla.engine.scheduler import SchedulerOutput  # noqa: E402
 from paddle_mla.models import load_model  # noqa: E402
@@ -170,6 +170,7 @@ class ModelRunner:
         self.uploader = Uploader(self.device, nbytes)
         self.reader = ResultReader(self.device, sc.max_num_seqs * 4)
         self.last_sampled = torch.zeros(sc.max_num_seqs, dtype=torch.int64, device=self.device)
+        self.sampling_builder = SamplingBatchBuilder()   # row parameters kept while the rows stay
 
     def _table_heads(self) -> int:
         """KV heads of a head-wise block table (0: uniform [B, max_blocks] tables)."""
@@ -233,8 +234,9 @@ class ModelRunner:
         sb = None
         extra: dict[str, np.ndarray] = {}
         if len(rows):
-            sb = build_sampling_batch([out.scheduled[r].seq for r in rows], self.eos_token_ids,
-                                      self.arch.vocab_size)
+            sched = out.scheduled
+            sb = self.sampling_builder.build([sched[r].seq for r in rows.tolist()], self.eos_token_ids,
+                                             self.arch.vocab_size)
             extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
             extra["sample_slots"] = host.slots[rows]
         if len(host.pending_pos):
@@ -274,6 +276,9 @@ class LaunchedStep:
         host = sampler.read_to_host(self.read)   # the one read of the step
         token_ids, logprobs = unpack(host, self.sampling)
         result.token_ids[self.rows] = token_ids
-        for r, lp in zip(self.rows, logprobs):     # rows: host numpy indices
-            result.logprobs[int(r)] = lp
+        lp_rows = self.sampling.logprob_rows.tolist()
+        if lp_rows:              # the other rows' logprobs are None
+            rows = self.rows.tolist()
+            for r in lp_rows:
+                result.logprobs[rows[r]] = logprobs[r]
         return result

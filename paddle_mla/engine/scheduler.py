@@ -103,18 +103,28 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.cfg.max_num_batched_tokens
         chunked = self.cfg.enable_chunked_prefill
-        # Decodes first, then continuing prefill chunks, each in admission order.
-        order = sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1)
+        # Decodes first, then continuing prefill chunks, each in admission order (a stable
+        # partition: O(batch)). A sequence preempted earlier in this loop has left RUNNING (status,
+        # not list membership: that was O(batch^2)).
+        order, chunks, needs = [], [], {}
+        for seq in self.running:
+            need = len(seq.request.prompt_token_ids) + len(seq.output_token_ids) - seq.num_computed_tokens
+            needs[seq] = need
+            (chunks if need > 1 else order).append(seq)
+        order += chunks
+        running = Status.RUNNING
         for seq in order:
-            if seq not in self.running or budget <= 0:
+            if budget <= 0:
+                break
+            if seq.status is not running:
                 continue
-            need = seq.num_tokens - seq.num_computed_tokens
+            need = needs[seq]
             n = min(need, budget) if chunked else need
             if n > budget:
                 continue
             if not self._grow(seq, seq.num_computed_tokens + n, out):
                 continue
-            out.scheduled.append(self._entry(seq, n))
+            out.scheduled.append(self._entry(seq, n, need))
             budget -= n
         if out.num_preempted:
             return out   # do not admit new work in a step that had to preempt
@@ -151,16 +161,15 @@ class Scheduler:
                 self.cached_prompt_tokens += num_cached
             seq.status = Status.RUNNING
             self.running.append(seq)
-            out.scheduled.append(self._entry(seq, n))
+            out.scheduled.append(self._entry(seq, n, len(tokens) - num_cached))
             budget -= n
         return out
 
     @staticmethod
-    def _entry(seq: Sequence, n: int) -> ScheduledSeq:
-        cached = seq.num_computed_tokens
-        done = cached + n == seq.num_tokens
-        is_prefill = n > 1 or cached < seq.num_tokens - 1 or not seq.output_token_ids
-        return ScheduledSeq(seq, n, cached, is_prefill, samples=done)
+    def _entry(seq: Sequence, n: int, need: int) -> ScheduledSeq:
+        """``need``: the tokens not yet computed (``num_tokens - num_computed_tokens``)."""
+        is_prefill = n > 1 or need > 1 or not seq.output_token_ids
+        return ScheduledSeq(seq, n, seq.num_computed_tokens, is_prefill, n == need)
 
     def finish_step(self, out: SchedulerOutput) -> None:
         """Account the computed tokens, make newly full blocks findable by later requests and (with
@@ -171,7 +180,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """A finished sequence, or a waiting or running one dropped because its request failed."""
-        if seq in self.running:
+        if seq.status is Status.RUNNING:     # status, not a scan of the list, says where it is
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
