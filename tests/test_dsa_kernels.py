@@ -59,38 +59,96 @@ def _ref_scores(q, w, cache, meta, width):
     return out
 
 
+@pytest.mark.parametrize("heads", [5, 70], ids=["one_head_block", "two_head_blocks"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("lens", [([5, 0, 70, 1], [3, 9, 40, 100]), ([1, 1, 1], [1, 130, 17])], ids=["mixed", "decode"])
-def test_index_scores_match_reference(page, lens):
+def test_index_scores_match_reference(page, lens, heads):
     from paddle_mla.attention.dsa.index_kernels import index_scores
 
     rng = np.random.default_rng(page)
     meta, nb = _meta(rng, *lens, page)
-    q, w, cache = _index_inputs(rng, meta, nb, page)
+    q, w, cache = _index_inputs(rng, meta, nb, page, H=heads)
     width = meta.max_seqlen_k
-    out = torch.zeros(meta.num_tokens + 2, width + 5, dtype=torch.float32, device=DEV)
+    out = torch.full((meta.num_tokens + 2, width + 5), float("nan"), dtype=torch.float32, device=DEV)
     windows = {} if meta.is_decode_only else dict(ks=meta.index_ks, ke=meta.index_ke, cu_seqlens_k=meta.cu_seqlens_k)
     got = index_scores(q, w, cache, meta.block_tables, meta.batch_id_per_token, meta.positions, width, out,
                        **windows).cpu().numpy()
     exp = _ref_scores(q, w, cache, meta, width)
-    assert np.array_equal(np.isinf(got), np.isinf(exp))
-    fin = np.isfinite(exp)
+    fin = np.isfinite(exp)          # the windows: written and equal; the rest is left untouched
     np.testing.assert_allclose(got[fin], exp[fin], atol=TOL, rtol=TOL)
+    assert np.isnan(got[~fin]).all()
 
 
-def test_topk_pads_with_minus_one_and_matches_reference():
-    from paddle_mla.attention.dsa.index_kernels import topk_positions
+def _window_scores(rng, meta, width, ties: bool):
+    s = rng.standard_normal((meta.num_tokens, width)).astype(np.float32)
+    if ties:    # few distinct values (zeros and negatives included): the k-th key sits in a tie
+        s = np.round(s * 2) / 2
+    return s
 
-    rng = np.random.default_rng(3)
-    s = rng.standard_normal((4, 20)).astype(np.float32)
-    s[0, 3:] = -np.inf          # 3 keys < topk
-    s[1, :] = -np.inf           # no key at all
-    scores = _t(s)
-    got = topk_positions(scores, 6, torch.zeros(8, 6, dtype=torch.int64, device=DEV)).cpu().numpy()
-    exp = ref.topk_ref(scores, 6).cpu().numpy()
-    assert (got[1] == -1).all() and sorted(got[0][:3]) == [0, 1, 2] and (got[0][3:] == -1).all()
-    for g, e in zip(got, exp):
-        assert set(g.tolist()) == set(e.tolist())
+
+def _check_topk(got, scores, meta, K):
+    """Each row: unique columns inside its window, -1 padded, whose values are the window's K largest."""
+    s = 0
+    for b in range(meta.num_reqs):
+        n, c = int(meta.seq_lens_q[b]), int(meta.num_cached[b])
+        for i in range(n):
+            window = scores[s + i, :c + i + 1]
+            row = got[s + i]
+            sel = row[row >= 0]
+            assert len(sel) == min(K, len(window)) and (row[len(sel):] == -1).all()
+            assert len(set(sel.tolist())) == len(sel) and (sel < len(window)).all()
+            np.testing.assert_array_equal(np.sort(window[sel]), np.sort(window)[len(window) - len(sel):])
+        s += n
+
+
+MIXED, DECODE = ([3, 0, 12, 1], [3, 9, 70, 100]), ([1, 1, 1, 1], [1, 130, 17, 6])
+
+
+@pytest.mark.parametrize("lens,ties,margin", [(MIXED, False, 3), (MIXED, False, -1000), (MIXED, False, 1000),
+                                              (MIXED, True, 3), (DECODE, False, 3), (DECODE, True, 3)],
+                         ids=["mixed-sampled", "mixed-sample_short", "mixed-sample_over", "mixed-ties",
+                              "decode-sampled", "decode-ties"])
+def test_topk_select_matches_reference(lens, ties, margin):
+    # sampled=True: the GPU's default path (sampled threshold + sort), run here under the interpreter
+    """Top-k selection vs sorting: rows with fewer keys than K (all of them, then -1), with no more than
+    the candidate buffer (one sort), with more (sampled threshold, then one sort; a margin of -1000 or
+    1000 makes the sample keep too few or too many candidates, so the exact radix fallback runs), ties at
+    the k-th value (many equal keys overflow the buffer: the fallback again), zero-length requests,
+    prefill windows and decode positions."""
+    from paddle_mla.attention.dsa.topk_select import candidate_capacity, topk_select
+
+    rng = np.random.default_rng(7 + ties)
+    meta, _ = _meta(rng, *lens, 16)
+    width, K = meta.max_seqlen_k, 20     # candidate buffer 64: windows of 71 to 131 keys are sampled
+    scores = _window_scores(rng, meta, width, ties)
+    windows = {} if meta.is_decode_only else dict(ks=meta.index_ks, ke=meta.index_ke, cu_seqlens_k=meta.cu_seqlens_k)
+    out = torch.full((meta.num_tokens + 3, K), 99, dtype=torch.int64, device=DEV)
+    fallbacks = torch.zeros(1, dtype=torch.int32, device=DEV)
+    got = topk_select(_t(scores), K, out, meta.batch_id_per_token, meta.positions, **windows, fallbacks=fallbacks,
+                      margin=margin, sample=64, sampled=True).cpu().numpy()
+    _check_topk(got, scores, meta, K)
+    cap = candidate_capacity(K)
+    windows_past_buffer = [c + i + 1 for q, c in zip(meta.seq_lens_q, meta.num_cached) for i in range(q) if c + i + 1 > cap]
+    assert windows_past_buffer    # so the sample decides for some rows
+    if margin != 3:
+        assert int(fallbacks.item()) > 0
+    elif not ties:
+        assert int(fallbacks.item()) == 0
+
+
+def test_topk_select_extreme_values():
+    """Signed zeros, +-inf, denormals and huge magnitudes keep float order through the int32 keys."""
+    from paddle_mla.attention.dsa.topk_select import topk_select
+
+    rng = np.random.default_rng(9)
+    meta, _ = _meta(rng, [1], [63], 16)
+    vals = np.array([0.0, -0.0, np.inf, -np.inf, 1e-42, -1e-42, 3e38, -3e38, 1.0, -1.0, 2.5, -2.5], np.float32)
+    scores = rng.choice(vals, (1, meta.max_seqlen_k)).astype(np.float32)
+    for K, margin in ((1, 3), (5, 3), (5, -1000), (30, 3)):
+        for sampled in (False, True):
+            got = topk_select(_t(scores), K, torch.zeros(1, K, dtype=torch.int64, device=DEV),
+                              meta.batch_id_per_token, meta.positions, margin=margin, sampled=sampled).cpu().numpy()
+            _check_topk(got, scores, meta, K)
 
 
 @pytest.mark.parametrize("page", [16, 64])
@@ -110,9 +168,10 @@ def test_positions_to_slots(page):
         np.testing.assert_array_equal(got[t], exp)
 
 
+@pytest.mark.parametrize("splits", [0, 3, 8], ids=["auto", "split3", "split8"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("topk", [7, 40, 100])
-def test_sparse_mla_matches_reference(page, topk):
+def test_sparse_mla_matches_reference(page, topk, splits):
     from paddle_mla.attention.dsa.sparse_mla import sparse_mla, sparse_mla_ref
 
     rng = np.random.default_rng(topk + page)
@@ -128,7 +187,7 @@ def test_sparse_mla_matches_reference(page, topk):
     part_o = torch.zeros(T, H, 8, C, dtype=torch.float32, device=DEV)
     part_lse = torch.zeros(T, H, 8, dtype=torch.float32, device=DEV)
     out = torch.full((T, H, C), float("nan"), dtype=torch.float32, device=DEV)
-    got = sparse_mla(q_lat, q_pe, cache, slots_t, 0.3, part_o, part_lse, out, 8).cpu().numpy()
+    got = sparse_mla(q_lat, q_pe, cache, slots_t, 0.3, part_o, part_lse, out, num_splits=splits).cpu().numpy()
     exp = sparse_mla_ref(q_lat, q_pe, cache, slots_t, 0.3).cpu().numpy()
     assert np.isfinite(got).all() and (got[2] == 0).all()
     np.testing.assert_allclose(got, exp, atol=TOL, rtol=TOL)

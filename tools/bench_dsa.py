@@ -7,7 +7,9 @@
 3. indexer decode score + top-k at 32k context (64 heads x 128): key bytes read / time vs the copy
    bandwidth (target >= 70%);
 4. end to end (``--e2e``): decode step of a V3.2-dims 4-layer model (dsa) vs the dense V3-dims
-   model (triton_mla), batch 64, no CUDA graphs on either (target <= 0.5x).
+   model (triton_mla), batch 64, CUDA graphs on both (``--no-graphs``: off on both) (target <= 0.5x).
+``--sweep`` adds kernel config variants (sparse MLA heads/tile/warps/stages/splits, score tile,
+top-k block), each with its time.
 Anchor: FlashMLA sparse decode, 410 TFLOPS on H800 (FP8, b=128, h=128, top-k 2048).
 
     python tools/bench_dsa.py [--quick] [--e2e] [--json out.json]
@@ -32,10 +34,11 @@ runtime.select("torch")
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from paddle_mla.attention.dsa.index_kernels import index_scores, topk_positions  # noqa: E402
+from paddle_mla.attention.dsa.index_kernels import index_scores  # noqa: E402
 from paddle_mla.attention.dsa.key_window import KeyWindows  # noqa: E402
 from paddle_mla.attention.dsa.reference import key_window_ref  # noqa: E402
-from paddle_mla.attention.dsa.sparse_mla import sparse_mla  # noqa: E402
+from paddle_mla.attention.dsa.sparse_mla import sparse_config, sparse_mla, sparse_mla_ref  # noqa: E402
+from paddle_mla.attention.dsa.topk_select import candidate_capacity, topk_select  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 
 LORA, ROPE, PAGE = 512, 64, 64
@@ -96,47 +99,98 @@ def _paged(b: int, s: int, d: int, g):
     return cache, tables
 
 
-def bench_sparse_decode(b: int, h: int, topk: int, s: int) -> dict:
+SPARSE_SWEEP = [dict(block_h=16, block_n=32, num_warps=4, num_stages=1),
+                dict(block_h=32, block_n=32, num_warps=4, num_stages=2),
+                dict(block_h=32, block_n=64, num_warps=8, num_stages=2),
+                dict(block_h=64, block_n=32, num_warps=8, num_stages=2),
+                dict(block_h=64, block_n=64, num_warps=8, num_stages=1),
+                dict(block_h=64, block_n=64, num_warps=8, num_stages=3),
+                dict(block_h=64, block_n=64, num_warps=4, num_stages=2)]
+
+
+def bench_sparse_decode(b: int, h: int, topk: int, s: int, sweep: bool) -> dict:
     g = torch.Generator(device=DEV).manual_seed(0)
     cache, tables = _paged(b, s, LORA + ROPE, g)
     pos = torch.stack([torch.randperm(s, device=DEV, generator=g)[:topk] for _ in range(b)])
     slots = (tables.to(torch.int64).gather(1, pos // PAGE) * PAGE + pos % PAGE).contiguous()
     q = torch.randn(b, h, LORA + ROPE, device=DEV, generator=g).to(DTYPE)
     q_lat, q_pe = q[..., :LORA].contiguous(), q[..., LORA:].contiguous()
-    part_o = torch.empty(b, h, 8, LORA, dtype=torch.float32, device=DEV)
-    part_lse = torch.empty(b, h, 8, dtype=torch.float32, device=DEV)
+    part_o = torch.empty(b, h, 16, LORA, dtype=torch.float32, device=DEV)
+    part_lse = torch.empty(b, h, 16, dtype=torch.float32, device=DEV)
     out = torch.empty(b, h, LORA, dtype=DTYPE, device=DEV)
-    t_sparse = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, 192 ** -0.5, part_o, part_lse, out, 8))
+    flops = b * h * topk * 2 * (LORA + ROPE + LORA)
+    cfg = sparse_config(h)
+    t_sparse = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, 192 ** -0.5, part_o, part_lse, out, cfg))
+    variants = []
+    if sweep:   # each variant at its automatic split count and at 4 / 8 / 16 splits
+        want = sparse_mla_ref(q_lat[:4], q_pe[:4], cache, slots[:4], 192 ** -0.5)
+        for over in SPARSE_SWEEP:
+            for splits in (0, 4, 8, 16):
+                c = sparse_config(h, **over, max_splits=16)
+                try:
+                    t = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, 192 ** -0.5, part_o, part_lse, out, c,
+                                                 num_splits=splits))
+                except Exception as e:   # noqa: BLE001  (a variant that does not compile is reported, not fatal)
+                    variants.append(dict(over, splits=splits, error=str(e)[:120]))
+                    continue
+                err = float((out[:4].float() - want).abs().max())
+                variants.append(dict(over, splits=splits, us=t, tflops=flops / (t * 1e-6) / 1e12, max_err=err))
     lens = torch.full((b,), s, dtype=torch.int32, device=DEV)
-    cfg = decode.decode_config(h)
+    dcfg = decode.decode_config(h)
     ws = decode.alloc_decode_workspace(b, h, LORA, 64, DEV)
     dense_out = torch.empty(b, h, LORA, dtype=DTYPE, device=DEV)
-    decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
-    t_dense = bench(lambda: decode.mla_decode(q, cache, tables, lens, dense_out, ws, LORA, 192 ** -0.5, cfg))
-    flops = b * h * topk * 2 * (LORA + ROPE + LORA)
-    return dict(b=b, h=h, topk=topk, context=s, sparse_us=t_sparse, dense_us=t_dense, speedup=t_dense / t_sparse,
-                sparse_tflops=flops / (t_sparse * 1e-6) / 1e12)
+    decode.build_decode_plan(lens, b, ws, dcfg.block_n, dcfg.target_items, dcfg.min_tiles)
+    t_dense = bench(lambda: decode.mla_decode(q, cache, tables, lens, dense_out, ws, LORA, 192 ** -0.5, dcfg))
+    gathered = b * topk * (LORA + ROPE) * 2
+    return dict(b=b, h=h, topk=topk, context=s, config=str(cfg), sparse_us=t_sparse, dense_us=t_dense,
+                speedup=t_dense / t_sparse, sparse_tflops=flops / (t_sparse * 1e-6) / 1e12,
+                gathered_bytes=gathered, variants=variants)
 
 
-def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: float) -> dict:
+def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: float, sweep: bool) -> dict:
     g = torch.Generator(device=DEV).manual_seed(1)
     cache, tables = _paged(b, s, dim, g)
     q = torch.randn(b, heads, dim, device=DEV, generator=g).to(DTYPE)
     w = torch.randn(b, heads, device=DEV, generator=g)
     bids = torch.arange(b, dtype=torch.int32, device=DEV)
     positions = torch.full((b,), s - 1, dtype=torch.int64, device=DEV)
-    scores = torch.empty(b, s, dtype=torch.float32, device=DEV)
+    width = 4 * s   # as a graphed decode step: the buffer is max_model_len wide, the rows s long
+    scores = torch.empty(b, width, dtype=torch.float32, device=DEV)
     pos_out = torch.empty(b, topk, dtype=torch.int64, device=DEV)
-    score = lambda: index_scores(q, w, cache, tables, bids, positions, s, scores)   # noqa: E731
+    score = lambda **kw: index_scores(q, w, cache, tables, bids, positions, width, scores, **kw)   # noqa: E731
+    scratch = torch.empty(b, candidate_capacity(topk), dtype=torch.int64, device=DEV)
+    fallbacks = torch.zeros(1, dtype=torch.int32, device=DEV)
+    select = lambda **kw: topk_select(scores, topk, pos_out, bids, positions, scratch=scratch,   # noqa: E731
+                                      fallbacks=fallbacks, **kw)
     t_score = bench(score)
-    t_both = bench(lambda: topk_positions(score(), topk, pos_out))
+    t_topk = bench(select)
+    t_both = bench(lambda: (score(), select()))
+    t_torch = bench(lambda: torch.topk(scores[:, :s], topk, dim=-1))
     key_bytes = b * s * dim * 2
-    return dict(b=b, context=s, score_us=t_score, score_topk_us=t_both,
+    variants = []
+    if sweep:
+        for block_n, warps, per_sm in ((64, 8, 4), (64, 8, 8), (64, 8, 16), (128, 8, 4), (128, 8, 16), (64, 4, 16)):
+            t = bench(lambda: score(block_n=block_n, num_warps=warps, per_sm=per_sm))
+            variants.append(dict(kind="score", block_n=block_n, num_warps=warps, per_sm=per_sm, us=t,
+                                 fraction_of_copy_bw=key_bytes / (t * 1e-6) / bw))
+        score()
+        for block, warps, sampled in ((4096, 8, False), (2048, 4, True), (4096, 4, True), (4096, 16, True),
+                                      (8192, 16, True)):
+            t = bench(lambda: select(block=block, num_warps=warps, sampled=sampled))
+            variants.append(dict(kind="topk", block=block, num_warps=warps, sampled=sampled, us=t))
+    score()
+    fallbacks.zero_()
+    select()
+    ref_vals = torch.topk(scores[:, :s], topk, dim=-1).values.sort(-1).values
+    got_vals = scores[:, :s].gather(1, pos_out).sort(-1).values
+    assert torch.equal(ref_vals, got_vals), "topk_select disagrees with torch.topk"
+    return dict(b=b, context=s, score_us=t_score, topk_us=t_topk, torch_topk_us=t_torch, score_topk_us=t_both,
+                topk_sample_misses=int(fallbacks.item()),
                 score_fraction_of_copy_bw=key_bytes / (t_score * 1e-6) / bw,
-                score_topk_fraction_of_copy_bw=key_bytes / (t_both * 1e-6) / bw)
+                score_topk_fraction_of_copy_bw=key_bytes / (t_both * 1e-6) / bw, variants=variants)
 
 
-def bench_e2e(layers: int, batch: int, context: int) -> dict:
+def bench_e2e(layers: int, batch: int, context: int, graphs: bool) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_e2e_decode import V3, random_weights, time_steps
 
@@ -162,7 +216,7 @@ def bench_e2e(layers: int, batch: int, context: int) -> dict:
         model = CausalLM(parse_arch(cfg), w, DEV, torch.bfloat16)
         per_seq = -(-context // PAGE)
         ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": backend},
-                                 "cuda_graph": False, "cache": {"block_size": PAGE, "num_blocks": batch * per_seq + 1},
+                                 "cuda_graph": graphs, "cache": {"block_size": PAGE, "num_blocks": batch * per_seq + 1},
                                  "scheduler": {"max_num_seqs": batch, "enable_chunked_prefill": True},
                                  "max_model_len": context + 64})
         runner = ModelRunner(ecfg, model=model)
@@ -176,7 +230,7 @@ def bench_e2e(layers: int, batch: int, context: int) -> dict:
         out[name + "_step_ms"] = time_steps(runner, step, 10) * 1e3
         del runner, model, w
         torch.cuda.empty_cache()
-    out.update(layers=layers, batch=batch, context=context, ratio=out["v32_dsa_step_ms"] / out["v3_dense_step_ms"])
+    out.update(layers=layers, batch=batch, context=context, cuda_graphs=graphs, ratio=out["v32_dsa_step_ms"] / out["v3_dense_step_ms"])
     return out
 
 
@@ -184,6 +238,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller shapes (gpu_check.sh)")
     ap.add_argument("--e2e", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="kernel config variants (sparse MLA, score, top-k)")
+    ap.add_argument("--no-graphs", action="store_true", help="e2e without CUDA graphs on either model")
     ap.add_argument("--json", default=None)
     ap.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -195,10 +251,10 @@ def main() -> None:
     bw = copy_bandwidth()
     res = {"device": torch.cuda.get_device_name() if DEV != "cpu" else "cpu (smoke)", "copy_bw_gbs": bw / 1e9,
            "key_windows": bench_key_windows(tokens),
-           "sparse_decode": bench_sparse_decode(b, h, topk, ctx),
-           "index_decode": bench_index_decode(b, ctx, 64 if DEV != "cpu" else 16, 128, topk, bw)}
+           "sparse_decode": bench_sparse_decode(b, h, topk, ctx, args.sweep),
+           "index_decode": bench_index_decode(b, ctx, 64 if DEV != "cpu" else 16, 128, topk, bw, args.sweep)}
     if args.e2e:
-        res["e2e"] = bench_e2e(4 if DEV != "cpu" else 1, b, ctx)
+        res["e2e"] = bench_e2e(4 if DEV != "cpu" else 1, b, ctx, not args.no_graphs and DEV != "cpu")
     print(f"## DSA on {res['device']} (copy bandwidth {bw / 1e9:.0f} GB/s)")
     kw, sd, ix = res["key_windows"], res["sparse_decode"], res["index_decode"]
     print(f"- [ks, ke) at {kw['tokens']} tokens: kernel {kw['kernel_us']:.1f} us, Python loop {kw['loop_us']:.0f} us, "
@@ -208,11 +264,18 @@ def main() -> None:
           "(target >= 6x; FlashMLA anchor 410 TFLOPS FP8 on H800)")
     print(f"- indexer decode ctx {ix['context']}: score {ix['score_us']:.1f} us "
           f"({ix['score_fraction_of_copy_bw']:.0%} of copy bw), score + top-k {ix['score_topk_us']:.1f} us "
-          f"({ix['score_topk_fraction_of_copy_bw']:.0%}; target >= 70%)")
+          f"({ix['score_topk_fraction_of_copy_bw']:.0%}; target >= 70%); top-k alone {ix['topk_us']:.1f} us "
+          f"(torch.topk over the same rows {ix['torch_topk_us']:.1f} us; rows whose sample missed: "
+          f"{ix['topk_sample_misses']} of {ix['b']})")
+    print(f"  sparse config {sd['config']}; gathered latent bytes {sd['gathered_bytes'] / 1e6:.0f} MB "
+          f"= {sd['gathered_bytes'] / bw * 1e6:.0f} us at copy bandwidth")
+    for v in sd["variants"] + ix["variants"]:
+        print("  variant", json.dumps(v))
     if "e2e" in res:
         e = res["e2e"]
         print(f"- e2e {e['layers']} layers b={e['batch']} ctx {e['context']}: V3.2 dsa {e['v32_dsa_step_ms']:.2f} ms "
-              f"vs V3 dense {e['v3_dense_step_ms']:.2f} ms: {e['ratio']:.2f}x (target <= 0.5x)")
+              f"vs V3 dense {e['v3_dense_step_ms']:.2f} ms: {e['ratio']:.2f}x (target <= 0.5x; "
+              f"CUDA graphs {'on' if e['cuda_graphs'] else 'off'})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -9,9 +9,9 @@ Per layer:
    table, absorb W_UK into the queries, run sparse MLA over the selected slots (split over the
    top-k axis + merge) and apply W_UV. Prefill and decode tokens take the same path: a token with
    no more than ``index_topk`` keys selects all of them, which is dense causal attention.
-Decode workspaces are sized on the first call for ``max_num_seqs`` rows; steps with prefill
-tokens allocate theirs per step (their score matrix is [T, max_seqlen_k]).
-Known gaps: top-k uses the framework's ``topk`` (no Triton radix select yet); no CUDA graphs.
+Decode workspaces are sized on the first call for ``max_num_seqs`` rows and ``max_model_len``
+columns, so decode steps are captured as CUDA graphs; steps with prefill tokens allocate theirs
+per step (their score matrix is [T, max_seqlen_k]).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import torch
 
 from paddle_mla import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
-from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots, topk_positions
-from paddle_mla.attention.dsa.sparse_mla import sparse_mla
+from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots
+from paddle_mla.attention.dsa.topk_select import candidate_capacity, topk_select
+from paddle_mla.attention.dsa.sparse_mla import MAX_SPLITS, sparse_config, sparse_mla
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
-
-MAX_SPLITS = 8
 
 
 @register_backend("dsa")
@@ -40,6 +39,7 @@ class DSABackend(MLABackend):
         if not ok:
             raise RuntimeError(f"attention.backend 'dsa' cannot run here: {why}; use backend 'native'")
         self._decode_ws = None
+        self.sparse_cfg = sparse_config(dims.num_heads)
 
     def _workspace(self, rows: int, topk: int, width: int, decode: bool):
         if decode:
@@ -54,6 +54,8 @@ class DSABackend(MLABackend):
         return {
             "scores": torch.empty(rows, width, dtype=torch.float32, device=dev),
             "pos": torch.empty(rows, topk, dtype=torch.int64, device=dev),
+            "topk_scratch": torch.empty(rows, candidate_capacity(topk), dtype=torch.int64, device=dev),
+            "topk_fallbacks": torch.zeros(1, dtype=torch.int32, device=dev),   # rows whose sample missed
             "slots": torch.empty(rows, topk, dtype=torch.int64, device=dev),
             "part_o": torch.empty(rows, d.num_heads, MAX_SPLITS, d.kv_lora_rank, dtype=torch.float32, device=dev),
             "part_lse": torch.empty(rows, d.num_heads, MAX_SPLITS, dtype=torch.float32, device=dev),
@@ -66,15 +68,17 @@ class DSABackend(MLABackend):
         if not decode and (meta.index_ks is None or meta.index_ke is None):
             raise ValueError("dsa: a step with prefill tokens needs meta.index_ks/index_ke "
                              "(ForwardMeta.build(..., key_windows=KeyWindows(...)))")
+        # decode: one width for every step (a captured graph replays one launch); the kernels follow
+        # each row's own length, so the unused columns cost nothing
         width = self.max_model_len if decode else meta.max_seqlen_k
         ws = self._workspace(T, topk, width, decode)
         meta.attn["dsa_ws"] = ws
         write_latent_cache(k, index_cache, meta.slot_mapping)
+        windows = {} if decode else dict(ks=meta.index_ks, ke=meta.index_ke, cu_seqlens_k=meta.cu_seqlens_k)
         scores = index_scores(q, w, index_cache, meta.block_tables, meta.batch_id_per_token, meta.positions,
-                              meta.max_seqlen_k, ws["scores"],
-                              ks=None if decode else meta.index_ks, ke=None if decode else meta.index_ke,
-                              cu_seqlens_k=None if decode else meta.cu_seqlens_k)
-        return topk_positions(scores, topk, ws["pos"])
+                              width, ws["scores"], **windows)
+        return topk_select(scores, topk, ws["pos"], meta.batch_id_per_token, meta.positions, **windows,
+                           scratch=ws["topk_scratch"], fallbacks=ws["topk_fallbacks"])
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
         if topk_pos is None:
@@ -86,5 +90,5 @@ class DSABackend(MLABackend):
         slots = positions_to_slots(topk_pos, meta.batch_id_per_token, meta.block_tables, self.block_size, ws["slots"])
         q_lat = torch.bmm(q_nope.transpose(0, 1), w_kc).transpose(0, 1)            # [T, H, C]
         o_lat = sparse_mla(q_lat.contiguous(), q_pe, kv_cache, slots, d.softmax_scale, ws["part_o"],
-                           ws["part_lse"], ws["o_lat"], MAX_SPLITS)
+                           ws["part_lse"], ws["o_lat"], self.sparse_cfg)
         return torch.bmm(o_lat.transpose(0, 1), w_vc).transpose(0, 1)

@@ -16,11 +16,17 @@ from paddle_mla import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
+import os
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import next_pow2
+from paddle_mla.attention.triton_mla._util import interpreting, next_pow2, num_sms
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 8
 
 
 @triton.jit
@@ -28,8 +34,9 @@ def _sparse_partial_kernel(
     q_lat, q_pe, cache, slots, part_o, part_lse,
     stride_qlt, stride_qlh, stride_qpt, stride_qph, stride_row, stride_st,
     stride_pot, stride_poh, stride_pos, stride_plt, stride_plh,
-    H, K, C, R, sm_scale, SPLIT_LEN, out, stride_ot, stride_oh, DIRECT: tl.constexpr,
+    H, K, C, R, sm_scale_log2, SPLIT_LEN, out, stride_ot, stride_oh, DIRECT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -46,7 +53,7 @@ def _sparse_partial_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
     start = sp * SPLIT_LEN
     end = tl.minimum(start + SPLIT_LEN, K)
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         n = n0 + tl.arange(0, BLOCK_N)
         s = tl.load(slots + t * stride_st + n, mask=n < end, other=-1)
         ok = s >= 0
@@ -54,16 +61,16 @@ def _sparse_partial_kernel(
         kc = tl.load(row[:, None] + c[None, :], mask=ok[:, None] & (c[None, :] < C), other=0.0)
         kp = tl.load(row[:, None] + C + r[None, :], mask=ok[:, None] & (r[None, :] < R), other=0.0)
         qk = tl.dot(ql, tl.trans(kc), out_dtype=tl.float32) + tl.dot(qp, tl.trans(kp), out_dtype=tl.float32)
-        qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
+        qk = tl.where(ok[None, :], qk * sm_scale_log2, float("-inf"))     # log2 units: exp2 below
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(qk - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(kc.dtype), kc, out_dtype=tl.float32)
         m_i = m_new
     has = l_i > 0
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))   # log2 units
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     if DIRECT:   # one chunk: this is the final output, no merge pass
         tl.store(out + t * stride_ot + h[:, None] * stride_oh + c[None, :], o.to(out.dtype.element_ty),
@@ -84,12 +91,39 @@ def _merge_kernel(part_o, part_lse, out, stride_pot, stride_poh, stride_pos, str
     lse = tl.load(part_lse + t * stride_plt + h * stride_plh + s, mask=s < S, other=float("-inf"))
     m = tl.max(lse, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    wgt = tl.exp(lse - m_safe)                                   # 0 for empty chunks
+    wgt = tl.exp2(lse - m_safe)                                  # 0 for empty chunks
     o = tl.load(part_o + t * stride_pot + h * stride_poh + s[:, None] * stride_pos + c[None, :],
                 mask=(s[:, None] < S) & (c[None, :] < C), other=0.0)
     den = tl.sum(wgt, 0)
     res = tl.sum(o * wgt[:, None], 0) / tl.where(den > 0, den, 1.0)
     tl.store(out + t * stride_ot + h * stride_oh + c, res.to(out.dtype.element_ty), mask=c < C)
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    block_h: int         # heads per program: the gathered latent rows are read once per head block
+    block_n: int         # selected slots per tile
+    num_warps: int
+    num_stages: int
+    max_splits: int      # chunks of the top-k axis (fewer when the rows alone fill the GPU)
+
+
+def sparse_config(num_heads: int, **override) -> SparseConfig:
+    """Launch config from the head count; env PADDLE_MLA_DSA_CFG="block_h=32,num_stages=2" or
+    ``override`` sets fields (tools/bench_dsa.py --sweep compares them)."""
+    if interpreting():
+        cfg = dict(block_h=16, block_n=16, num_warps=4, num_stages=1, max_splits=MAX_SPLITS)
+    elif num_heads <= 32:
+        cfg = dict(block_h=max(16, next_pow2(num_heads)), block_n=32, num_warps=4, num_stages=2, max_splits=MAX_SPLITS)
+    else:   # as the dense decode kernel: 64 heads x 64 slots per MMA step
+        cfg = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, max_splits=MAX_SPLITS)
+    env = os.environ.get("PADDLE_MLA_DSA_CFG")
+    if env:
+        for kv in env.split(","):
+            key, val = kv.split("=")
+            cfg[key.strip()] = int(val)
+    cfg.update(override)
+    return SparseConfig(**cfg)
 
 
 def split_len_for(topk: int, max_splits: int, block_n: int) -> int:
@@ -98,11 +132,22 @@ def split_len_for(topk: int, max_splits: int, block_n: int) -> int:
     return max(block_n, -(-per // block_n) * block_n)
 
 
-def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out, max_splits: int = 8):
+def num_splits_for(rows: int, head_blocks: int, topk: int, cfg: SparseConfig) -> int:
+    """Splits of the top-k axis: enough programs for about two per SM, at most ``cfg.max_splits``;
+    prefill-sized steps get one (no merge pass)."""
+    want = -(-2 * num_sms() // max(rows * head_blocks, 1))
+    per = max(1, min(cfg.max_splits, want, -(-topk // cfg.block_n)))
+    return -(-topk // split_len_for(topk, per, cfg.block_n))
+
+
+def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out, cfg: SparseConfig | None = None,
+               num_splits: int = 0):
     """q_lat [T, H, C], q_pe [T, H, R], kv_cache [NB, bs, 1, C + R], slots int64 [T, K] -> out[:T] [T, H, C].
 
-    ``part_o`` [>= T, H, max_splits, C] float32 and ``part_lse`` [>= T, H, max_splits] float32 are
-    workspaces; ``out`` [>= T, H, C] receives the latent outputs.
+    ``part_o`` [>= T, H, >= splits, C] float32 and ``part_lse`` [>= T, H, >= splits] float32 are
+    workspaces; ``out`` [>= T, H, C] receives the latent outputs. The split count depends only on
+    T, H and K (host-known), so a captured decode step replays the same launch; ``num_splits``
+    forces it (tests, sweeps).
     """
     T, H, C = q_lat.shape
     R = q_pe.shape[-1]
@@ -110,20 +155,24 @@ def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out
     res = out[:T]
     if T == 0:
         return res
-    block_n = 32 if K >= 32 else 16
-    split = split_len_for(K, max_splits, block_n)
+    cfg = cfg or sparse_config(H)
+    block_n = cfg.block_n if K >= cfg.block_n else 16
+    block_h = cfg.block_h
+    head_blocks = triton.cdiv(H, block_h)
+    n_splits = min(num_splits or num_splits_for(T, head_blocks, K, cfg), part_o.shape[2])
+    split = split_len_for(K, n_splits, block_n)
     n_splits = -(-K // split)
     assert n_splits <= part_o.shape[2] and part_o.shape[0] >= T
-    block_h = 16
     block_c = max(16, next_pow2(C))
     flat = kv_cache.view(-1, kv_cache.shape[-1])
-    grid = (T, triton.cdiv(H, block_h), n_splits)
+    grid = (T, head_blocks, n_splits)
     _sparse_partial_kernel[grid](
         q_lat, q_pe, flat, slots, part_o, part_lse,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), flat.stride(0), slots.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        H, K, C, R, scale, split, res, res.stride(0), res.stride(1), n_splits == 1,
+        H, K, C, R, scale * LOG2E, split, res, res.stride(0), res.stride(1), n_splits == 1,
         BLOCK_H=block_h, BLOCK_C=block_c, BLOCK_R=max(16, next_pow2(R)), BLOCK_N=block_n,
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
     )
     if n_splits == 1:
         return res
