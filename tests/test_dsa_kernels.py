@@ -109,13 +109,12 @@ MIXED, DECODE = ([3, 0, 12, 1], [3, 9, 70, 100]), ([1, 1, 1, 1], [1, 130, 17, 6]
                          ids=["mixed-sampled", "mixed-sample_short", "mixed-sample_over", "mixed-ties",
                               "decode-sampled", "decode-ties"])
 def test_topk_select_matches_reference(lens, ties, margin):
-    # sampled=True: the GPU's default path (sampled threshold + sort), run here under the interpreter
     """Top-k selection vs sorting: rows with fewer keys than K (all of them, then -1), with no more than
-    the candidate buffer (one sort), with more (sampled threshold, then one sort; a margin of -1000 or
-    1000 makes the sample keep too few or too many candidates, so the exact radix fallback runs), ties at
-    the k-th value (many equal keys overflow the buffer: the fallback again), zero-length requests,
-    prefill windows and decode positions."""
-    from paddle_mla.attention.dsa.topk_select import candidate_capacity, topk_select
+    the candidate buffer (all buffered), with more (sampled threshold; a margin of -1000 or 1000 makes
+    the sample keep too few or too many candidates, so the radix select over the whole window runs),
+    ties at the k-th value (many equal keys overflow the buffer: that fallback again), zero-length
+    requests, prefill windows and decode positions. Two calls on one workspace: the counts reset."""
+    from paddle_mla.attention.dsa.topk_select import candidate_capacity, topk_scratch_shape, topk_select
 
     rng = np.random.default_rng(7 + ties)
     meta, _ = _meta(rng, *lens, 16)
@@ -124,9 +123,12 @@ def test_topk_select_matches_reference(lens, ties, margin):
     windows = {} if meta.is_decode_only else dict(ks=meta.index_ks, ke=meta.index_ke, cu_seqlens_k=meta.cu_seqlens_k)
     out = torch.full((meta.num_tokens + 3, K), 99, dtype=torch.int64, device=DEV)
     fallbacks = torch.zeros(1, dtype=torch.int32, device=DEV)
-    got = topk_select(_t(scores), K, out, meta.batch_id_per_token, meta.positions, **windows, fallbacks=fallbacks,
-                      margin=margin, sample=64, sampled=True).cpu().numpy()
-    _check_topk(got, scores, meta, K)
+    scratch = torch.zeros(topk_scratch_shape(meta.num_tokens, K), dtype=torch.int32, device=DEV)
+    for call in range(2):
+        got = topk_select(_t(scores), K, out, meta.batch_id_per_token, meta.positions, **windows, scratch=scratch,
+                          fallbacks=fallbacks, margin=margin, sample=64).cpu().numpy()
+        _check_topk(got, scores, meta, K)
+        scores = scores[:, ::-1].copy() if call == 0 else scores
     cap = candidate_capacity(K)
     windows_past_buffer = [c + i + 1 for q, c in zip(meta.seq_lens_q, meta.num_cached) for i in range(q) if c + i + 1 > cap]
     assert windows_past_buffer    # so the sample decides for some rows
@@ -145,10 +147,9 @@ def test_topk_select_extreme_values():
     vals = np.array([0.0, -0.0, np.inf, -np.inf, 1e-42, -1e-42, 3e38, -3e38, 1.0, -1.0, 2.5, -2.5], np.float32)
     scores = rng.choice(vals, (1, meta.max_seqlen_k)).astype(np.float32)
     for K, margin in ((1, 3), (5, 3), (5, -1000), (30, 3)):
-        for sampled in (False, True):
-            got = topk_select(_t(scores), K, torch.zeros(1, K, dtype=torch.int64, device=DEV),
-                              meta.batch_id_per_token, meta.positions, margin=margin, sampled=sampled).cpu().numpy()
-            _check_topk(got, scores, meta, K)
+        got = topk_select(_t(scores), K, torch.zeros(1, K, dtype=torch.int64, device=DEV),
+                          meta.batch_id_per_token, meta.positions, margin=margin).cpu().numpy()
+        _check_topk(got, scores, meta, K)
 
 
 @pytest.mark.parametrize("page", [16, 64])

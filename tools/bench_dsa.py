@@ -38,7 +38,7 @@ from paddle_mla.attention.dsa.index_kernels import index_scores  # noqa: E402
 from paddle_mla.attention.dsa.key_window import KeyWindows  # noqa: E402
 from paddle_mla.attention.dsa.reference import key_window_ref  # noqa: E402
 from paddle_mla.attention.dsa.sparse_mla import sparse_config, sparse_mla, sparse_mla_ref  # noqa: E402
-from paddle_mla.attention.dsa.topk_select import candidate_capacity, topk_select  # noqa: E402
+from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 
 LORA, ROPE, PAGE = 512, 64, 64
@@ -158,7 +158,7 @@ def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: floa
     scores = torch.empty(b, width, dtype=torch.float32, device=DEV)
     pos_out = torch.empty(b, topk, dtype=torch.int64, device=DEV)
     score = lambda **kw: index_scores(q, w, cache, tables, bids, positions, width, scores, **kw)   # noqa: E731
-    scratch = torch.empty(b, candidate_capacity(topk), dtype=torch.int64, device=DEV)
+    scratch = torch.zeros(topk_scratch_shape(b, topk), dtype=torch.int32, device=DEV)
     fallbacks = torch.zeros(1, dtype=torch.int32, device=DEV)
     select = lambda **kw: topk_select(scores, topk, pos_out, bids, positions, scratch=scratch,   # noqa: E731
                                       fallbacks=fallbacks, **kw)
@@ -169,15 +169,17 @@ def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: floa
     key_bytes = b * s * dim * 2
     variants = []
     if sweep:
-        for block_n, warps, per_sm in ((64, 8, 4), (64, 8, 8), (64, 8, 16), (128, 8, 4), (128, 8, 16), (64, 4, 16)):
+        for block_n, warps, per_sm in ((64, 8, 8), (64, 8, 16), (64, 8, 32), (64, 4, 32), (32, 4, 32), (128, 8, 16)):
             t = bench(lambda: score(block_n=block_n, num_warps=warps, per_sm=per_sm))
             variants.append(dict(kind="score", block_n=block_n, num_warps=warps, per_sm=per_sm, us=t,
                                  fraction_of_copy_bw=key_bytes / (t * 1e-6) / bw))
         score()
-        for block, warps, sampled in ((4096, 8, False), (2048, 4, True), (4096, 4, True), (4096, 16, True),
-                                      (8192, 16, True)):
-            t = bench(lambda: select(block=block, num_warps=warps, sampled=sampled))
-            variants.append(dict(kind="topk", block=block, num_warps=warps, sampled=sampled, us=t))
+        for kw in (dict(), dict(select_warps=8), dict(select_warps=32), dict(candidate_warps=8),
+                   dict(candidate_warps=2), dict(threshold_digits=2), dict(segments=16), dict(block=2048),
+                   dict(sample=2048)):
+            fallbacks.zero_()
+            t = bench(lambda: select(**kw))
+            variants.append(dict(kind="topk", **kw, us=t, sample_misses=int(fallbacks.item())))
     score()
     fallbacks.zero_()
     select()

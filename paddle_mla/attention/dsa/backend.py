@@ -25,8 +25,8 @@ import torch
 from paddle_mla import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots
-from paddle_mla.attention.dsa.topk_select import candidate_capacity, topk_select
-from paddle_mla.attention.dsa.sparse_mla import MAX_SPLITS, sparse_config, sparse_mla
+from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select
+from paddle_mla.attention.dsa.sparse_mla import partial_rows, sparse_config, sparse_mla
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 
 
@@ -51,14 +51,15 @@ class DSABackend(MLABackend):
 
     def _alloc(self, rows: int, topk: int, width: int):
         d, dev = self.dims, self.device
+        split_rows = partial_rows(rows, d.num_heads, topk, self.sparse_cfg)   # merge workspace: rows x splits
         return {
             "scores": torch.empty(rows, width, dtype=torch.float32, device=dev),
             "pos": torch.empty(rows, topk, dtype=torch.int64, device=dev),
-            "topk_scratch": torch.empty(rows, candidate_capacity(topk), dtype=torch.int64, device=dev),
+            "topk_scratch": torch.zeros(topk_scratch_shape(rows, topk), dtype=torch.int32, device=dev),
             "topk_fallbacks": torch.zeros(1, dtype=torch.int32, device=dev),   # rows whose sample missed
             "slots": torch.empty(rows, topk, dtype=torch.int64, device=dev),
-            "part_o": torch.empty(rows, d.num_heads, MAX_SPLITS, d.kv_lora_rank, dtype=torch.float32, device=dev),
-            "part_lse": torch.empty(rows, d.num_heads, MAX_SPLITS, dtype=torch.float32, device=dev),
+            "part_o": torch.empty(max(split_rows, 1) * d.num_heads * d.kv_lora_rank, dtype=torch.float32, device=dev),
+            "part_lse": torch.empty(max(split_rows, 1) * d.num_heads, dtype=torch.float32, device=dev),
             "o_lat": torch.empty(rows, d.num_heads, d.kv_lora_rank, dtype=self.dtype, device=dev),
         }
 

@@ -64,14 +64,14 @@ def _index_score_kernel(
         tl.store(out + t.to(tl.int64) * stride_ot + n, total, mask=valid)
 
 
-def score_programs_per_row(rows: int, width: int, block_n: int, per_sm: int = 8) -> int:
+def score_programs_per_row(rows: int, width: int, block_n: int, per_sm: int = 16) -> int:
     """Programs per row: about ``per_sm`` per SM over the whole grid, never more than the row has blocks."""
     target = per_sm * num_sms()
     return max(1, min(triton.cdiv(width, block_n), triton.cdiv(target, max(rows, 1))))
 
 
 def index_scores(q, w, index_cache, block_tables, batch_ids, positions, width: int, out,
-                 ks=None, ke=None, cu_seqlens_k=None, block_n: int = 0, num_warps: int = 0, per_sm: int = 8):
+                 ks=None, ke=None, cu_seqlens_k=None, block_n: int = 0, num_warps: int = 0, per_sm: int = 16):
     """q [T, H, D], w [T, H] float32, index_cache [NB, bs, 1, D] -> out[:T, :width] float32 scores.
 
     ``ks``/``ke`` given (prefill steps): windows in gathered-key coordinates (with ``cu_seqlens_k``);
@@ -86,7 +86,9 @@ def index_scores(q, w, index_cache, block_tables, batch_ids, positions, width: i
     if use_window and (ke is None or cu_seqlens_k is None):
         raise ValueError("index_scores: ks needs ke and cu_seqlens_k")
     assert q.stride(2) == 1 and index_cache.stride(3) == 1 and out.stride(1) == 1
-    block_n = block_n or (16 if interpreting() else 128)
+    # 64 keys x 8 warps, 16 programs per SM: 82% of copy bandwidth at [64, 32k] on an H100 (the
+    # 128-key tile at 8 per SM: 72%); tools/bench_dsa.py --sweep
+    block_n = block_n or (16 if interpreting() else 64)
     block_d = max(16, next_pow2(D))
     block_h = min(max(16, next_pow2(H)), 64)
     grid = (T, score_programs_per_row(T, width, block_n, per_sm))
@@ -97,7 +99,7 @@ def index_scores(q, w, index_cache, block_tables, batch_ids, positions, width: i
         q.stride(0), q.stride(1), w.stride(0), index_cache.stride(0), index_cache.stride(1), block_tables.stride(0),
         out.stride(0), H, D, PAGE=index_cache.shape[1], USE_WINDOW=use_window, ONE_HEAD_BLOCK=block_h >= H,
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
-        num_warps=num_warps or (4 if H <= 32 else 8),
+        num_warps=num_warps or 8,
     )
     return out[:T, :width]
 

@@ -132,22 +132,37 @@ def split_len_for(topk: int, max_splits: int, block_n: int) -> int:
     return max(block_n, -(-per // block_n) * block_n)
 
 
-def num_splits_for(rows: int, head_blocks: int, topk: int, cfg: SparseConfig) -> int:
-    """Splits of the top-k axis: enough programs for about two per SM, at most ``cfg.max_splits``;
-    prefill-sized steps get one (no merge pass)."""
-    want = -(-2 * num_sms() // max(rows * head_blocks, 1))
-    per = max(1, min(cfg.max_splits, want, -(-topk // cfg.block_n)))
-    return -(-topk // split_len_for(topk, per, cfg.block_n))
+def plan_splits(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced: int = 0) -> tuple[int, int, int]:
+    """(splits, chunk length, slots per tile) for ``rows`` queries: enough programs for about two per
+    SM, at most ``cfg.max_splits`` splits (``forced`` overrides); prefill-sized steps get one (no merge)."""
+    block_n = cfg.block_n if topk >= cfg.block_n else 16
+    want = -(-2 * num_sms() // max(rows * triton.cdiv(num_heads, cfg.block_h), 1))
+    per = forced or max(1, min(cfg.max_splits, want))
+    split = split_len_for(topk, per, block_n)
+    return -(-topk // split), split, block_n
+
+
+def partial_rows(max_rows: int, num_heads: int, topk: int, cfg: SparseConfig) -> int:
+    """Largest rows x splits over every step of up to ``max_rows`` queries that splits (the merge
+    workspace; about 2 x SMs / head blocks, whatever ``max_rows``)."""
+    best = 0
+    for rows in range(1, max_rows + 1):
+        n = plan_splits(rows, num_heads, topk, cfg)[0]
+        if n == 1:
+            break            # more rows never split again
+        best = max(best, rows * n)
+    return best
 
 
 def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out, cfg: SparseConfig | None = None,
                num_splits: int = 0):
     """q_lat [T, H, C], q_pe [T, H, R], kv_cache [NB, bs, 1, C + R], slots int64 [T, K] -> out[:T] [T, H, C].
 
-    ``part_o`` [>= T, H, >= splits, C] float32 and ``part_lse`` [>= T, H, >= splits] float32 are
-    workspaces; ``out`` [>= T, H, C] receives the latent outputs. The split count depends only on
-    T, H and K (host-known), so a captured decode step replays the same launch; ``num_splits``
-    forces it (tests, sweeps).
+    ``part_o`` (float32, >= rows x splits x H x C elements) and ``part_lse`` (float32, >= rows x splits
+    x H) are flat merge workspaces, unused when the step does not split (``partial_rows`` sizes them);
+    ``out`` [>= T, H, C] receives the latent outputs. The split count depends only on T, H and K
+    (host-known), so a captured decode step replays the same launch; ``num_splits`` forces it (tests,
+    sweeps).
     """
     T, H, C = q_lat.shape
     R = q_pe.shape[-1]
@@ -156,16 +171,19 @@ def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out
     if T == 0:
         return res
     cfg = cfg or sparse_config(H)
-    block_n = cfg.block_n if K >= cfg.block_n else 16
+    n_splits, split, block_n = plan_splits(T, H, K, cfg, num_splits)
+    if n_splits > 1:
+        if part_o.numel() < T * n_splits * H * C or part_lse.numel() < T * n_splits * H:
+            raise ValueError(f"sparse_mla: the merge workspace holds {part_lse.numel() // H} rows x splits, "
+                             f"the step needs {T * n_splits}")
+        part_o = part_o.view(-1)[:T * H * n_splits * C].view(T, H, n_splits, C)
+        part_lse = part_lse.view(-1)[:T * H * n_splits].view(T, H, n_splits)
+    else:    # the kernel writes the output directly; the workspaces are not touched
+        part_o, part_lse = res.view(T, H, 1, C), res.view(T, H, 1, C)[..., 0]
     block_h = cfg.block_h
-    head_blocks = triton.cdiv(H, block_h)
-    n_splits = min(num_splits or num_splits_for(T, head_blocks, K, cfg), part_o.shape[2])
-    split = split_len_for(K, n_splits, block_n)
-    n_splits = -(-K // split)
-    assert n_splits <= part_o.shape[2] and part_o.shape[0] >= T
     block_c = max(16, next_pow2(C))
     flat = kv_cache.view(-1, kv_cache.shape[-1])
-    grid = (T, head_blocks, n_splits)
+    grid = (T, triton.cdiv(H, block_h), n_splits)
     _sparse_partial_kernel[grid](
         q_lat, q_pe, flat, slots, part_o, part_lse,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), flat.stride(0), slots.stride(0),
