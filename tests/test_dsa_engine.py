@@ -91,3 +91,22 @@ def test_backend_auto_picks_dsa_for_a_v32_checkpoint_on_a_gpu(model_dir):
     assert resolved_config(cfg, "gpu", checkpoint_model_type(model_dir)).attention.backend == "dsa"
     assert resolved_config(cfg, "cpu", checkpoint_model_type(model_dir)).attention.backend == "native"
     assert make_llm(model_dir).runner.backend.name == "native"     # auto on this CPU box
+
+
+@pytest.mark.triton
+def test_dsa_workspaces_once_per_step_not_per_layer(model_dir, baseline, monkeypatch):
+    """A step with prefill tokens allocates its indexer workspace in its first layer only; decode steps
+    reuse the start-up one."""
+    from paddle_mla.attention.dsa.backend import DSABackend
+
+    reqs, expected = baseline
+    llm = make_llm(model_dir, attention={"backend": "dsa"})
+    assert llm.runner.arch.num_layers > 1
+    allocs, steps = [], []
+    alloc, forward = DSABackend._alloc, type(llm.runner)._forward
+    monkeypatch.setattr(DSABackend, "_alloc", lambda self, *a: allocs.append(a) or alloc(self, *a))
+    monkeypatch.setattr(type(llm.runner), "_forward", lambda self, batch, *a: steps.append(batch) or forward(self, batch, *a))
+    assert [o.token_ids for o in llm.generate(reqs[:2], use_tqdm=False)] == expected[:2]
+    prefill_steps = sum(bool(b.is_prefill.any()) for b in steps)
+    assert prefill_steps >= 1 and len(steps) > prefill_steps
+    assert len(allocs) == prefill_steps + 1      # + the decode workspace, once

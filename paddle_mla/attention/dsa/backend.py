@@ -10,8 +10,8 @@ Per layer:
    top-k axis + merge) and apply W_UV. Prefill and decode tokens take the same path: a token with
    no more than ``index_topk`` keys selects all of them, which is dense causal attention.
 Decode workspaces are sized on the first call for ``max_num_seqs`` rows and ``max_model_len``
-columns, so decode steps are captured as CUDA graphs; steps with prefill tokens allocate theirs
-per step (their score matrix is [T, max_seqlen_k]).
+columns, so decode steps are captured as CUDA graphs; a step with prefill tokens allocates its
+own once, in its first layer (its score matrix is [T, max_seqlen_k] fp32).
 """
 
 from __future__ import annotations
@@ -41,13 +41,19 @@ class DSABackend(MLABackend):
         self._decode_ws = None
         self.sparse_cfg = sparse_config(dims.num_heads)
 
-    def _workspace(self, rows: int, topk: int, width: int, decode: bool):
-        if decode:
+    def _workspace(self, meta, rows: int, topk: int, width: int):
+        """Decode: the start-up workspace. Steps with prefill tokens: one per step, made by the first
+        layer and kept in ``meta.attn`` for the others (never one per layer)."""
+        if meta.is_decode_only:
             if self._decode_ws is None or self._decode_ws["topk"] != topk:
                 self._decode_ws = self._alloc(self.max_num_seqs, topk, self.max_model_len)
                 self._decode_ws["topk"] = topk
             return self._decode_ws
-        return self._alloc(rows, topk, width)
+        ws = meta.attn.get("dsa_ws")
+        if ws is None or ws["topk"] != topk:
+            ws = self._alloc(rows, topk, width)
+            ws["topk"] = topk
+        return ws
 
     def _alloc(self, rows: int, topk: int, width: int):
         d, dev = self.dims, self.device
@@ -72,8 +78,7 @@ class DSABackend(MLABackend):
         # decode: one width for every step (a captured graph replays one launch); the kernels follow
         # each row's own length, so the unused columns cost nothing
         width = self.max_model_len if decode else meta.max_seqlen_k
-        ws = self._workspace(T, topk, width, decode)
-        meta.attn["dsa_ws"] = ws
+        ws = meta.attn["dsa_ws"] = self._workspace(meta, T, topk, width)
         write_latent_cache(k, index_cache, meta.slot_mapping)
         windows = {} if decode else dict(ks=meta.index_ks, ke=meta.index_ke, cu_seqlens_k=meta.cu_seqlens_k)
         scores = index_scores(q, w, index_cache, meta.block_tables, meta.batch_id_per_token, meta.positions,
