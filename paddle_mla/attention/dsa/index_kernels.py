@@ -71,7 +71,8 @@ def score_programs_per_row(rows: int, width: int, block_n: int, per_sm: int = 16
 
 
 def index_scores(q, w, index_cache, block_tables, batch_ids, positions, width: int, out,
-                 ks=None, ke=None, cu_seqlens_k=None, block_n: int = 0, num_warps: int = 0, per_sm: int = 16):
+                 ks=None, ke=None, cu_seqlens_k=None, block_n: int = 0, num_warps: int = 0, per_sm: int = 16,
+                 num_stages: int = 3):
     """q [T, H, D], w [T, H] float32, index_cache [NB, bs, 1, D] -> out[:T, :width] float32 scores.
 
     ``ks``/``ke`` given (prefill steps): windows in gathered-key coordinates (with ``cu_seqlens_k``);
@@ -99,7 +100,7 @@ def index_scores(q, w, index_cache, block_tables, batch_ids, positions, width: i
         q.stride(0), q.stride(1), w.stride(0), index_cache.stride(0), index_cache.stride(1), block_tables.stride(0),
         out.stride(0), H, D, PAGE=index_cache.shape[1], USE_WINDOW=use_window, ONE_HEAD_BLOCK=block_h >= H,
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
-        num_warps=num_warps or 8,
+        num_warps=num_warps or 8, num_stages=num_stages,
     )
     return out[:T, :width]
 
