@@ -110,3 +110,17 @@ def test_dsa_workspaces_once_per_step_not_per_layer(model_dir, baseline, monkeyp
     prefill_steps = sum(bool(b.is_prefill.any()) for b in steps)
     assert prefill_steps >= 1 and len(steps) > prefill_steps
     assert len(allocs) == prefill_steps + 1      # + the decode workspace, once
+
+
+@pytest.mark.triton
+def test_dsa_prefill_scores_in_row_chunks(model_dir, baseline, monkeypatch):
+    """Prefill rows scored a few at a time through a small buffer (as 8k-token chunks against a 128k
+    context are): the same tokens as the plain run."""
+    from paddle_mla.attention.dsa import backend as dsa_backend
+
+    reqs, expected = baseline
+    monkeypatch.setattr(dsa_backend, "PREFILL_SCORE_BYTES", 4 * 64 * 5)    # 5 rows of 64 keys
+    monkeypatch.setattr(dsa_backend, "PREFILL_TOPK_ROWS", 3)
+    llm = make_llm(model_dir, attention={"backend": "dsa"})
+    assert [o.token_ids for o in llm.generate(reqs[:3], use_tqdm=False)] == expected[:3]
+    assert llm.runner.backend._prefill["score_rows"] == 3

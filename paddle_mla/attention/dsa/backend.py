@@ -10,8 +10,10 @@ Per layer:
    top-k axis + merge) and apply W_UV. Prefill and decode tokens take the same path: a token with
    no more than ``index_topk`` keys selects all of them, which is dense causal attention.
 Decode workspaces are sized on the first call for ``max_num_seqs`` rows and ``max_model_len``
-columns, so decode steps are captured as CUDA graphs; a step with prefill tokens allocates its
-own once, in its first layer (its score matrix is [T, max_seqlen_k] fp32).
+columns, so decode steps are captured as CUDA graphs. Prefill steps score their rows in chunks
+through one buffer of at most 256 MiB made at the first prefill (the memory profile's), so an
+8k-token chunk against a 128k context needs no 4 GiB score matrix; their other per-row arrays are
+allocated once per step, in the first layer.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from paddle_mla.attention.dsa.sparse_mla import partial_rows, sparse_config, spa
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 
 
+PREFILL_SCORE_BYTES = 256 << 20   # prefill indexer scores per chunk of rows (fp32 [rows, longest context])
+PREFILL_TOPK_ROWS = 1024            # rows per chunk, at most (the top-k candidate buffers: 32 MiB at top-k 2048)
+
+
 @register_backend("dsa")
 class DSABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
@@ -39,29 +45,45 @@ class DSABackend(MLABackend):
         if not ok:
             raise RuntimeError(f"attention.backend 'dsa' cannot run here: {why}; use backend 'native'")
         self._decode_ws = None
+        self._prefill = None
         self.sparse_cfg = sparse_config(dims.num_heads)
 
-    def _workspace(self, meta, rows: int, topk: int, width: int):
+    def _workspace(self, meta, rows: int, topk: int):
         """Decode: the start-up workspace. Steps with prefill tokens: one per step, made by the first
         layer and kept in ``meta.attn`` for the others (never one per layer)."""
         if meta.is_decode_only:
             if self._decode_ws is None or self._decode_ws["topk"] != topk:
-                self._decode_ws = self._alloc(self.max_num_seqs, topk, self.max_model_len)
-                self._decode_ws["topk"] = topk
+                n = self.max_num_seqs
+                self._decode_ws = dict(self._alloc(n, topk), topk=topk, score_rows=n,
+                                       scores=torch.empty(n * self.max_model_len, dtype=torch.float32, device=self.device),
+                                       topk_scratch=self._topk_scratch(n, topk))
             return self._decode_ws
         ws = meta.attn.get("dsa_ws")
         if ws is None or ws["topk"] != topk:
-            ws = self._alloc(rows, topk, width)
-            ws["topk"] = topk
+            ws = dict(self._alloc(rows, topk), topk=topk, **self._prefill_scores(topk, rows))
         return ws
 
-    def _alloc(self, rows: int, topk: int, width: int):
+    def _prefill_scores(self, topk: int, rows: int) -> dict:
+        """Score rows of prefill steps: a buffer of at most PREFILL_SCORE_BYTES, made once (in the memory
+        profile's dummy prefill, so the KV cache is sized around it); steps score their rows in chunks
+        of buffer / (4 x longest context) rows, whatever the context."""
+        if self._prefill is None or self._prefill["topk"] != topk:
+            tokens = self.max_num_batched_tokens or rows      # 0: not configured; the first step's
+            nbytes = min(PREFILL_SCORE_BYTES, tokens * self.max_model_len * 4)
+            rows = min(PREFILL_TOPK_ROWS, tokens)
+            self._prefill = dict(topk=topk, score_rows=rows,
+                                 scores=torch.empty(nbytes // 4, dtype=torch.float32, device=self.device),
+                                 topk_scratch=self._topk_scratch(rows, topk))
+        return {k: v for k, v in self._prefill.items() if k != "topk"}
+
+    def _topk_scratch(self, rows: int, topk: int):
+        return torch.zeros(topk_scratch_shape(rows, topk), dtype=torch.int32, device=self.device)
+
+    def _alloc(self, rows: int, topk: int) -> dict:
         d, dev = self.dims, self.device
         split_rows = partial_rows(rows, d.num_heads, topk, self.sparse_cfg)   # merge workspace: rows x splits
         return {
-            "scores": torch.empty(rows, width, dtype=torch.float32, device=dev),
             "pos": torch.empty(rows, topk, dtype=torch.int64, device=dev),
-            "topk_scratch": torch.zeros(topk_scratch_shape(rows, topk), dtype=torch.int32, device=dev),
             "topk_fallbacks": torch.zeros(1, dtype=torch.int32, device=dev),   # rows whose sample missed
             "slots": torch.empty(rows, topk, dtype=torch.int64, device=dev),
             "part_o": torch.empty(max(split_rows, 1) * d.num_heads * d.kv_lora_rank, dtype=torch.float32, device=dev),
@@ -78,13 +100,22 @@ class DSABackend(MLABackend):
         # decode: one width for every step (a captured graph replays one launch); the kernels follow
         # each row's own length, so the unused columns cost nothing
         width = self.max_model_len if decode else meta.max_seqlen_k
-        ws = meta.attn["dsa_ws"] = self._workspace(meta, T, topk, width)
+        ws = meta.attn["dsa_ws"] = self._workspace(meta, T, topk)
         write_latent_cache(k, index_cache, meta.slot_mapping)
-        windows = {} if decode else dict(ks=meta.index_ks, ke=meta.index_ke, cu_seqlens_k=meta.cu_seqlens_k)
-        scores = index_scores(q, w, index_cache, meta.block_tables, meta.batch_id_per_token, meta.positions,
-                              width, ws["scores"], **windows)
-        return topk_select(scores, topk, ws["pos"], meta.batch_id_per_token, meta.positions, **windows,
-                           scratch=ws["topk_scratch"], fallbacks=ws["topk_fallbacks"])
+        chunk = min(ws["score_rows"], ws["scores"].numel() // max(width, 1)) if not decode else T
+        if chunk < 1:
+            raise ValueError(f"dsa: a {width}-key score row does not fit the {ws['scores'].numel()}-float buffer")
+        bids, pos = meta.batch_id_per_token, meta.positions
+        for r0 in range(0, T, chunk):       # one pass in decode; prefill rows in bounded chunks
+            r1 = min(T, r0 + chunk)
+            win = {} if decode else dict(ks=meta.index_ks[r0:r1], ke=meta.index_ke[r0:r1],
+                                         cu_seqlens_k=meta.cu_seqlens_k)
+            scores = ws["scores"][:(r1 - r0) * width].view(r1 - r0, width)
+            index_scores(q[r0:r1], w[r0:r1], index_cache, meta.block_tables, bids[r0:r1], pos[r0:r1], width,
+                         scores, **win)
+            topk_select(scores, topk, ws["pos"][r0:r1], bids[r0:r1], pos[r0:r1], **win,
+                        scratch=ws["topk_scratch"], fallbacks=ws["topk_fallbacks"])
+        return ws["pos"][:T]
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
         if topk_pos is None:
