@@ -12,7 +12,12 @@ request decoding are timed. Per phase, the self time (nested phases subtracted) 
 - sampling batch: ``build_sampling_batch`` + ``sampler.device_arrays``
 - sampler ops: ``sampler.sample_step_ids`` (device work on a GPU; here run by the CPU, so it is
   listed apart and not counted in ``host``)
-- read/unpack: ``LaunchedStep.result``; outputs: ``LLM._apply`` less stop checks; stop: ``LLM._stopped``
+- read/unpack: ``LaunchedStep.result``; outputs: ``LLM._apply`` less stop checks; stop checks: ``LLM._stopped``
+  and ``LLM._stop_string_hits``
+- launch (rest): ``ModelRunner.launch`` less the phases above; other (step): ``LLM._step`` less all
+
+Reported per phase: the median over the decode steps (the steady step) and the mean (which also
+spreads the last step, where every request finishes and releases its blocks, over the steps).
 
     python tools/profile_host_step.py --batch 64,256 --steps 30 [--overlap] [--stop-frac 0.25]
 """
@@ -137,8 +142,11 @@ def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, s
     timer.wrap(model_runner.LaunchedStep, "result", "read/unpack")
     timer.wrap(llm, "_apply", "outputs")
     timer.wrap(llm, "_stopped", "stop checks")
+    if hasattr(llm, "_stop_string_hits"):            # the step's stop-string rows, one batched decode
+        timer.wrap(llm, "_stop_string_hits", "stop checks")
+    timer.wrap(llm.runner, "launch", "launch (rest)")
     timer.wrap(llm, "_step", "other (step)")
-    step_times, prof = [], cProfile.Profile()
+    step_times, step_phases, prof = [], [], cProfile.Profile()
     real_step = llm._step
 
     def counted_step(finished):
@@ -148,6 +156,7 @@ def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, s
             return real_step(finished)
         if use_cprofile:
             prof.enable()
+        before = dict(timer.total)
         t = time.perf_counter()
         try:
             return real_step(finished)
@@ -155,6 +164,7 @@ def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, s
             step_times.append(time.perf_counter() - t)
             if use_cprofile:
                 prof.disable()
+            step_phases.append({k: v - before.get(k, 0.0) for k, v in timer.total.items()})
 
     llm._step = counted_step
     reqs = requests(batch, context, steps, llm.runner.arch.vocab_size, stop_frac)
@@ -173,15 +183,19 @@ def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, s
     timer.close()
     assert all(o.error is None for o in outs)
     n = len(step_times)
-    # the last steps (requests finishing) are counted too: they are decode steps of this batch
+    # mean: every decode step, the last one (all requests finish: blocks released, outputs built)
+    # included; median: the steady decode step (per phase, and of the per-step host totals)
     per_step = {k: v / n * 1e3 for k, v in timer.total.items()}
     host = sum(v for k, v in per_step.items() if k not in DEVICE_PHASES)
+    median = {k: float(np.median([p.get(k, 0.0) for p in step_phases])) * 1e3 for k in per_step}
+    host_steps = [sum(v for k, v in p.items() if k not in DEVICE_PHASES) * 1e3 for p in step_phases]
     s = io.StringIO()
     if use_cprofile:
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
     llm.close()
     return dict(batch=batch, context=context, steps=n, overlap=overlap, host_ms=host,
-                wall_ms=float(np.median(step_times)) * 1e3, phases=per_step, cprofile=s.getvalue())
+                host_median_ms=float(np.median(host_steps)), host_max_ms=float(max(host_steps)),
+                wall_ms=float(np.median(step_times)) * 1e3, phases=per_step, median=median, cprofile=s.getvalue())
 
 
 def main() -> None:
@@ -198,10 +212,13 @@ def main() -> None:
     for b in [int(x) for x in args.batch.split(",") if x]:
         r = profile(b, args.context, args.steps, args.overlap, not args.no_prefix, args.stop_frac, args.top)
         print(f"\n## batch {b}, context {r['context']}, overlap {r['overlap']}, {r['steps']} decode steps")
-        print(f"host per step: {r['host_ms']:.3f} ms (wall {r['wall_ms']:.3f} ms median, sampler ops included)")
-        print("| phase | ms / step |\n| --- | --- |")
+        print(f"host per step: median {r['host_median_ms']:.3f} ms (steady decode step), mean {r['host_ms']:.3f} ms "
+              f"(all decode steps, the finishing one included; largest step {r['host_max_ms']:.3f} ms); "
+              f"wall {r['wall_ms']:.3f} ms median, sampler ops included")
+        print("| phase | median ms / step | mean ms / step |\n| --- | ---: | ---: |")
         for k, v in sorted(r["phases"].items(), key=lambda kv: -kv[1]):
-            print(f"| {k}{' (device work, not host)' if k in DEVICE_PHASES else ''} | {v:.3f} |")
+            print(f"| {k}{' (device work, not host)' if k in DEVICE_PHASES else ''} | {r['median'][k]:.3f} | {v:.3f} |")
+        print(f"| host total | {r['host_median_ms']:.3f} | {r['host_ms']:.3f} |")
         if args.top:   # a second run under cProfile (its overhead would distort the phases)
             print(profile(b, args.context, min(args.steps, 10), args.overlap, not args.no_prefix, args.stop_frac,
                           args.top, use_cprofile=True)["cprofile"])

@@ -196,6 +196,11 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     text: str | None = None         # set when a stop string cut the text; else decoded at the end
+    # what the per-token stop checks read, set by the LLM once per request (the defaults make every
+    # token go through the full check): the output length that stops it by length (max_tokens, or
+    # what max_model_len leaves), and the token ids that may stop it (eos unless ignored, stop ids)
+    length_limit: int = 0
+    stop_ids: frozenset = frozenset()
 
     @property
     def params(self) -> SamplingParams:
