@@ -58,7 +58,9 @@ class InputState:
         in this step (``scheduled``: its rows)."""
         keep = {s.seq for s in scheduled}
         for seq in [s for s, r in self.rows.items() if s.status is not Status.RUNNING and s not in keep]:
-            self.free.append(self.rows.pop(seq).slot)
+            r = self.rows.pop(seq)
+            self.tables[r.slot, :r.written] = -1     # the next owner's row is -1 padded past its blocks
+            self.free.append(r.slot)
 
     def row(self, seq: Sequence, scheduled) -> _Row:
         r = self.rows.get(seq)
