@@ -264,7 +264,7 @@ class LLM:
         (penalties) make the loop read step N first."""
         out: SchedulerOutput = self.scheduler.schedule()
         prev, self._inflight = self._inflight, None
-        if prev is not None and out.scheduled and any(self._needs_host_tokens(s) for s in out.scheduled):
+        if prev is not None and out.scheduled and self._needs_host_tokens(out.scheduled):
             self._complete(prev, finished)
             prev = None
             out.scheduled = [s for s in out.scheduled if s.seq.status is Status.RUNNING]
@@ -272,8 +272,9 @@ class LLM:
         if prev is not None:
             self._complete(prev, finished)
         if launched is not None:
-            live = [s for s in out.scheduled if s.seq.status is Status.RUNNING]
-            self.scheduler.finish_step(SchedulerOutput(scheduled=live))
+            running = Status.RUNNING
+            live = [s for s in out.scheduled if s.seq.status is running]
+            self.scheduler.finish_step(SchedulerOutput(scheduled=live) if len(live) < len(out.scheduled) else out)
             for s in live:
                 if s.samples:
                     s.seq.output_token_ids.append(PENDING)
@@ -282,11 +283,17 @@ class LLM:
             self._failed(seq, finished)
 
     @staticmethod
-    def _needs_host_tokens(s) -> bool:
-        if not has_pending(s.seq):
-            return False
-        p = s.seq.params
-        return s.num_new != 1 or bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0)
+    def _needs_host_tokens(scheduled) -> bool:
+        """Whether a row's input needs a PENDING token on the host: more than one new token, or a
+        penalty (the sampler counts the row's tokens on the host)."""
+        for s in scheduled:
+            if has_pending(s.seq):
+                if s.num_new != 1:
+                    return True
+                p = s.seq.request.params
+                if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
+                    return True
+        return False
 
     def _complete(self, inflight, finished: dict[int, RequestOutput]) -> None:
         out, launched = inflight
