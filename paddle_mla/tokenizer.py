@@ -75,9 +75,6 @@ class TokenIdsOnly:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> None:
         return None
 
-    def decode_batch(self, batch: list[list[int]], skip_special_tokens: bool = True) -> list[None]:
-        return [None] * len(batch)
-
     def token_text(self, token_id: int) -> None:
         return None
 
@@ -137,10 +134,6 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def decode_batch(self, batch: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
-        """``decode`` of each list, in one call into the tokenizer."""
-        return self._tok.decode_batch(batch, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         """One token's text as it appears in the output (specials spelled out), for logprobs."""

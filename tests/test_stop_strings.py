@@ -152,8 +152,8 @@ def test_window_stays_bounded_on_a_long_output(kind):
 
 @pytest.mark.parametrize("kind", sorted(TOKENIZERS))
 def test_batched_detection_equals_one_row_at_a_time(kind):
-    """``found_many`` (one batched decode per step, as LLM._apply runs it) gives every row the
-    answers ``found`` gives it alone, step by step, rows of different lengths joining and leaving."""
+    """``found_many`` (all of a step's stop-string rows at once, as LLM._apply runs it) gives every
+    row the answers ``found`` gives it alone, step by step, rows of different lengths joining and leaving."""
     tok = TOKENIZERS[kind]
     rng = random.Random(2)
     ids = tok.encode(CORPUS[:600], add_bos=False)

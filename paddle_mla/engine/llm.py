@@ -342,9 +342,9 @@ class LLM:
                 self._completed(seq, finished)
 
     def _stop_string_hits(self, rows: list[tuple[Sequence, int]]) -> list[bool]:
-        """Whether each row's stop-string detector fires at this token (one batched decode for the
-        step's rows). The detector runs only where ``_stopped`` reaches the stop strings: past
-        min_tokens and not already stopped by a stop id."""
+        """Whether each row's stop-string detector fires at this token (``found_many``: all of the
+        step's rows at once). The detector runs only where ``_stopped`` reaches the stop strings:
+        past min_tokens and not already stopped by a stop id."""
         hits = [False] * len(rows)
         if self.tokenizer is None:
             return hits

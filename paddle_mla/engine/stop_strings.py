@@ -48,8 +48,7 @@ class StopStringMatcher:
 
     @staticmethod
     def found_many(matchers: list["StopStringMatcher"], outputs: list[list[int]]) -> list[bool]:
-        """``found`` of many completions at once (one step's stop-string rows, one tokenizer): the
-        windows of all rows go to the tokenizer in one batched decode."""
+        """``found`` of many completions at once (one step's stop-string rows, one tokenizer)."""
         hits = [False] * len(matchers)
         rows, texts = [], []
         for i, (m, out) in enumerate(zip(matchers, outputs)):
@@ -59,9 +58,10 @@ class StopStringMatcher:
                 texts += windows
         if not rows:
             return hits
-        tok = matchers[rows[0]].tokenizer
-        batch = getattr(tok, "decode_batch", None)
-        decoded = batch(texts) if batch is not None else [tok.decode(t) for t in texts]
+        # one decode per window: the tokenizer's decode_batch fans out to threads, which costs more
+        # than it saves on a few short windows (and competes with the engine for the cores)
+        decode = matchers[rows[0]].tokenizer.decode
+        decoded = [decode(t) for t in texts]
         for j, i in enumerate(rows):
             prefix_text = decoded[2 * j] if texts[2 * j] else ""
             hits[i] = matchers[i]._judge(len(outputs[i]), prefix_text, decoded[2 * j + 1])
