@@ -82,6 +82,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def has_penalty(self) -> bool:
+        """A penalty applies: the sampler counts the row's tokens (listed on the host)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
 
 @dataclass
 class GenerationRequest:
@@ -201,6 +206,7 @@ class Sequence:
     # what max_model_len leaves), and the token ids that may stop it (eos unless ignored, stop ids)
     length_limit: int = 0
     stop_ids: frozenset = frozenset()
+    penalized: bool = True          # a penalty counts its tokens on the host (overlap reads them first)
 
     @property
     def params(self) -> SamplingParams:
