@@ -168,14 +168,16 @@ def test_batched_detection_equals_one_row_at_a_time(kind):
     single = [StopStringMatcher(tok, stops) for _, stops, _ in streams]
     batched = [StopStringMatcher(tok, stops) for _, stops, _ in streams]
     fired = 0
+    token_texts = {}       # the one-token decode cache, kept across steps as LLM keeps it
     for step in range(80):
         rows = [i for i, (out, _, start) in enumerate(streams) if start <= step < start + len(out)]
         outs = [streams[i][0][:step - streams[i][2] + 1] for i in rows]
         want = [single[i].found(o) for i, o in zip(rows, outs)]
-        got = StopStringMatcher.found_many([batched[i] for i in rows], outs)
+        got = StopStringMatcher.found_many([batched[i] for i in rows], outs, token_texts)
         assert got == want, step
         fired += sum(want)
         for i in rows:
             assert vars(single[i]) == {**vars(batched[i]), "tokenizer": single[i].tokenizer}
     assert fired >= 5, "the streams must hold stop strings"
+    assert token_texts and all(tok.decode([t]) == text for t, text in token_texts.items())
     assert StopStringMatcher.found_many([], []) == []

@@ -81,6 +81,7 @@ class LLM:
         self.runner.eos_token_ids = frozenset(eos)
         self._pending: dict[int, _Pending] = {}
         self._stop_matchers: weakref.WeakKeyDictionary[Sequence, StopStringMatcher] = weakref.WeakKeyDictionary()
+        self._token_texts: dict[int, str] = {}     # one-token decodes of the stop-string detector (<= vocab)
         ov = config.scheduler.overlap
         # tensor parallel: the workers take every input token from rank 0's batch, so no overlap
         # (it feeds decode rows from the device's last sampled ids, which only rank 0 has)
@@ -353,7 +354,7 @@ class LLM:
                 matchers.append(self._stop_matcher(seq))
                 outs.append(seq.output_token_ids)
         if idx:
-            for i, hit in zip(idx, StopStringMatcher.found_many(matchers, outs)):
+            for i, hit in zip(idx, StopStringMatcher.found_many(matchers, outs, self._token_texts)):
                 hits[i] = hit
         return hits
 

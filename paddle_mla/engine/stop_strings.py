@@ -47,8 +47,12 @@ class StopStringMatcher:
         return self._judge(len(token_ids), decode(windows[0]) if windows[0] else "", decode(windows[1]))
 
     @staticmethod
-    def found_many(matchers: list["StopStringMatcher"], outputs: list[list[int]]) -> list[bool]:
-        """``found`` of many completions at once (one step's stop-string rows, one tokenizer)."""
+    def found_many(matchers: list["StopStringMatcher"], outputs: list[list[int]],
+                   token_texts: dict[int, str] | None = None) -> list[bool]:
+        """``found`` of many completions at once (one step's stop-string rows, one tokenizer).
+        ``token_texts``: a cache of one-token decodes kept by the caller across steps; once the
+        window moves on at every token, each row's prefix is the one token before, so one of the
+        two decodes per row becomes a dict lookup."""
         hits = [False] * len(matchers)
         rows, texts = [], []
         for i, (m, out) in enumerate(zip(matchers, outputs)):
@@ -58,13 +62,20 @@ class StopStringMatcher:
                 texts += windows
         if not rows:
             return hits
-        # one decode per window: the tokenizer's decode_batch fans out to threads, which costs more
-        # than it saves on a few short windows (and competes with the engine for the cores)
         decode = matchers[rows[0]].tokenizer.decode
-        decoded = [decode(t) for t in texts]
+        decoded = []
+        for ids in texts:
+            if not ids:
+                decoded.append("")
+            elif len(ids) == 1 and token_texts is not None:
+                text = token_texts.get(ids[0])
+                if text is None:
+                    text = token_texts[ids[0]] = decode(ids)
+                decoded.append(text)
+            else:
+                decoded.append(decode(ids))
         for j, i in enumerate(rows):
-            prefix_text = decoded[2 * j] if texts[2 * j] else ""
-            hits[i] = matchers[i]._judge(len(outputs[i]), prefix_text, decoded[2 * j + 1])
+            hits[i] = matchers[i]._judge(len(outputs[i]), decoded[2 * j], decoded[2 * j + 1])
         return hits
 
     def _windows(self, token_ids: list[int]):
