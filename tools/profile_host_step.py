@@ -21,8 +21,12 @@ jobs, time spent descheduled is not counted (``--clock wall`` counts it). Report
 median over the decode steps (the steady step) and the mean (which also
 spreads the last step, where every request finishes and releases its blocks, over the steps).
 
+``--sampler stub`` replaces the sampler's tensor ops by ids made on the host: on this CPU those ops
+take 5-20 ms per step on the same core and evict the engine's objects from the caches, so with the
+real sampler every host phase after them runs cold (a GPU host does not pay that).
+
     python tools/profile_host_step.py --batch 64,256 --steps 30 [--context 1024] [--overlap] [--stop-frac 0.25]
-        [--repeat 3] [--top 0]
+        [--repeat 3] [--top 0] [--sampler stub] [--clock wall]
 """
 
 from __future__ import annotations
@@ -132,9 +136,24 @@ def requests(batch: int, context: int, steps: int, vocab: int, stop_frac: float,
     return reqs
 
 
+def stub_sampler(vocab: int):
+    """``sampler.sample_step_ids`` without its tensor work: the packed read and the ids of the
+    rows (no logprob rows in this workload), varying with each row's seed and step. On a GPU the
+    sampler's ops run on the device; here they would run on the host's core between the host
+    phases and evict their data from the CPU caches, which inflates every later phase."""
+    def sample_step_ids(logits, batch, dev=None):
+        ids = (batch.seeds * 7919 + batch.steps * 104729) % (vocab - 3) + 3
+        return torch.from_numpy(ids.astype(np.float64)), torch.from_numpy(ids.astype(np.int64))
+
+    return sample_step_ids
+
+
 def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, stop_frac: float, top: int,
-            use_cprofile: bool = False):
+            use_cprofile: bool = False, stub: bool = False):
     llm = make_llm(batch, context, steps, overlap, prefix)
+    real_sampler = sampler.sample_step_ids
+    if stub:
+        sampler.sample_step_ids = stub_sampler(llm.runner.arch.vocab_size)
     timer = PhaseTimer()
     timer.wrap(Scheduler, "schedule", "schedule")
     timer.wrap(Scheduler, "finish_step", "finish_step")
@@ -186,8 +205,11 @@ def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, s
         return counted_step(finished)
 
     llm._step = gate
-    outs = llm.generate(reqs, use_tqdm=False)
-    timer.close()
+    try:
+        outs = llm.generate(reqs, use_tqdm=False)
+    finally:
+        timer.close()
+        sampler.sample_step_ids = real_sampler
     assert all(o.error is None for o in outs)
     n = len(step_times)
     # mean: every decode step, the last one (all requests finish: blocks released, outputs built)
@@ -217,16 +239,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs per batch; the least disturbed one is shown")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                     help="cpu: this thread's CPU time (steady on a shared machine; the default), wall: elapsed")
+    ap.add_argument("--sampler", choices=("cpu", "stub"), default="cpu",
+                    help="cpu: the real sampler's tensor ops run here (between the host phases); stub: ids "
+                         "made on the host without them (closer to a GPU host, whose caches they do not evict)")
     args = ap.parse_args()
     global clock
     clock = CLOCKS[args.clock]
     torch.set_num_threads(1)
     for b in [int(x) for x in args.batch.split(",") if x]:
-        runs = [profile(b, args.context, args.steps, args.overlap, not args.no_prefix, args.stop_frac, args.top)
-                for _ in range(args.repeat)]
+        runs = [profile(b, args.context, args.steps, args.overlap, not args.no_prefix, args.stop_frac, args.top,
+                        stub=args.sampler == "stub") for _ in range(args.repeat)]
         r = min(runs, key=lambda x: x["host_median_ms"])
         print(f"\n## batch {b}, context {r['context']}, overlap {r['overlap']}, {r['steps']} decode steps, "
-              f"stop strings on {args.stop_frac:.0%} of the requests")
+              f"stop strings on {args.stop_frac:.0%} of the requests, sampler {args.sampler}")
         if len(runs) > 1:     # a shared machine: the least disturbed run, and the spread of the others
             print(f"{len(runs)} runs, the one with the lowest median host time shown; medians of all runs: "
                   + ", ".join(f"{x['host_median_ms']:.3f}" for x in runs) + " ms")
@@ -239,7 +264,7 @@ def main() -> None:
         print(f"| host total | {r['host_median_ms']:.3f} | {r['host_ms']:.3f} |")
         if args.top:   # a second run under cProfile (its overhead would distort the phases)
             print(profile(b, args.context, min(args.steps, 10), args.overlap, not args.no_prefix, args.stop_frac,
-                          args.top, use_cprofile=True)["cprofile"])
+                          args.top, use_cprofile=True, stub=args.sampler == "stub")["cprofile"])
 
 if __name__ == "__main__":
     main()
