@@ -201,9 +201,8 @@ class LLM:
         n, p = req.params.n, req.params
         length_limit = min(p.max_tokens, self.max_model_len - len(req.prompt_token_ids))
         stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else frozenset(self.eos_token_ids))
-        penalized = p.has_penalty
         seqs = [Sequence(request=req, index=index, seed=completion_seed(seed, i), metrics=metrics, completion=i,
-                         length_limit=length_limit, stop_ids=stop_ids, penalized=penalized) for i in range(n)]
+                         length_limit=length_limit, stop_ids=stop_ids) for i in range(n)]
         # With prefix caching, completions 1.. wait until completion 0 has computed (and cached) the
         # prompt, so they reuse its full blocks instead of computing the prompt n times.
         share = n > 1 and self.config.cache.enable_prefix_caching
