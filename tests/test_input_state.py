@@ -4,10 +4,14 @@ the whole list, block-table rows updated by deltas, slots recycled, pending toke
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from test_scheduler import FakeRunner, drive, workload
 
+from paddle_mla.cache.block_pool import BlockPool
+from paddle_mla.config import SchedulerConfig
 from paddle_mla.engine.input_state import PENDING, InputState, gather_step, token_slice
 from paddle_mla.engine.request import GenerationRequest, RequestMetrics, SamplingParams, Sequence, Status
-from paddle_mla.engine.scheduler import ScheduledSeq
+from paddle_mla.engine.scheduler import ScheduledSeq, Scheduler
 
 
 def seq(prompt, out=(), blocks=(), i=0) -> Sequence:
@@ -50,3 +54,49 @@ def test_slots_recycled_and_pending_tokens_located():
     step = gather_step(st, [ScheduledSeq(c, 2, 0, True, True)])    # takes a's slot
     assert a not in st.rows and {st.rows[b].slot, st.rows[c].slot} == {0, 1}
     assert step.block_tables.tolist() == [[2, 3]] and step.slots.dtype == np.int64
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("num_blocks", [200, 14])
+def test_incremental_rows_equal_a_full_rebuild_through_the_scheduler(prefix, chunked, num_blocks):
+    """Every step of the real scheduler (prefix hits, chunked prefill, preemption and re-admission,
+    finished sequences giving up their slots): the delta-updated rows, tokens and per-row columns
+    equal what a rebuild from the sequences gives."""
+    pool = BlockPool(num_blocks, 4, prefix)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=5, max_num_batched_tokens=16 if chunked else 64,
+                                      enable_chunked_prefill=chunked),
+                      pool, max_model_len=10_000)
+    runner = FakeRunner(num_blocks, 4)
+    st = InputState(max_slots=5, max_blocks=64)
+    for i, p in enumerate(workload(3, n=12)):
+        sched.add(seq_waiting(p, i))
+    stats = {"steps": 0, "decode_rows": 0}
+
+    def execute(out):
+        rows = out.scheduled
+        step = gather_step(st, rows)
+        width = max([len(s.seq.block_ids) for s in rows] + [1])
+        want = np.full((len(rows), width), -1, dtype=np.int32)
+        for i, s in enumerate(rows):
+            want[i, :len(s.seq.block_ids)] = s.seq.block_ids
+        assert step.block_tables.tolist() == want.tolist()
+        assert step.token_ids.tolist() == [t for s in rows
+                                           for t in s.seq.token_ids()[s.num_cached:s.num_cached + s.num_new]]
+        assert step.num_new.tolist() == [s.num_new for s in rows]
+        assert step.num_cached.tolist() == [s.num_cached for s in rows]
+        assert step.is_prefill.tolist() == [s.is_prefill for s in rows]
+        assert step.sample_mask.tolist() == [s.samples for s in rows]
+        assert len(set(step.slots.tolist())) == len(rows) and len(step.pending_pos) == 0
+        stats["steps"] += 1
+        stats["decode_rows"] += sum(not s.is_prefill for s in rows)
+        return runner.execute(out)
+
+    drive(sched, execute, max_tokens=9)
+    assert stats["decode_rows"] > 20
+    if num_blocks == 14:
+        assert sched.num_preemptions > 0, "the small pool must preempt"
+
+
+def seq_waiting(prompt, i) -> Sequence:
+    return Sequence(GenerationRequest(i, list(prompt), SamplingParams(max_tokens=9)), i, 0, RequestMetrics(0.0))

@@ -148,3 +148,36 @@ def test_window_stays_bounded_on_a_long_output(kind):
     for n in range(1, len(out) + 1):
         assert not matcher.found(out[:n])
     assert counting.longest <= 2 * MAX_PENDING_TOKENS, counting.longest
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+def test_batched_detection_equals_one_row_at_a_time(kind):
+    """``found_many`` (all of a step's stop-string rows at once, as LLM._apply runs it) gives every
+    row the answers ``found`` gives it alone, step by step, rows of different lengths joining and leaving."""
+    tok = TOKENIZERS[kind]
+    rng = random.Random(2)
+    ids = tok.encode(CORPUS[:600], add_bos=False)
+    streams = []
+    for _ in range(12):
+        if rng.random() < 0.5:
+            out = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(5, 60))]
+        else:
+            start = rng.randrange(len(ids) - 60)
+            out = ids[start:start + rng.randrange(5, 60)]
+        streams.append((out, _stops_from(tok.decode(out), rng, rng.randrange(1, 3)), rng.randrange(0, 10)))
+    single = [StopStringMatcher(tok, stops) for _, stops, _ in streams]
+    batched = [StopStringMatcher(tok, stops) for _, stops, _ in streams]
+    fired = 0
+    token_texts = {}       # the one-token decode cache, kept across steps as LLM keeps it
+    for step in range(80):
+        rows = [i for i, (out, _, start) in enumerate(streams) if start <= step < start + len(out)]
+        outs = [streams[i][0][:step - streams[i][2] + 1] for i in rows]
+        want = [single[i].found(o) for i, o in zip(rows, outs)]
+        got = StopStringMatcher.found_many([batched[i] for i in rows], outs, token_texts)
+        assert got == want, step
+        fired += sum(want)
+        for i in rows:
+            assert vars(single[i]) == {**vars(batched[i]), "tokenizer": single[i].tokenizer}
+    assert fired >= 5, "the streams must hold stop strings"
+    assert token_texts and all(tok.decode([t]) == text for t, text in token_texts.items())
+    assert StopStringMatcher.found_many([], []) == []

@@ -92,17 +92,19 @@ class BlockPool:
     def release(self, blocks: list[int]) -> None:
         """Drop one reference of each block; freed blocks join the queue tail, the request's
         last block first, so a shared prefix outlives the tails that extend it."""
+        ref_count, keys, free = self.ref_count, self.block_key, self.free   # locals: a finishing
+        freed = 0                                                          # batch releases many
         for block in reversed(blocks):
-            self.ref_count[block] -= 1
-            if self.ref_count[block] < 0:
+            left = ref_count[block] = ref_count[block] - 1
+            if left == 0:
+                freed += 1
+                free[block] = None
+                if keys[block] is None:
+                    free.move_to_end(block, last=False)   # uncached blocks are reused first
+            elif left < 0:
+                self.version += freed
                 raise RuntimeError(f"block {block} released more often than taken")
-            if self.ref_count[block] == 0:
-                self.version += 1
-                if self.block_key[block] is None:
-                    self.free[block] = None
-                    self.free.move_to_end(block, last=False)   # uncached blocks are reused first
-                else:
-                    self.free[block] = None
+        self.version += freed
 
     # -- prefix cache -----------------------------------------------------------------------
     def reset_prefix_cache(self) -> bool:

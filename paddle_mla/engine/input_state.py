@@ -58,7 +58,9 @@ class InputState:
         in this step (``scheduled``: its rows)."""
         keep = {s.seq for s in scheduled}
         for seq in [s for s, r in self.rows.items() if s.status is not Status.RUNNING and s not in keep]:
-            self.free.append(self.rows.pop(seq).slot)
+            r = self.rows.pop(seq)
+            self.tables[r.slot, :r.written] = -1     # the next owner's row is -1 padded past its blocks
+            self.free.append(r.slot)
 
     def row(self, seq: Sequence, scheduled) -> _Row:
         r = self.rows.get(seq)
@@ -100,31 +102,36 @@ def gather_step(state: InputState, scheduled) -> HostStep:
     """``scheduled``: the SchedulerOutput rows. Updates the block-table rows by deltas. The per-row
     values go into Python lists and become arrays once (a numpy item write per row costs more)."""
     slots, tokens, pending_pos, pending_slot = [], [], [], []
+    num_new, num_cached, is_prefill, samples = [], [], [], []
     width = 1
-    row = state.row
+    rows, row = state.rows, state.row
     for s in scheduled:
         seq = s.seq
-        r = row(seq, scheduled)
+        r = rows.get(seq)
+        blocks = seq.block_ids
+        if r is None or r.blocks is not blocks or r.written != len(blocks):   # else: the row is current
+            r = row(seq, scheduled)
         slots.append(r.slot)
         if r.written > width:
             width = r.written
-        c = s.num_cached
-        if s.num_new == 1:       # decode: one token, by index
+        c, n = s.num_cached, s.num_new
+        num_new.append(n)
+        num_cached.append(c)
+        is_prefill.append(s.is_prefill)
+        samples.append(s.samples)
+        if n == 1:               # decode: one token, by index
             prompt = seq.request.prompt_token_ids
             tok = prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)]
             tokens.append(tok)
         else:
-            tokens.extend(token_slice(seq, c, c + s.num_new))
+            tokens.extend(token_slice(seq, c, c + n))
             tok = tokens[-1]
         if tok == PENDING:       # only ever the last token of a sequence, sampled by the running step
             pending_pos.append(len(tokens) - 1)
             pending_slot.append(r.slot)
     slots = np.array(slots, dtype=np.int64)
     return HostStep(
-        token_ids=np.array(tokens, dtype=np.int64),
-        num_new=np.fromiter((s.num_new for s in scheduled), np.int32, len(scheduled)),
-        num_cached=np.fromiter((s.num_cached for s in scheduled), np.int32, len(scheduled)),
-        block_tables=state.tables[slots, :width],
-        is_prefill=np.fromiter((s.is_prefill for s in scheduled), bool, len(scheduled)),
-        sample_mask=np.fromiter((s.samples for s in scheduled), bool, len(scheduled)), slots=slots,
+        token_ids=np.array(tokens, dtype=np.int64), num_new=np.array(num_new, dtype=np.int32),
+        num_cached=np.array(num_cached, dtype=np.int32), block_tables=state.tables[slots, :width],
+        is_prefill=np.array(is_prefill, dtype=bool), sample_mask=np.array(samples, dtype=bool), slots=slots,
         pending_pos=np.array(pending_pos, dtype=np.int64), pending_slot=np.array(pending_slot, dtype=np.int64))

@@ -81,6 +81,7 @@ class LLM:
         self.runner.eos_token_ids = frozenset(eos)
         self._pending: dict[int, _Pending] = {}
         self._stop_matchers: weakref.WeakKeyDictionary[Sequence, StopStringMatcher] = weakref.WeakKeyDictionary()
+        self._token_texts: dict[int, str] = {}     # one-token decodes of the stop-string detector (<= vocab)
         ov = config.scheduler.overlap
         # tensor parallel: the workers take every input token from rank 0's batch, so no overlap
         # (it feeds decode rows from the device's last sampled ids, which only rank 0 has)
@@ -197,9 +198,11 @@ class LLM:
                                             error=problem, metrics=metrics, seed=seed)
             return
         req, warnings = self._cap_length(req)
-        n = req.params.n
-        seqs = [Sequence(request=req, index=index, seed=completion_seed(seed, i), metrics=metrics, completion=i)
-                for i in range(n)]
+        n, p = req.params.n, req.params
+        length_limit = min(p.max_tokens, self.max_model_len - len(req.prompt_token_ids))
+        stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else frozenset(self.eos_token_ids))
+        seqs = [Sequence(request=req, index=index, seed=completion_seed(seed, i), metrics=metrics, completion=i,
+                         length_limit=length_limit, stop_ids=stop_ids) for i in range(n)]
         # With prefix caching, completions 1.. wait until completion 0 has computed (and cached) the
         # prompt, so they reuse its full blocks instead of computing the prompt n times.
         share = n > 1 and self.config.cache.enable_prefix_caching
@@ -262,7 +265,7 @@ class LLM:
         (penalties) make the loop read step N first."""
         out: SchedulerOutput = self.scheduler.schedule()
         prev, self._inflight = self._inflight, None
-        if prev is not None and out.scheduled and any(self._needs_host_tokens(s) for s in out.scheduled):
+        if prev is not None and out.scheduled and self._needs_host_tokens(out.scheduled):
             self._complete(prev, finished)
             prev = None
             out.scheduled = [s for s in out.scheduled if s.seq.status is Status.RUNNING]
@@ -270,8 +273,9 @@ class LLM:
         if prev is not None:
             self._complete(prev, finished)
         if launched is not None:
-            live = [s for s in out.scheduled if s.seq.status is Status.RUNNING]
-            self.scheduler.finish_step(SchedulerOutput(scheduled=live))
+            running = Status.RUNNING
+            live = [s for s in out.scheduled if s.seq.status is running]
+            self.scheduler.finish_step(SchedulerOutput(scheduled=live) if len(live) < len(out.scheduled) else out)
             for s in live:
                 if s.samples:
                     s.seq.output_token_ids.append(PENDING)
@@ -280,11 +284,13 @@ class LLM:
             self._failed(seq, finished)
 
     @staticmethod
-    def _needs_host_tokens(s) -> bool:
-        if not has_pending(s.seq):
-            return False
-        p = s.seq.params
-        return s.num_new != 1 or bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0)
+    def _needs_host_tokens(scheduled) -> bool:
+        """Whether a row's input needs a PENDING token on the host: more than one new token, or a
+        penalty (the sampler counts the row's tokens on the host)."""
+        for s in scheduled:
+            if (s.num_new != 1 or s.seq.penalized) and has_pending(s.seq):
+                return True
+        return False
 
     def _complete(self, inflight, finished: dict[int, RequestOutput]) -> None:
         out, launched = inflight
@@ -292,11 +298,13 @@ class LLM:
 
     def _apply(self, out: SchedulerOutput, step, finished: dict[int, RequestOutput]) -> None:
         """A step's sampled tokens: append (or resolve the PENDING one), stop checks, outputs.
-        Per row only O(1) work, but for rows whose stop strings need the detector."""
+        Per row O(1) work; only rows that may stop (at their length limit, a stop id, a stop string)
+        go through ``_stopped``, after every row's token is in, in row order."""
         self._stats.steps += 1
         now = time.perf_counter()
-        finished_status, eos, max_len = Status.FINISHED, self.eos_token_ids, self.max_model_len
+        finished_status = Status.FINISHED
         produced = 0
+        check = []          # (seq, token) of the rows that may stop, in row order
         for s, token, logprob in zip(out.scheduled, step.token_ids.tolist(), step.logprobs):
             seq = s.seq
             if not s.samples or seq.status is finished_status:   # finished: an overlapped extra step
@@ -306,7 +314,6 @@ class LLM:
                 toks[-1] = token
             else:
                 toks.append(token)
-            n = len(toks)
             if logprob is not None:
                 seq.logprobs.append(logprob)
             produced += 1
@@ -314,35 +321,59 @@ class LLM:
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
             metrics.token_times.append(now)
-            if seq.completion == 0 and n == 1:     # its first token: the only time siblings wait
+            n = len(toks)
+            if n == 1 and seq.completion == 0:     # its first token: the only time siblings wait
                 self._admit_deferred(seq)
-            # the common row: no stop id, no stop string, below the length limits (as _stopped)
-            p = seq.params
-            if (n < p.max_tokens and len(seq.request.prompt_token_ids) + n < max_len and not p.stop
-                    and (n < p.min_tokens or ((p.ignore_eos or token not in eos) and token not in p.stop_token_ids))):
+            # the common row: below its length limit, no stop string, a token that cannot stop it
+            if n < seq.length_limit and (token not in seq.stop_ids or n < seq.request.params.min_tokens) \
+                    and not seq.request.params.stop:
                 continue
-            if self._stopped(seq, token):
-                metrics.finish_time = now
+            check.append((seq, token))
+        self._stats.completion_tokens += produced
+        if not check:
+            return
+        for (seq, token), text_hit in zip(check, self._stop_string_hits(check)):
+            if self._stopped(seq, token, text_hit):
+                seq.metrics.finish_time = now
                 self.scheduler.finish(seq)
                 self._completed(seq, finished)
-        self._stats.completion_tokens += produced
 
-    def _stopped(self, seq: Sequence, token: int) -> bool:
+    def _stop_string_hits(self, rows: list[tuple[Sequence, int]]) -> list[bool]:
+        """Whether each row's stop-string detector fires at this token (``found_many``: all of the
+        step's rows at once). The detector runs only where ``_stopped`` reaches the stop strings:
+        past min_tokens and not already stopped by a stop id."""
+        hits = [False] * len(rows)
+        if self.tokenizer is None:
+            return hits
+        idx, matchers, outs = [], [], []
+        for i, (seq, token) in enumerate(rows):
+            p = seq.params
+            if p.stop and len(seq.output_token_ids) >= p.min_tokens and token not in seq.stop_ids:
+                idx.append(i)
+                matchers.append(self._stop_matcher(seq))
+                outs.append(seq.output_token_ids)
+        if idx:
+            for i, hit in zip(idx, StopStringMatcher.found_many(matchers, outs, self._token_texts)):
+                hits[i] = hit
+        return hits
+
+    def _stopped(self, seq: Sequence, token: int, text_hit: bool) -> bool:
+        """``text_hit``: the row's stop-string detector fired at this token (``_stop_string_hits``)."""
         p = seq.params
         n = len(seq.output_token_ids)
         # Before min_tokens the sampler masks eos and stop ids; stop strings are not checked (as vLLM).
         if n >= p.min_tokens:
-            if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            if token in seq.stop_ids:      # eos (unless ignore_eos) and stop_token_ids
                 seq.finish_reason = "stop"
                 return True
-            if p.stop and self.tokenizer is not None and self._stop_matcher(seq).found(seq.output_token_ids):
+            if text_hit:
                 # the bounded-window detector fired: one full decode confirms and cuts, as before
                 text = self.tokenizer.decode(seq.output_token_ids)
                 cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
                 if cut >= 0:
                     seq.finish_reason, seq.text = "stop", text[:cut]
                     return True
-        if n >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        if n >= seq.length_limit:         # max_tokens, or max_model_len reached
             seq.finish_reason = "length"
             return True
         return False

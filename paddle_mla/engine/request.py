@@ -82,6 +82,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def has_penalty(self) -> bool:
+        """A penalty applies: the sampler counts the row's tokens (listed on the host)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
 
 @dataclass
 class GenerationRequest:
@@ -196,6 +201,23 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     text: str | None = None         # set when a stop string cut the text; else decoded at the end
+    # Read by the per-token checks instead of the params, computed once (None: from the params in
+    # __post_init__; LLM._add passes the first two): the output length that stops it by length
+    # (max_tokens, or less where max_model_len leaves less), the token ids that stop it (stop ids,
+    # and eos unless ignored: the LLM knows eos), and whether a penalty counts its tokens on the
+    # host (overlapped scheduling then reads the step before first).
+    length_limit: int | None = None
+    stop_ids: frozenset | None = None
+    penalized: bool | None = None
+
+    def __post_init__(self):
+        p = self.request.params
+        if self.length_limit is None:
+            self.length_limit = p.max_tokens
+        if self.stop_ids is None:
+            self.stop_ids = frozenset(p.stop_token_ids)
+        if self.penalized is None:
+            self.penalized = p.has_penalty
 
     @property
     def params(self) -> SamplingParams:

@@ -81,8 +81,7 @@ def _row_params(seqs: list[Sequence], vocab_size: int) -> _RowParams:
         repetition=np.fromiter((p.repetition_penalty for p in params), dtype=np.float32, count=n),
         logprob_rows=np.array(lp_rows, dtype=np.int64),
         num_top=np.array([params[r].top_logprobs for r in lp_rows], dtype=np.int64),
-        penalty_rows=[r for r, p in enumerate(params)
-                      if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0],
+        penalty_rows=[r for r, p in enumerate(params) if p.has_penalty],
         min_token_rows=[r for r, p in enumerate(params) if p.min_tokens > 0])
 
 

@@ -18,7 +18,7 @@ from paddle_mla.config import SchedulerConfig
 from paddle_mla.engine.request import Sequence, Status
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
     num_new: int          # tokens computed this step
@@ -54,6 +54,9 @@ class Scheduler:
         # for want of blocks or budget. While all three are unchanged the attempt must fail again
         # (see SeqBlocks.version), so a blocked step skips match_prefix/release: O(1), not O(prompt).
         self._blocked: tuple | None = None
+        # one block table per sequence: a decode that stays inside its last block needs no call
+        # into the pool (the steady step's common row)
+        self._uniform_block_size = pool.block_size if isinstance(pool, BlockPool) else 0
 
     def add(self, *seqs: Sequence, front: bool = False) -> None:
         """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
@@ -104,21 +107,31 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         chunked = self.cfg.enable_chunked_prefill
         # Decodes first, then continuing prefill chunks, each in admission order (a stable
-        # partition: O(batch)). A sequence preempted earlier in this loop has left RUNNING (status,
-        # not list membership: that was O(batch^2)).
-        order, chunks, needs = [], [], {}
-        for seq in self.running:
-            need = len(seq.request.prompt_token_ids) + len(seq.output_token_ids) - seq.num_computed_tokens
-            needs[seq] = need
-            (chunks if need > 1 else order).append(seq)
-        order += chunks
+        # partition: O(batch)). A sequence preempted earlier in this loop (a victim is taken from
+        # the tail) has left RUNNING: status, not list membership (that was O(batch^2)).
         running = Status.RUNNING
-        for seq in order:
+        bs = self._uniform_block_size
+        chunks = []
+        for seq in self.running[:]:
+            c = seq.num_computed_tokens
+            need = len(seq.request.prompt_token_ids) + len(seq.output_token_ids) - c
+            if need > 1:
+                chunks.append((seq, need))
+                continue
             if budget <= 0:
                 break
             if seq.status is not running:
                 continue
-            need = needs[seq]
+            # a decode inside its last block (uniform tables) holds its blocks already: no _grow
+            if not (bs and c < len(seq.block_ids) * bs) and not self._grow(seq, c + need, out):
+                continue
+            out.scheduled.append(ScheduledSeq(seq, need, c, need > 1 or not seq.output_token_ids, True))
+            budget -= need
+        for seq, need in chunks:
+            if budget <= 0:
+                break
+            if seq.status is not running:
+                continue
             n = min(need, budget) if chunked else need
             if n > budget:
                 continue
@@ -174,9 +187,12 @@ class Scheduler:
     def finish_step(self, out: SchedulerOutput) -> None:
         """Account the computed tokens, make newly full blocks findable by later requests and (with
         head-wise SWA recycling) give back blocks that left every future window."""
+        bs, after_step = self._uniform_block_size, self.kv.after_step
         for s in out.scheduled:
-            s.seq.num_computed_tokens += s.num_new
-            self.kv.after_step(s.seq)
+            seq = s.seq
+            c = seq.num_computed_tokens = seq.num_computed_tokens + s.num_new
+            if not bs or c // bs > seq.num_registered_blocks:   # uniform tables: only when a block filled
+                after_step(seq)
 
     def finish(self, seq: Sequence) -> None:
         """A finished sequence, or a waiting or running one dropped because its request failed."""

@@ -40,13 +40,53 @@ class StopStringMatcher:
     def found(self, token_ids: list[int]) -> bool:
         """Whether the text of ``token_ids`` (the whole output so far; only its tail is read) may
         hold a stop string. Call it with each longer output; tokens are read past ``read_offset``."""
-        n = len(token_ids)
-        if n <= self.read_offset:
+        windows = self._windows(token_ids)
+        if windows is None:
             return False
         decode = self.tokenizer.decode
-        prefix_text = decode(token_ids[self.prefix_offset:self.read_offset]) if self.read_offset > self.prefix_offset \
-            else ""
-        window_text = decode(token_ids[self.prefix_offset:n])
+        return self._judge(len(token_ids), decode(windows[0]) if windows[0] else "", decode(windows[1]))
+
+    @staticmethod
+    def found_many(matchers: list["StopStringMatcher"], outputs: list[list[int]],
+                   token_texts: dict[int, str] | None = None) -> list[bool]:
+        """``found`` of many completions at once (one step's stop-string rows, one tokenizer).
+        ``token_texts``: a cache of one-token decodes kept by the caller across steps; once the
+        window moves on at every token, each row's prefix is the one token before, so one of the
+        two decodes per row becomes a dict lookup."""
+        hits = [False] * len(matchers)
+        rows, texts = [], []
+        for i, (m, out) in enumerate(zip(matchers, outputs)):
+            windows = m._windows(out)
+            if windows is not None:
+                rows.append(i)
+                texts += windows
+        if not rows:
+            return hits
+        decode = matchers[rows[0]].tokenizer.decode
+        decoded = []
+        for ids in texts:
+            if not ids:
+                decoded.append("")
+            elif len(ids) == 1 and token_texts is not None:
+                text = token_texts.get(ids[0])
+                if text is None:
+                    text = token_texts[ids[0]] = decode(ids)
+                decoded.append(text)
+            else:
+                decoded.append(decode(ids))
+        for j, i in enumerate(rows):
+            hits[i] = matchers[i]._judge(len(outputs[i]), decoded[2 * j], decoded[2 * j + 1])
+        return hits
+
+    def _windows(self, token_ids: list[int]):
+        """The token lists of the two decodes (prefix, window), or None when nothing is new."""
+        n = len(token_ids)
+        if n <= self.read_offset:
+            return None
+        return token_ids[self.prefix_offset:self.read_offset], token_ids[self.prefix_offset:n]
+
+    def _judge(self, n: int, prefix_text: str | None, window_text: str | None) -> bool:
+        """``found``'s answer from the two decodes of ``_windows``; moves the offsets."""
         if prefix_text is None or window_text is None:      # a tokenizer without text: nothing to match
             return False
         if not window_text.startswith(prefix_text):
