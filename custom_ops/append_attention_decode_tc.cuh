@@ -97,8 +97,6 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
   int64_t* offs = reinterpret_cast<int64_t*>(smem + L.offs);
   float* ml = reinterpret_cast<float*>(smem + L.ml);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const T* kc = static_cast<const T*>(a.k_cache);
-  const T* vc = static_cast<const T*>(a.v_cache);
   auto k_stage = [&](int st) { return reinterpret_cast<T*>(smem + L.kv + 2 * st * L.stage); };
   auto v_stage = [&](int st) { return reinterpret_cast<T*>(smem + L.kv + (2 * st + 1) * L.stage); };
 
@@ -128,26 +126,7 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
     }
   };
   // 16-byte cp.async of the planned K and V rows into stage `st`; masked rows are zero-filled.
-  auto issue = [&](int st) {
-    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-    const int per_row = D / kVec;
-    T* kd0 = k_stage(st);
-    T* vd0 = v_stage(st);
-    for (int c = tid; c < TK * per_row; c += blockDim.x) {
-      const int n = c / per_row, e = (c - n * per_row) * kVec;
-      const int64_t off = offs[st * TK + n];
-      T* kd = kd0 + n * L.kp + e;
-      T* vd = vd0 + n * L.kp + e;
-      if (off >= 0) {
-        __pipeline_memcpy_async(kd, kc + off + e, 16);
-        __pipeline_memcpy_async(vd, vc + off + e, 16);
-      } else {
-        *reinterpret_cast<uint4*>(kd) = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(vd) = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-    __pipeline_commit();
-  };
+  auto issue = [&](int st) { copy_planned_rows<T>(a, offs + st * TK, TK, k_stage(st), v_stage(st), L.kp, tid, blockDim.x); };
 
   const float qk_scale = a.softmax_scale * kLog2e;  // scores in log2 units, as decode_kernel's
   float m_r[kRowsPerWarp], l_r[kRowsPerWarp];       // rows warp + kTcWarps * i, replicated over lanes

@@ -90,6 +90,33 @@ __device__ __forceinline__ void load_tile(const AppendAttentionArgs& a, int64_t 
   }
 }
 
+// 16-byte cp.async of `rows` planned K and V rows (offs[n]: element offset of key n in the caches, -1
+// for a masked key or a missing block) into tiles of pitch `pitch` elements, by `nthreads` threads;
+// masked rows are zero-filled, so a -1 block is never dereferenced and a NaN-poisoned slot never
+// reaches an MMA. Commits one cp.async group. Shared by the tensor-core decode and prefill kernels.
+template <typename T>
+__device__ __forceinline__ void copy_planned_rows(const AppendAttentionArgs& a, const int64_t* offs, int rows,
+                                                  T* kd0, T* vd0, int pitch, int tid, int nthreads) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  const int per_row = static_cast<int>(a.head_dim) / kVec;
+  const T* kc = static_cast<const T*>(a.k_cache);
+  const T* vc = static_cast<const T*>(a.v_cache);
+  for (int c = tid; c < rows * per_row; c += nthreads) {
+    const int n = c / per_row, e = (c - n * per_row) * kVec;
+    const int64_t off = offs[n];
+    T* kd = kd0 + n * pitch + e;
+    T* vd = vd0 + n * pitch + e;
+    if (off >= 0) {
+      __pipeline_memcpy_async(kd, kc + off + e, 16);
+      __pipeline_memcpy_async(vd, vc + off + e, 16);
+    } else {
+      *reinterpret_cast<uint4*>(kd) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(vd) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  __pipeline_commit();
+}
+
 // The key position lane `n` holds in a tile starting at virtual index `first`, or -1 (masked).
 __device__ __forceinline__ int64_t lane_key(const AppendAttentionArgs& a, int64_t b, int64_t g,
                                             const KeyRanges& keys, int64_t first, int64_t end, int n) {

@@ -14,6 +14,8 @@
 // 3. prefill_kernel for requests with >= 2 new tokens: one block per (query tile, KV head); the tile
 //    holds 32 (query, head) rows of one request, so a group's heads share every K/V tile load. The
 //    block finds its (request, tile) from cu_seqlens_q itself (grid: ceil(T / queries) + batch).
+//    bf16 / fp16 caches with head_dim % 16 == 0 (<= 128) take prefill_tc_kernel instead
+//    (append_attention_prefill_tc.cuh: mma.sync flash-attention-2 tiles of 128 (query, head) rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include "append_attention_decode_tc.cuh"
 #include "append_attention_device.cuh"
 #include "append_attention_prefill.cuh"
+#include "append_attention_prefill_tc.cuh"
 
 namespace paddle_mla {
 namespace {
@@ -260,23 +263,29 @@ const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_fl
   return launch_merge<T>(a, geo.splits, ws_o, ws_lse, stream);
 }
 
-// The tensor-core decode (append_attention_decode_tc.cuh): bf16 / fp16, head_dim % 16 == 0 and <= 256,
-// group <= 16 (one block covers the whole group), sm_80+; PADDLE_MLA_GQA_TC=0 turns it off.
+// Whether the tensor-core kernels may run: bf16 / fp16, head_dim % 16 == 0 and <= max_dim, sm_80+, and
+// the measurement switch `env` (read per call) not "0".
 template <typename T>
-bool use_decode_tc(const AppendAttentionArgs& a) {
+bool tensor_cores_ok(const AppendAttentionArgs& a, int64_t max_dim, const char* env) {
   if constexpr (sizeof(T) != 2) {
     return false;
   } else {
-    const int64_t group = a.num_q_heads / a.num_kv_heads;
-    if (a.head_dim % 16 != 0 || a.head_dim > 256 || group > attn::kTcRows) return false;
-    const char* env = std::getenv("PADDLE_MLA_GQA_TC");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    if (a.head_dim % 16 != 0 || a.head_dim > max_dim) return false;
+    const char* v = std::getenv(env);
+    if (v != nullptr && std::strcmp(v, "0") == 0) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
       return false;
     return major >= 8;
   }
+}
+
+// The tensor-core decode (append_attention_decode_tc.cuh): head_dim <= 256, group <= 16 (one block
+// covers the whole group); PADDLE_MLA_GQA_TC=0 turns it off.
+template <typename T>
+bool use_decode_tc(const AppendAttentionArgs& a) {
+  return a.num_q_heads / a.num_kv_heads <= attn::kTcRows && tensor_cores_ok<T>(a, 256, "PADDLE_MLA_GQA_TC");
 }
 
 template <typename T, int DMAX, int TK>
@@ -329,6 +338,35 @@ const char* launch_prefill(const AppendAttentionArgs& a, cudaStream_t stream) {
   return launched();
 }
 
+// The tensor-core prefill (append_attention_prefill_tc.cuh), W warps of 16 rows a block.
+template <typename T, int DMAX, int W>
+const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream) {
+  const attn::PtcLayout layout(static_cast<int>(a.head_dim), static_cast<int>(sizeof(T)), 16 * W);
+  auto kernel = attn::prefill_tc_kernel<T, DMAX, W>;
+  if (const char* err = allow_smem(kernel, layout.total)) return err;
+  const int64_t queries = 16 * W / (a.num_q_heads / a.num_kv_heads);
+  const int64_t tiles = (a.num_tokens + queries - 1) / queries + a.batch;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads));
+  kernel<<<grid, 32 * W, layout.total, stream>>>(a);
+  return launched();
+}
+
+// Prefill rows: the tensor-core kernel for bf16 / fp16 with head_dim % 16 == 0 and <= 128 on sm_80+
+// (PADDLE_MLA_GQA_PREFILL_TC=0 turns it off; PADDLE_MLA_GQA_PREFILL_WARPS=4 picks 64-row blocks instead
+// of 128, for measurements), else the CUDA-core prefill_kernel.
+template <typename T, int VB, int DPL>
+const char* launch_prefill_any(const AppendAttentionArgs& a, cudaStream_t stream) {
+  if constexpr (sizeof(T) == 2) {
+    if (tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC")) {
+      const char* w = std::getenv("PADDLE_MLA_GQA_PREFILL_WARPS");
+      const bool four = w != nullptr && std::strcmp(w, "4") == 0;
+      if (a.head_dim <= 64) return four ? launch_prefill_tc<T, 64, 4>(a, stream) : launch_prefill_tc<T, 64, 8>(a, stream);
+      return four ? launch_prefill_tc<T, 128, 4>(a, stream) : launch_prefill_tc<T, 128, 8>(a, stream);
+    }
+  }
+  return launch_prefill<T, VB, DPL>(a, stream);
+}
+
 template <typename T, int VB, int DPL>
 const char* launch_all(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, bool decode_only,
                        cudaStream_t stream) {
@@ -337,7 +375,7 @@ const char* launch_all(const AppendAttentionArgs& a, float* ws, int64_t ws_float
   if (a.batch == 0) return nullptr;
   const char* err = launch_decode_any<T, VB, DPL>(a, ws, ws_floats, stream);
   if (err != nullptr || decode_only) return err;
-  return launch_prefill<T, VB, DPL>(a, stream);
+  return launch_prefill_any<T, VB, DPL>(a, stream);
 }
 
 template <typename T, int VB>

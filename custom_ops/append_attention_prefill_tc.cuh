@@ -1,0 +1,327 @@
+// append_attention, tensor-core prefill / extend kernel (bf16 / fp16 caches, head_dim % 16 == 0, <= 128),
+// flash-attention-2 style. Requests with >= 2 new tokens, as prefill_kernel (which keeps fp32 caches,
+// other head dims and pre-sm80 GPUs).
+//
+// One block of W warps per (query tile, KV head); a tile is 16 W rows, row r being query q0 + r / group
+// and query head g * group + r % group of one request, so the group's heads share every K/V tile. Warp w
+// owns rows 16 w .. 16 w + 15 for the whole key loop (FA2's split: no cross-warp reduction).
+// Per tile of kPtcKeys keys (cp.async, double buffered, offsets planned once per tile by one thread per
+// key with the shared helpers; masked / -1 rows are zero-filled by copy_planned_rows):
+//   S = Q K^T with mma.sync m16n8k16 (Q fragments held in registers for the whole loop, K fragments by
+//   ldmatrix from shared memory), fp32 accumulators in registers;
+//   mask (only tiles that need it: SWA heads, holes, the causal diagonal), online softmax in fp32 on the
+//   accumulators (a row's 4 owners reduce with two shuffles), scores in log2 units;
+//   P packed to the cache dtype straight from the S accumulators: the m16n8 C layout of two adjacent
+//   key blocks is the m16k16 A layout, so P never touches shared memory;
+//   O += P V with mma.sync (V fragments by ldmatrix.trans), O in fp32 registers, rescaled in place.
+// Why mma.sync and not WMMA (the decode kernel's): WMMA fragments have no documented element mapping,
+// so the per-row rescale of O and the masking would need a shared-memory round trip per tile.
+// Which keys a block walks: [0, last] for a full head, the sinks and (first - window, last] for an SWA
+// head (swa_mask: [0, last]), exactly as prefill_kernel; each score is masked by the contract's rule.
+// Blocks take tiles from the last (the longest causal rows) to the first, so the tail of the grid is
+// short work. Included by append_attention_kernels.cu.
+#pragma once
+
+#include <climits>
+#include <type_traits>
+
+#include "append_attention_device.cuh"
+#include "append_attention_prefill.cuh"
+
+namespace paddle_mla {
+namespace attn {
+
+constexpr int kPtcKeys = 64;  // keys per tile
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// c += a b, m16n8k16, fp32 accumulate.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats as one register of two T (lo in the low half: the lower column of a fragment).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Shared-memory layout of one block (host and device compute it alike): Q rows, two stages of K and V
+// tiles (rows of D + 8 elements: the 8 rows of an ldmatrix fall in distinct banks), and three slots of
+// per-key plans (offset, position, hole flags): slot it % 3 is planned one tile ahead and read by the
+// mask one tile later, so no slot is rewritten while a slower warp still reads it.
+struct PtcLayout {
+  int pitch;
+  size_t q, kv, stage, offs, kpos, dense, total;
+  PMLA_HD static size_t up(size_t x) { return (x + 127) / 128 * 128; }
+  PMLA_HD PtcLayout(int D, int elem, int rows) {
+    pitch = D + 8;
+    q = 0;
+    kv = up(static_cast<size_t>(rows) * pitch * elem);
+    stage = up(static_cast<size_t>(kPtcKeys) * pitch * elem);
+    offs = kv + 4 * stage;
+    kpos = up(offs + 3 * kPtcKeys * sizeof(int64_t));
+    dense = up(kpos + 3 * kPtcKeys * sizeof(int32_t));
+    total = up(dense + 3 * (kPtcKeys / 32) * sizeof(int32_t));
+  }
+};
+
+template <typename T, int DMAX, int W>
+__global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int TK = kPtcKeys, ROWS = 16 * W, KD = DMAX / 16, ND = DMAX / 8, NK = TK / 8;
+  static_assert(W >= TK / 32, "the planning threads are whole warps");
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int group = static_cast<int>(a.num_q_heads / a.num_kv_heads);
+  const int queries = ROWS / group;
+  const int64_t g = blockIdx.y;
+  __shared__ int64_t s_req, s_q0, s_tok[ROWS], s_pmin[W], s_pmax[W];
+  if (warp == 0) {
+    int64_t req, q0;
+    find_tile(a, static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x, queries, req, q0);
+    if (lane == 0) {
+      s_req = req;
+      s_q0 = q0;
+    }
+  }
+  __syncthreads();
+  const int64_t b = s_req, q0 = s_q0;
+  if (b < 0) return;
+  const int64_t t_begin = a.cu_seqlens_q[b], n = a.cu_seqlens_q[b + 1] - t_begin;
+  for (int r = tid; r < ROWS; r += blockDim.x) {
+    const int64_t i = r / group, t = t_begin + q0 + i;
+    s_tok[r] = (i < queries && q0 + i < n && token_request(a, t) == b) ? t : -1;
+  }
+  __syncthreads();
+  // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16): token, position (-1: padding).
+  int64_t tok[2], pos[2];
+  int64_t wmin = LLONG_MAX, wmax = -1;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tok[h] = s_tok[16 * warp + lane / 4 + 8 * h];
+    pos[h] = tok[h] >= 0 ? a.positions[tok[h]] : -1;
+    if (pos[h] >= 0) wmin = min(wmin, pos[h]);
+    wmax = max(wmax, pos[h]);
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
+  }
+  if (lane == 0) {
+    s_pmin[warp] = wmin;
+    s_pmax[warp] = wmax;
+  }
+  // Q rows roped, unscaled, in T (the scale goes onto the fp32 scores); padding rows are zeros.
+  extern __shared__ __align__(128) uint8_t ptc_smem[];
+  const int D = static_cast<int>(a.head_dim);
+  const PtcLayout L(D, static_cast<int>(sizeof(T)), ROWS);
+  T* qs = reinterpret_cast<T*>(ptc_smem + L.q);
+  for (int e = tid; e < ROWS * D; e += blockDim.x) {
+    const int r = e / D, d = e - r * D;
+    const int64_t t = s_tok[r];
+    float x = 0.0f;
+    if (t >= 0) x = roped(a, static_cast<const T*>(a.q) + t * a.q_stride + (g * group + r % group) * a.head_dim, d,
+                          a.positions[t]);
+    qs[r * L.pitch + d] = from_f<T>(x);
+  }
+  __syncthreads();
+  int64_t pmin = LLONG_MAX, pmax = -1;
+  for (int w = 0; w < W; ++w) {
+    pmin = min(pmin, s_pmin[w]);
+    pmax = max(pmax, s_pmax[w]);
+  }
+  if (pmax < 0) return;  // no valid row (uniform over the block)
+  const bool swa = is_swa_head(a, g);
+  KeyRanges keys{0, pmax + 1, 0, 0};
+  if (swa && !a.swa_mask) {  // swa_mask: walk [0, pmax], the mask below hides the rest
+    const int64_t sinks = max(static_cast<int64_t>(0), min(a.sink, pmax + 1));
+    const int64_t win_lo = max(sinks, pmin - a.window + 1);
+    keys = KeyRanges{0, sinks, win_lo, max(win_lo, pmax + 1)};
+  }
+  const int64_t nvis = keys.count();
+  int64_t* offs = reinterpret_cast<int64_t*>(ptc_smem + L.offs);
+  int32_t* kpos = reinterpret_cast<int32_t*>(ptc_smem + L.kpos);
+  int32_t* dense = reinterpret_cast<int32_t*>(ptc_smem + L.dense);
+  auto k_stage = [&](int st) { return reinterpret_cast<T*>(ptc_smem + L.kv + 2 * st * L.stage); };
+  auto v_stage = [&](int st) { return reinterpret_cast<T*>(ptc_smem + L.kv + (2 * st + 1) * L.stage); };
+  // Source offset and position of each key of the tile at virtual index `first` (-1: past the end or
+  // no block), and per 32 keys whether none is -1.
+  auto plan = [&](int64_t first, int slot) {
+    if (tid < TK) {
+      const int64_t i = first + tid;
+      int64_t off = -1, j = -1;
+      if (i < nvis) {
+        j = keys.position(i);
+        const int64_t blk = block_of(a, b, g, j);
+        if (blk >= 0) off = cache_offset(a, g, blk, j);
+        if (off < 0) j = -1;
+      }
+      offs[slot * TK + tid] = off;
+      kpos[slot * TK + tid] = static_cast<int32_t>(j);
+      const unsigned holes = __ballot_sync(0xffffffffu, off < 0);
+      if (lane == 0) dense[slot * (TK / 32) + warp] = holes == 0u;
+    }
+  };
+  auto issue = [&](int slot, int st) {
+    copy_planned_rows<T>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), L.pitch, tid, blockDim.x);
+  };
+
+  uint32_t qf[KD][4];  // this warp's 16 Q rows as A fragments, for the whole key loop
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    if (kk * 16 < D) ldsm_x4(qf[kk], qs + (16 * warp + lane % 16) * L.pitch + kk * 16 + (lane / 16) * 8);
+  }
+  float o[ND][4];
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's partial row sums
+  const float qk_scale = a.softmax_scale * kLog2e;
+  const int col0 = (lane % 4) * 2;  // first key (S) / dim (O) column of this thread in an 8-wide block
+
+  plan(0, 0);
+  __syncthreads();
+  if (nvis > 0) issue(0, 0);
+  int it = 0;
+  for (int64_t first = 0; first < nvis; first += TK, ++it) {
+    const int cur = it & 1, slot = it % 3, nslot = (it + 1) % 3;
+    const bool more = first + TK < nvis;
+    if (more) plan(first + TK, nslot);
+    __syncthreads();  // (A) plan visible; every warp is done with stage cur ^ 1 (the previous tile)
+    if (more) {
+      issue(nslot, cur ^ 1);
+    } else {
+      __pipeline_commit();  // an empty group keeps wait_prior(1) meaning "the current tile has landed"
+    }
+    __pipeline_wait_prior(1);
+    __syncthreads();  // (B) every thread's copies of the current tile are visible
+    if (wmax < 0 || keys.position(first) > wmax) continue;  // causal: nothing here for this warp's rows
+    const T* kt = k_stage(cur);
+    const T* vt = v_stage(cur);
+    float s[NK][4];
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk) s[nk][0] = s[nk][1] = s[nk][2] = s[nk][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {  // S = Q K^T: K rows are the B operand's columns (no transpose)
+      if (kk * 16 < D) {
+#pragma unroll
+        for (int np = 0; np < NK / 2; ++np) {
+          uint32_t kb[4];
+          ldsm_x4(kb, kt + (np * 16 + lane % 8 + (lane / 16) * 8) * L.pitch + kk * 16 + ((lane / 8) % 2) * 8);
+          mma16816<T>(s[2 * np], qf[kk], kb[0], kb[1]);
+          mma16816<T>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+        }
+      }
+    }
+    // Masking is needed on SWA heads, on tiles with holes or past the end, and on the causal diagonal.
+    const int32_t* kp = kpos + slot * TK;
+    bool full = !swa && first + TK <= nvis && keys.position(first + TK - 1) <= wmin;
+#pragma unroll
+    for (int c = 0; c < TK / 32; ++c) full = full && dense[slot * (TK / 32) + c] != 0;
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[nk][e] * qk_scale;
+        if (!full) {
+          const int64_t j = kp[nk * 8 + col0 + (e & 1)], p = pos[e >> 1];
+          if (!(j >= 0 && p >= 0 && j <= p && (!swa || j < a.sink || j > p - a.window))) v = -INFINITY;
+        }
+        s[nk][e] = v;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // online softmax of row lane / 4 + 8 h (4 lanes share a row)
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk) mx = fmaxf(mx, fmaxf(s[nk][2 * h], s[nk][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far: exp2(-inf) = 0, no NaN
+      const float keep = exp2f(m[h] - base);
+      m[h] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk) {
+        s[nk][2 * h] = exp2f(s[nk][2 * h] - base);
+        s[nk][2 * h + 1] = exp2f(s[nk][2 * h + 1] - base);
+        sum += s[nk][2 * h] + s[nk][2 * h + 1];
+      }
+      l[h] = l[h] * keep + sum;
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd) {
+        o[nd][2 * h] *= keep;
+        o[nd][2 * h + 1] *= keep;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < TK / 16; ++kk) {  // O += P V: P from the S accumulators, V by ldmatrix.trans
+      const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < KD; ++dp) {
+        if (dp * 16 < D) {
+          uint32_t vb[4];
+          ldsm_x4_trans(vb, vt + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * L.pitch + dp * 16 + (lane / 16) * 8);
+          mma16816<T>(o[2 * dp], pa, vb[0], vb[1]);
+          mma16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+  }
+  __pipeline_wait_prior(0);
+  T* out = static_cast<T*>(a.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (tok[h] < 0) continue;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int r = 16 * warp + lane / 4 + 8 * h;
+    T* dst = out + (tok[h] * a.num_q_heads + g * group + r % group) * a.head_dim + col0;
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+      if (nd * 8 < D) *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+    }
+  }
+#endif
+}
+
+}  // namespace attn
+}  // namespace paddle_mla
