@@ -14,7 +14,7 @@
 // 3. prefill_kernel for requests with >= 2 new tokens: one block per (query tile, KV head); the tile
 //    holds 32 (query, head) rows of one request, so a group's heads share every K/V tile load. The
 //    block finds its (request, tile) from cu_seqlens_q itself (grid: ceil(T / queries) + batch).
-//    bf16 / fp16 caches with head_dim % 16 == 0 (<= 128) take prefill_tc_kernel instead
+//    bf16 / fp16 caches with head_dim 64, 80, 96 or 128 take prefill_tc_kernel instead
 //    (append_attention_prefill_tc.cuh: mma.sync flash-attention-2 tiles of 128 (query, head) rows).
 #include <cuda_runtime.h>
 
@@ -338,30 +338,43 @@ const char* launch_prefill(const AppendAttentionArgs& a, cudaStream_t stream) {
   return launched();
 }
 
-// The tensor-core prefill (append_attention_prefill_tc.cuh), W warps of 16 rows a block.
-template <typename T, int DMAX, int W>
+// The tensor-core prefill (append_attention_prefill_tc.cuh): W warps of MF 16-row fragments a block.
+template <typename T, int D, int W, int MF>
 const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream) {
-  const attn::PtcLayout layout(static_cast<int>(a.head_dim), static_cast<int>(sizeof(T)), 16 * W);
-  auto kernel = attn::prefill_tc_kernel<T, DMAX, W>;
+  const attn::PtcLayout layout(D, static_cast<int>(sizeof(T)), 16 * MF * W);
+  auto kernel = attn::prefill_tc_kernel<T, D, W, MF>;
   if (const char* err = allow_smem(kernel, layout.total)) return err;
-  const int64_t queries = 16 * W / (a.num_q_heads / a.num_kv_heads);
+  const int64_t queries = 16 * MF * W / (a.num_q_heads / a.num_kv_heads);
   const int64_t tiles = (a.num_tokens + queries - 1) / queries + a.batch;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads));
   kernel<<<grid, 32 * W, layout.total, stream>>>(a);
   return launched();
 }
 
-// Prefill rows: the tensor-core kernel for bf16 / fp16 with head_dim % 16 == 0 and <= 128 on sm_80+
-// (PADDLE_MLA_GQA_PREFILL_TC=0 turns it off; PADDLE_MLA_GQA_PREFILL_WARPS=4 picks 64-row blocks instead
-// of 128, for measurements), else the CUDA-core prefill_kernel.
+// Block shapes of the tensor-core prefill, picked per call by PADDLE_MLA_GQA_PREFILL_TILE (for
+// measurements; tools/bench_gqa_attention.py times each): "w4m2" (default: 4 warps x 32 rows, FA2's
+// shape), "w8" (8 warps x 16 rows, Q in registers), "w4" (4 warps x 16 rows: 64-row blocks).
+template <typename T, int D>
+const char* launch_prefill_tc_shape(const AppendAttentionArgs& a, cudaStream_t stream) {
+  const char* v = std::getenv("PADDLE_MLA_GQA_PREFILL_TILE");
+  if (v != nullptr && std::strcmp(v, "w8") == 0) return launch_prefill_tc<T, D, 8, 1>(a, stream);
+  if (v != nullptr && std::strcmp(v, "w4") == 0) return launch_prefill_tc<T, D, 4, 1>(a, stream);
+  return launch_prefill_tc<T, D, 4, 2>(a, stream);
+}
+
+// Prefill rows: the tensor-core kernel for bf16 / fp16 with head_dim 64, 80, 96 or 128 on sm_80+
+// (PADDLE_MLA_GQA_PREFILL_TC=0 turns it off), else the CUDA-core prefill_kernel.
 template <typename T, int VB, int DPL>
 const char* launch_prefill_any(const AppendAttentionArgs& a, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
     if (tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC")) {
-      const char* w = std::getenv("PADDLE_MLA_GQA_PREFILL_WARPS");
-      const bool four = w != nullptr && std::strcmp(w, "4") == 0;
-      if (a.head_dim <= 64) return four ? launch_prefill_tc<T, 64, 4>(a, stream) : launch_prefill_tc<T, 64, 8>(a, stream);
-      return four ? launch_prefill_tc<T, 128, 4>(a, stream) : launch_prefill_tc<T, 128, 8>(a, stream);
+      switch (a.head_dim) {
+        case 64: return launch_prefill_tc_shape<T, 64>(a, stream);
+        case 80: return launch_prefill_tc_shape<T, 80>(a, stream);
+        case 96: return launch_prefill_tc_shape<T, 96>(a, stream);
+        case 128: return launch_prefill_tc_shape<T, 128>(a, stream);
+        default: break;
+      }
     }
   }
   return launch_prefill<T, VB, DPL>(a, stream);

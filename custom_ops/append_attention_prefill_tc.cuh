@@ -54,13 +54,13 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -100,16 +100,28 @@ struct PtcLayout {
   }
 };
 
-template <typename T, int DMAX, int W>
+// 2^x on the SFU (ex2.approx.ftz: 2^-inf = +0), the softmax's one transcendental.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// D: head_dim (compile time: the fragment loops unroll into one basic block); W warps of MF 16-row M
+// fragments each (MF = 2: FA2's split, each K / V fragment read from shared memory feeds two MMAs; Q is
+// then re-read by ldmatrix per tile instead of held in registers, for the register budget).
+template <typename T, int D, int W, int MF>
 __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int TK = kPtcKeys, ROWS = 16 * W, KD = DMAX / 16, ND = DMAX / 8, NK = TK / 8;
+  constexpr int TK = kPtcKeys, WR = 16 * MF, ROWS = WR * W, KD = D / 16, ND = D / 8, NK = TK / 8, P = D + 8;
   static_assert(W >= TK / 32, "the planning threads are whole warps");
+  static_assert(D % 16 == 0, "head_dim is a whole number of MMA k-steps");
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int group = static_cast<int>(a.num_q_heads / a.num_kv_heads);
   const int queries = ROWS / group;
   const int64_t g = blockIdx.y;
-  __shared__ int64_t s_req, s_q0, s_tok[ROWS], s_pmin[W], s_pmax[W];
+  __shared__ int64_t s_req, s_q0, s_tok[ROWS];
+  __shared__ int32_t s_pmin[W], s_pmax[W];
   if (warp == 0) {
     int64_t req, q0;
     find_tile(a, static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x, queries, req, q0);
@@ -127,15 +139,19 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     s_tok[r] = (i < queries && q0 + i < n && token_request(a, t) == b) ? t : -1;
   }
   __syncthreads();
-  // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16): token, position (-1: padding).
-  int64_t tok[2], pos[2];
-  int64_t wmin = LLONG_MAX, wmax = -1;
+  // This thread's rows: lane / 4 + 8 h of the warp's M fragment f; their positions (-1: padding), in
+  // 32 bits for the register budget (positions index cos_sin rows: far below 2^31).
+  int32_t pos[MF][2];
+  int32_t wmin = INT_MAX, wmax = -1;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    tok[h] = s_tok[16 * warp + lane / 4 + 8 * h];
-    pos[h] = tok[h] >= 0 ? a.positions[tok[h]] : -1;
-    if (pos[h] >= 0) wmin = min(wmin, pos[h]);
-    wmax = max(wmax, pos[h]);
+  for (int f = 0; f < MF; ++f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t t = s_tok[WR * warp + 16 * f + lane / 4 + 8 * h];
+      pos[f][h] = t >= 0 ? static_cast<int32_t>(a.positions[t]) : -1;
+      if (pos[f][h] >= 0) wmin = min(wmin, pos[f][h]);
+      wmax = max(wmax, pos[f][h]);
+    }
   }
   for (int o = 16; o > 0; o /= 2) {
     wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
@@ -147,7 +163,6 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   }
   // Q rows roped, unscaled, in T (the scale goes onto the fp32 scores); padding rows are zeros.
   extern __shared__ __align__(128) uint8_t ptc_smem[];
-  const int D = static_cast<int>(a.head_dim);
   const PtcLayout L(D, static_cast<int>(sizeof(T)), ROWS);
   T* qs = reinterpret_cast<T*>(ptc_smem + L.q);
   for (int e = tid; e < ROWS * D; e += blockDim.x) {
@@ -156,13 +171,13 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     float x = 0.0f;
     if (t >= 0) x = roped(a, static_cast<const T*>(a.q) + t * a.q_stride + (g * group + r % group) * a.head_dim, d,
                           a.positions[t]);
-    qs[r * L.pitch + d] = from_f<T>(x);
+    qs[r * P + d] = from_f<T>(x);
   }
   __syncthreads();
-  int64_t pmin = LLONG_MAX, pmax = -1;
+  int64_t pmin = INT_MAX, pmax = -1;
   for (int w = 0; w < W; ++w) {
-    pmin = min(pmin, s_pmin[w]);
-    pmax = max(pmax, s_pmax[w]);
+    pmin = min(pmin, static_cast<int64_t>(s_pmin[w]));
+    pmax = max(pmax, static_cast<int64_t>(s_pmax[w]));
   }
   if (pmax < 0) return;  // no valid row (uniform over the block)
   const bool swa = is_swa_head(a, g);
@@ -197,18 +212,27 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     }
   };
   auto issue = [&](int slot, int st) {
-    copy_planned_rows<T>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), L.pitch, tid, blockDim.x);
+    copy_planned_rows<T>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid, blockDim.x);
   };
 
-  uint32_t qf[KD][4];  // this warp's 16 Q rows as A fragments, for the whole key loop
+  // ldmatrix row addresses of this lane (element offsets): A (Q) rows, B (K) rows, B^T (V) rows.
+  const int a_off = (WR * warp + lane % 16) * P + (lane / 16) * 8;
+  const int k_off = (lane % 8 + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
+  const int v_off = (lane % 8 + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
+  uint32_t qf[MF == 1 ? KD : 1][4];  // one M fragment: Q held in registers for the whole key loop
+  if constexpr (MF == 1) {
 #pragma unroll
-  for (int kk = 0; kk < KD; ++kk) {
-    if (kk * 16 < D) ldsm_x4(qf[kk], qs + (16 * warp + lane % 16) * L.pitch + kk * 16 + (lane / 16) * 8);
+    for (int kk = 0; kk < KD; ++kk) ldsm_x4(qf[kk], qs + a_off + kk * 16);
   }
-  float o[ND][4];
+  float o[MF][ND][4];
 #pragma unroll
-  for (int nd = 0; nd < ND; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's partial row sums
+  for (int f = 0; f < MF; ++f) {
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) o[f][nd][0] = o[f][nd][1] = o[f][nd][2] = o[f][nd][3] = 0.0f;
+  }
+  float m[MF][2], l[MF][2];  // running max (log2 units) and this thread's partial row sums
+#pragma unroll
+  for (int f = 0; f < MF; ++f) m[f][0] = m[f][1] = -INFINITY, l[f][0] = l[f][1] = 0.0f;
   const float qk_scale = a.softmax_scale * kLog2e;
   const int col0 = (lane % 4) * 2;  // first key (S) / dim (O) column of this thread in an 8-wide block
 
@@ -231,75 +255,103 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     if (wmax < 0 || keys.position(first) > wmax) continue;  // causal: nothing here for this warp's rows
     const T* kt = k_stage(cur);
     const T* vt = v_stage(cur);
-    float s[NK][4];
+    float s[MF][NK][4];
 #pragma unroll
-    for (int nk = 0; nk < NK; ++nk) s[nk][0] = s[nk][1] = s[nk][2] = s[nk][3] = 0.0f;
+    for (int f = 0; f < MF; ++f) {
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk) s[f][nk][0] = s[f][nk][1] = s[f][nk][2] = s[f][nk][3] = 0.0f;
+    }
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {  // S = Q K^T: K rows are the B operand's columns (no transpose)
-      if (kk * 16 < D) {
+      uint32_t qa[MF][4];
 #pragma unroll
-        for (int np = 0; np < NK / 2; ++np) {
-          uint32_t kb[4];
-          ldsm_x4(kb, kt + (np * 16 + lane % 8 + (lane / 16) * 8) * L.pitch + kk * 16 + ((lane / 8) % 2) * 8);
-          mma16816<T>(s[2 * np], qf[kk], kb[0], kb[1]);
-          mma16816<T>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+      for (int f = 0; f < MF; ++f) {
+        if constexpr (MF == 1) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) qa[f][x] = qf[kk][x];
+        } else {
+          ldsm_x4(qa[f], qs + a_off + f * 16 * P + kk * 16);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < NK / 2; ++np) {
+        uint32_t kb[4];
+        ldsm_x4(kb, kt + k_off + np * 16 * P + kk * 16);
+#pragma unroll
+        for (int f = 0; f < MF; ++f) {
+          mma16816<T>(s[f][2 * np], qa[f], kb[0], kb[1]);
+          mma16816<T>(s[f][2 * np + 1], qa[f], kb[2], kb[3]);
         }
       }
     }
-    // Masking is needed on SWA heads, on tiles with holes or past the end, and on the causal diagonal.
+    // Masking is needed on SWA heads, on tiles with holes or past the end, and on the causal diagonal;
+    // masked scores become -inf, the others stay unscaled (the scale is folded into the exponent).
     const int32_t* kp = kpos + slot * TK;
     bool full = !swa && first + TK <= nvis && keys.position(first + TK - 1) <= wmin;
 #pragma unroll
     for (int c = 0; c < TK / 32; ++c) full = full && dense[slot * (TK / 32) + c] != 0;
+    if (!full) {
 #pragma unroll
-    for (int nk = 0; nk < NK; ++nk) {
+      for (int nk = 0; nk < NK; ++nk) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[nk][e] * qk_scale;
-        if (!full) {
-          const int64_t j = kp[nk * 8 + col0 + (e & 1)], p = pos[e >> 1];
-          if (!(j >= 0 && p >= 0 && j <= p && (!swa || j < a.sink || j > p - a.window))) v = -INFINITY;
+        for (int e = 0; e < 4; ++e) {
+          const int32_t j = kp[nk * 8 + col0 + (e & 1)];
+#pragma unroll
+          for (int f = 0; f < MF; ++f) {
+            const int32_t p = pos[f][e >> 1];
+            if (!(j >= 0 && p >= 0 && j <= p && (!swa || j < a.sink || j > p - a.window))) s[f][nk][e] = -INFINITY;
+          }
         }
-        s[nk][e] = v;
       }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // online softmax of row lane / 4 + 8 h (4 lanes share a row)
-      float mx = -INFINITY;
+    for (int f = 0; f < MF; ++f) {
 #pragma unroll
-      for (int nk = 0; nk < NK; ++nk) mx = fmaxf(mx, fmaxf(s[nk][2 * h], s[nk][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far: exp2(-inf) = 0, no NaN
-      const float keep = exp2f(m[h] - base);
-      m[h] = m_new;
-      float sum = 0.0f;
+      for (int h = 0; h < 2; ++h) {  // online softmax of row lane / 4 + 8 h (4 lanes share a row)
+        float mx = -INFINITY;
 #pragma unroll
-      for (int nk = 0; nk < NK; ++nk) {
-        s[nk][2 * h] = exp2f(s[nk][2 * h] - base);
-        s[nk][2 * h + 1] = exp2f(s[nk][2 * h + 1] - base);
-        sum += s[nk][2 * h] + s[nk][2 * h + 1];
-      }
-      l[h] = l[h] * keep + sum;
+        for (int nk = 0; nk < NK; ++nk) mx = fmaxf(mx, fmaxf(s[f][nk][2 * h], s[f][nk][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[f][h], mx * qk_scale);
+        const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far: 2^-inf = 0, no NaN
+        const float keep = fast_exp2(m[f][h] - base);
+        m[f][h] = m_new;
+        float sum = 0.0f;
 #pragma unroll
-      for (int nd = 0; nd < ND; ++nd) {
-        o[nd][2 * h] *= keep;
-        o[nd][2 * h + 1] *= keep;
+        for (int nk = 0; nk < NK; ++nk) {
+#pragma unroll
+          for (int x = 2 * h; x < 2 * h + 2; ++x) {
+            s[f][nk][x] = fast_exp2(fmaf(s[f][nk][x], qk_scale, -base));
+            sum += s[f][nk][x];
+          }
+        }
+        l[f][h] = l[f][h] * keep + sum;
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd) {
+          o[f][nd][2 * h] *= keep;
+          o[f][nd][2 * h + 1] *= keep;
+        }
       }
     }
 #pragma unroll
     for (int kk = 0; kk < TK / 16; ++kk) {  // O += P V: P from the S accumulators, V by ldmatrix.trans
-      const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[MF][4];
+#pragma unroll
+      for (int f = 0; f < MF; ++f) {
+        pa[f][0] = pack2<T>(s[f][2 * kk][0], s[f][2 * kk][1]);
+        pa[f][1] = pack2<T>(s[f][2 * kk][2], s[f][2 * kk][3]);
+        pa[f][2] = pack2<T>(s[f][2 * kk + 1][0], s[f][2 * kk + 1][1]);
+        pa[f][3] = pack2<T>(s[f][2 * kk + 1][2], s[f][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < KD; ++dp) {
-        if (dp * 16 < D) {
-          uint32_t vb[4];
-          ldsm_x4_trans(vb, vt + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * L.pitch + dp * 16 + (lane / 16) * 8);
-          mma16816<T>(o[2 * dp], pa, vb[0], vb[1]);
-          mma16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+        uint32_t vb[4];
+        ldsm_x4_trans(vb, vt + v_off + kk * 16 * P + dp * 16);
+#pragma unroll
+        for (int f = 0; f < MF; ++f) {
+          mma16816<T>(o[f][2 * dp], pa[f], vb[0], vb[1]);
+          mma16816<T>(o[f][2 * dp + 1], pa[f], vb[2], vb[3]);
         }
       }
     }
@@ -307,17 +359,20 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   __pipeline_wait_prior(0);
   T* out = static_cast<T*>(a.out);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (tok[h] < 0) continue;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int r = 16 * warp + lane / 4 + 8 * h;
-    T* dst = out + (tok[h] * a.num_q_heads + g * group + r % group) * a.head_dim + col0;
+  for (int f = 0; f < MF; ++f) {
 #pragma unroll
-    for (int nd = 0; nd < ND; ++nd) {
-      if (nd * 8 < D) *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[f][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int r = WR * warp + 16 * f + lane / 4 + 8 * h;
+      const int64_t t = s_tok[r];
+      if (t < 0) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      T* dst = out + (t * a.num_q_heads + g * group + r % group) * a.head_dim + col0;
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd)
+        *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(o[f][nd][2 * h] * inv, o[f][nd][2 * h + 1] * inv);
     }
   }
 #endif

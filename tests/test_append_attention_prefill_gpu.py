@@ -1,7 +1,7 @@
 """The tensor-core prefill of the CUDA ``append_attention`` op (custom_ops/append_attention_prefill_tc.cuh:
-bf16 / fp16, head_dim % 16 == 0 and <= 128) against the C++ op on random paged inputs
-(tests/append_attention_cases.py), with both block shapes (128 and 64 rows) and the CUDA-core prefill on
-the same data: group sizes 1, 2, 3, 4 and 8, head_dim 64, 80 and 128, block sizes 16 and 64, chunks that
+bf16 / fp16, head_dim 64, 80, 96, 128) against the C++ op on random paged inputs
+(tests/append_attention_cases.py), with its three block shapes and the CUDA-core prefill on
+the same data: group sizes 1, 2, 3, 4 and 8, head_dim 64, 80, 96 and 128, block sizes 16 and 64, chunks that
 cross 128-row and 64-key tiles and block edges, cached prefixes, decode and zero-length rows beside
 them, padding tokens, uniform and head-wise tables with NaN-poisoned -1 blocks, SWA heads in skip and
 mask mode. Run on the GPU machine: ``python -m pytest -q -m gpu tests/test_append_attention_prefill_gpu.py``.
@@ -28,8 +28,11 @@ PF_CASES = [(group, d, PF_TABLES[i % 4], "bfloat16")
             for i, (group, d) in enumerate((g, d) for g in (1, 2, 3, 4, 8) for d in (64, 80, 128))]
 PF_CASES += [(4, 128, PF_TABLES[0], "float16"), (8, 64, PF_TABLES[1], "float16"), (3, 80, PF_TABLES[2], "float16"),
              (2, 128, PF_TABLES[3], "float16")]
-# Which prefill runs: tensor cores with 128-row blocks (default), 64-row blocks, the CUDA-core kernel.
-PF_ENVS = {"tc": {}, "tc4": {"PADDLE_MLA_GQA_PREFILL_WARPS": "4"}, "cudacore": {"PADDLE_MLA_GQA_PREFILL_TC": "0"}}
+PF_CASES += [(4, 96, PF_TABLES[1], "bfloat16"), (2, 96, PF_TABLES[3], "float16")]
+# Which prefill runs: the tensor-core block shapes (default: 4 warps x 32 rows; 8 warps x 16 rows; 4 warps
+# x 16 rows) and the CUDA-core kernel.
+PF_ENVS = {"tc": {}, "w8": {"PADDLE_MLA_GQA_PREFILL_TILE": "w8"}, "w4": {"PADDLE_MLA_GQA_PREFILL_TILE": "w4"},
+           "cudacore": {"PADDLE_MLA_GQA_PREFILL_TC": "0"}}
 PF_RUNS = [(c, env) for c in PF_CASES for env in PF_ENVS]
 _WANT: dict = {}
 
