@@ -93,12 +93,13 @@ __device__ __forceinline__ void load_tile(const AppendAttentionArgs& a, int64_t 
 // 16-byte cp.async of `rows` planned K and V rows (offs[n]: element offset of key n in the caches, -1
 // for a masked key or a missing block) into tiles of pitch `pitch` elements, by `nthreads` threads;
 // masked rows are zero-filled, so a -1 block is never dereferenced and a NaN-poisoned slot never
-// reaches an MMA. Commits one cp.async group. Shared by the tensor-core decode and prefill kernels.
-template <typename T>
+// reaches an MMA. Commits one cp.async group. Shared by the tensor-core decode and prefill kernels;
+// kD > 0 (the prefill's compile-time head_dim) turns the chunk indexing into shifts.
+template <typename T, int kD = 0>
 __device__ __forceinline__ void copy_planned_rows(const AppendAttentionArgs& a, const int64_t* offs, int rows,
                                                   T* kd0, T* vd0, int pitch, int tid, int nthreads) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  const int per_row = static_cast<int>(a.head_dim) / kVec;
+  const int per_row = kD > 0 ? kD / kVec : static_cast<int>(a.head_dim) / kVec;
   const T* kc = static_cast<const T*>(a.k_cache);
   const T* vc = static_cast<const T*>(a.v_cache);
   for (int c = tid; c < rows * per_row; c += nthreads) {

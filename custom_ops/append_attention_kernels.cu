@@ -351,28 +351,19 @@ const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream)
   return launched();
 }
 
-// Block shapes of the tensor-core prefill, picked per call by PADDLE_MLA_GQA_PREFILL_TILE (for
-// measurements; tools/bench_gqa_attention.py times each): "w4m2" (default: 4 warps x 32 rows, FA2's
-// shape), "w8" (8 warps x 16 rows, Q in registers), "w4" (4 warps x 16 rows: 64-row blocks).
-template <typename T, int D>
-const char* launch_prefill_tc_shape(const AppendAttentionArgs& a, cudaStream_t stream) {
-  const char* v = std::getenv("PADDLE_MLA_GQA_PREFILL_TILE");
-  if (v != nullptr && std::strcmp(v, "w8") == 0) return launch_prefill_tc<T, D, 8, 1>(a, stream);
-  if (v != nullptr && std::strcmp(v, "w4") == 0) return launch_prefill_tc<T, D, 4, 1>(a, stream);
-  return launch_prefill_tc<T, D, 4, 2>(a, stream);
-}
-
 // Prefill rows: the tensor-core kernel for bf16 / fp16 with head_dim 64, 80, 96 or 128 on sm_80+
-// (PADDLE_MLA_GQA_PREFILL_TC=0 turns it off), else the CUDA-core prefill_kernel.
+// (PADDLE_MLA_GQA_PREFILL_TC=0 turns it off), else the CUDA-core prefill_kernel. One block shape,
+// 4 warps x 32 rows (FA2's): on an H100 it beat 8 warps x 16 rows (Q held in registers) and 4 warps x
+// 16 rows by 15-18% at groups 4 and 8 (BENCHMARKS.md section 17).
 template <typename T, int VB, int DPL>
 const char* launch_prefill_any(const AppendAttentionArgs& a, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
     if (tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC")) {
       switch (a.head_dim) {
-        case 64: return launch_prefill_tc_shape<T, 64>(a, stream);
-        case 80: return launch_prefill_tc_shape<T, 80>(a, stream);
-        case 96: return launch_prefill_tc_shape<T, 96>(a, stream);
-        case 128: return launch_prefill_tc_shape<T, 128>(a, stream);
+        case 64: return launch_prefill_tc<T, 64, 4, 2>(a, stream);
+        case 80: return launch_prefill_tc<T, 80, 4, 2>(a, stream);
+        case 96: return launch_prefill_tc<T, 96, 4, 2>(a, stream);
+        case 128: return launch_prefill_tc<T, 128, 4, 2>(a, stream);
         default: break;
       }
     }

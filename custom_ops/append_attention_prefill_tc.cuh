@@ -37,17 +37,17 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+// Four 8x8 b16 matrices; lane l gives the row address (shared-space bytes) of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
+               : "r"(addr));
 }
 
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
+               : "r"(addr));
 }
 
 // c += a b, m16n8k16, fp32 accumulate.
@@ -212,17 +212,19 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     }
   };
   auto issue = [&](int slot, int st) {
-    copy_planned_rows<T>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid, blockDim.x);
+    copy_planned_rows<T, D>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid, 32 * W);
   };
 
-  // ldmatrix row addresses of this lane (element offsets): A (Q) rows, B (K) rows, B^T (V) rows.
-  const int a_off = (WR * warp + lane % 16) * P + (lane / 16) * 8;
-  const int k_off = (lane % 8 + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8;
-  const int v_off = (lane % 8 + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8;
+  // ldmatrix row addresses of this lane (shared-space bytes): A (Q) rows, B (K) rows, B^T (V) rows;
+  // every fragment's address is one of these plus a compile-time offset. E: bytes of an element.
+  constexpr int E = static_cast<int>(sizeof(T));
+  const uint32_t q_addr = smem_u32(qs) + ((WR * warp + lane % 16) * P + (lane / 16) * 8) * E;
+  const int k_off = ((lane % 8 + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8) * E;
+  const int v_off = ((lane % 8 + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8) * E;
   uint32_t qf[MF == 1 ? KD : 1][4];  // one M fragment: Q held in registers for the whole key loop
   if constexpr (MF == 1) {
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk) ldsm_x4(qf[kk], qs + a_off + kk * 16);
+    for (int kk = 0; kk < KD; ++kk) ldsm_x4(qf[kk], q_addr + kk * 16 * E);
   }
   float o[MF][ND][4];
 #pragma unroll
@@ -253,8 +255,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     __pipeline_wait_prior(1);
     __syncthreads();  // (B) every thread's copies of the current tile are visible
     if (wmax < 0 || keys.position(first) > wmax) continue;  // causal: nothing here for this warp's rows
-    const T* kt = k_stage(cur);
-    const T* vt = v_stage(cur);
+    const uint32_t kt = smem_u32(k_stage(cur)) + k_off, vt = smem_u32(v_stage(cur)) + v_off;
     float s[MF][NK][4];
 #pragma unroll
     for (int f = 0; f < MF; ++f) {
@@ -270,13 +271,13 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
 #pragma unroll
           for (int x = 0; x < 4; ++x) qa[f][x] = qf[kk][x];
         } else {
-          ldsm_x4(qa[f], qs + a_off + f * 16 * P + kk * 16);
+          ldsm_x4(qa[f], q_addr + (f * 16 * P + kk * 16) * E);
         }
       }
 #pragma unroll
       for (int np = 0; np < NK / 2; ++np) {
         uint32_t kb[4];
-        ldsm_x4(kb, kt + k_off + np * 16 * P + kk * 16);
+        ldsm_x4(kb, kt + (np * 16 * P + kk * 16) * E);
 #pragma unroll
         for (int f = 0; f < MF; ++f) {
           mma16816<T>(s[f][2 * np], qa[f], kb[0], kb[1]);
@@ -347,7 +348,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
 #pragma unroll
       for (int dp = 0; dp < KD; ++dp) {
         uint32_t vb[4];
-        ldsm_x4_trans(vb, vt + v_off + kk * 16 * P + dp * 16);
+        ldsm_x4_trans(vb, vt + (kk * 16 * P + dp * 16) * E);
 #pragma unroll
         for (int f = 0; f < MF; ++f) {
           mma16816<T>(o[f][2 * dp], pa[f], vb[0], vb[1]);

@@ -1,6 +1,6 @@
 """The tensor-core prefill of the CUDA ``append_attention`` op (custom_ops/append_attention_prefill_tc.cuh:
 bf16 / fp16, head_dim 64, 80, 96, 128) against the C++ op on random paged inputs
-(tests/append_attention_cases.py), with its three block shapes and the CUDA-core prefill on
+(tests/append_attention_cases.py), and the CUDA-core prefill on
 the same data: group sizes 1, 2, 3, 4 and 8, head_dim 64, 80, 96 and 128, block sizes 16 and 64, chunks that
 cross 128-row and 64-key tiles and block edges, cached prefixes, decode and zero-length rows beside
 them, padding tokens, uniform and head-wise tables with NaN-poisoned -1 blocks, SWA heads in skip and
@@ -29,10 +29,8 @@ PF_CASES = [(group, d, PF_TABLES[i % 4], "bfloat16")
 PF_CASES += [(4, 128, PF_TABLES[0], "float16"), (8, 64, PF_TABLES[1], "float16"), (3, 80, PF_TABLES[2], "float16"),
              (2, 128, PF_TABLES[3], "float16")]
 PF_CASES += [(4, 96, PF_TABLES[1], "bfloat16"), (2, 96, PF_TABLES[3], "float16")]
-# Which prefill runs: the tensor-core block shapes (default: 4 warps x 32 rows; 8 warps x 16 rows; 4 warps
-# x 16 rows) and the CUDA-core kernel.
-PF_ENVS = {"tc": {}, "w8": {"PADDLE_MLA_GQA_PREFILL_TILE": "w8"}, "w4": {"PADDLE_MLA_GQA_PREFILL_TILE": "w4"},
-           "cudacore": {"PADDLE_MLA_GQA_PREFILL_TC": "0"}}
+# Which prefill runs: the tensor-core kernel, or the CUDA-core one on the same data.
+PF_ENVS = {"tc": {}, "cudacore": {"PADDLE_MLA_GQA_PREFILL_TC": "0"}}
 PF_RUNS = [(c, env) for c in PF_CASES for env in PF_ENVS]
 _WANT: dict = {}
 

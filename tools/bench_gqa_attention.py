@@ -7,8 +7,7 @@ the same values in its token-major layout, at its best over split counts. SGLang
 from the git-ignored ./third_party/sglang_decode (tools/fetch_sglang_kernel.sh). Our time includes
 the op's RoPE and cache write of the step's token; SGLang's does not.
 Prefill: one request of S new tokens, causal, against ``scaled_dot_product_attention`` with the
-flash backend on the same (non-paged) data, K/V expanded to the query heads outside the timing; the
-tensor-core prefill's default block (4 warps x 32 rows) and its other shapes (last columns).
+flash backend on the same (non-paged) data, K/V expanded to the query heads outside the timing.
 
   PYTHONPATH=. python tools/bench_gqa_attention.py [--b 32,64] [--s 8192,16384] [--group 4,8]
       [--prefill 8192] [--json out.json]
@@ -37,7 +36,6 @@ from bench_mla_decode import bench, copy_bandwidth, load_sglang  # noqa: E402  (
 
 HKV, D, PAGE = 8, 128, 64
 SG_SPLITS = (1, 2, 4, 8, 16, 32)
-PREFILL_SHAPES = ("w8", "w4")   # PADDLE_MLA_GQA_PREFILL_TILE: 8 warps x 16 rows, 4 warps x 16 rows
 
 
 def rope_table(n, rot):
@@ -147,13 +145,6 @@ def prefill_case(s, group):
     fn = lambda: op.append_attention(q, k, v, kc, vc, tables, cu, lens, ids, pos, cs, out,  # noqa: E731
                                      softmax_scale=D ** -0.5, neox=True, rot_dim=D, workspace=ws)
     t = bench(fn)
-    shapes = {}
-    for shape in PREFILL_SHAPES:   # the tensor-core prefill's other block shapes (read per call)
-        os.environ["PADDLE_MLA_GQA_PREFILL_TILE"] = shape
-        try:
-            shapes[shape] = bench(fn)
-        finally:
-            del os.environ["PADDLE_MLA_GQA_PREFILL_TILE"]
     qs = q.transpose(0, 1).unsqueeze(0)
     ks = k.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0).contiguous()
     vs = v.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0).contiguous()
@@ -161,7 +152,7 @@ def prefill_case(s, group):
         ref = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
         t_sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
     flops = 4 * hq * D * s * (s + 1) / 2
-    return {"s": s, "group": group, "us": t, "shapes_us": shapes, "sdpa_us": t_sdpa,
+    return {"s": s, "group": group, "us": t, "sdpa_us": t_sdpa,
             "tflops": flops / (t * 1e-6) / 1e12,
             "sdpa_tflops": flops / (t_sdpa * 1e-6) / 1e12, "ratio": t_sdpa / t,
             "rel_err": rel_err(out, ref[0].transpose(0, 1))}
@@ -201,16 +192,15 @@ def main():
                       f"{100 * r['gbs'] / copy_gbs:.0f}% | {sg} | {r['tc32_graph_us']:.0f} | "
                       f"{r['cudacore_graph_us']:.0f} |", flush=True)
     print("\n## prefill (bf16, causal, one request)\n")
-    print("| s | group | µs | TFLOPS | SDPA flash µs | SDPA TFLOPS | ours / SDPA speed | rel err | µs: 8x16 rows | 4x16 rows |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| s | group | µs | TFLOPS | SDPA flash µs | SDPA TFLOPS | ours / SDPA speed | rel err |")
+    print("|---|---|---|---|---|---|---|---|")
     prefill_rows = []
     for s in ints(args.prefill):
         for group in ints(args.group):
             r = prefill_case(s, group)
             prefill_rows.append(r)
             print(f"| {s} | {group} | {r['us']:.0f} | {r['tflops']:.0f} | {r['sdpa_us']:.0f} | "
-                  f"{r['sdpa_tflops']:.0f} | {r['ratio']:.2f}x | {r['rel_err']:.1e} | "
-                  f"{r['shapes_us']['w8']:.0f} | {r['shapes_us']['w4']:.0f} |", flush=True)
+                  f"{r['sdpa_tflops']:.0f} | {r['ratio']:.2f}x | {r['rel_err']:.1e} |", flush=True)
     path = args.json or (os.path.join(os.environ["OUT"], "bench_gqa_attention.json") if os.environ.get("OUT") else None)
     if path:
         with open(path, "w") as f:
