@@ -1,14 +1,15 @@
-// append_attention, tensor-core prefill / extend kernel (bf16 / fp16 caches, head_dim % 16 == 0, <= 128),
+// append_attention, tensor-core prefill / extend kernel (bf16 / fp16 caches, head_dim 64, 80, 96 or 128),
 // flash-attention-2 style. Requests with >= 2 new tokens, as prefill_kernel (which keeps fp32 caches,
 // other head dims and pre-sm80 GPUs).
 //
-// One block of W warps per (query tile, KV head); a tile is 16 W rows, row r being query q0 + r / group
+// One block of W warps per (query tile, KV head); a tile is 16 MF W rows, row r being query q0 + r / group
 // and query head g * group + r % group of one request, so the group's heads share every K/V tile. Warp w
-// owns rows 16 w .. 16 w + 15 for the whole key loop (FA2's split: no cross-warp reduction).
+// owns rows 16 MF w .. 16 MF (w + 1) - 1 (MF 16-row M fragments) for the whole key loop (FA2's split: no
+// cross-warp reduction). The launcher uses W = 4, MF = 2 (128 rows; BENCHMARKS.md section 17 compares).
 // Per tile of kPtcKeys keys (cp.async, double buffered, offsets planned once per tile by one thread per
 // key with the shared helpers; masked / -1 rows are zero-filled by copy_planned_rows):
-//   S = Q K^T with mma.sync m16n8k16 (Q fragments held in registers for the whole loop, K fragments by
-//   ldmatrix from shared memory), fp32 accumulators in registers;
+//   S = Q K^T with mma.sync m16n8k16 (Q and K fragments by ldmatrix from shared memory; with MF = 1 Q
+//   stays in registers for the whole loop), fp32 accumulators in registers;
 //   mask (only tiles that need it: SWA heads, holes, the causal diagonal), online softmax in fp32 on the
 //   accumulators (a row's 4 owners reduce with two shuffles), scores in log2 units;
 //   P packed to the cache dtype straight from the S accumulators: the m16n8 C layout of two adjacent

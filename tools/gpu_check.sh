@@ -71,7 +71,8 @@ python3 tools/bench_gqa_attention.py --json "$OUT/bench_gqa_attention.json" 2>&1
 if command -v compute-sanitizer >/dev/null; then
   echo "=== GQA append_attention under compute-sanitizer memcheck (small cases)"
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_append_attention_gpu.py -k "reference or padding or splits" 2>&1 | tail -n 30 | tee "$OUT/gqa_memcheck.txt"
+    tests/test_append_attention_gpu.py tests/test_append_attention_prefill_gpu.py -k "reference or padding or splits or g2d64" \
+    2>&1 | tail -n 30 | tee "$OUT/gqa_memcheck.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 NGPU="$(nvidia-smi -L 2>/dev/null | wc -l)"
