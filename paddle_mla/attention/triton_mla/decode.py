@@ -45,6 +45,10 @@ class DecodeConfig:
     # 576 dims but accumulates only Lv/dv_split value columns (a [BLOCK_H, Lv/dv_split] fp32
     # accumulator instead of [BLOCK_H, Lv]: the h=128 spill fix, docs/triton_decode_notes.md)
     dv_split: int = 1
+    merge_splits: int = 16  # splits stage 2 loads per step (all of them at once when >= max_kv_splits)
+    # programmatic dependent launch: stage 2 starts (and reads its plan) while stage 1's last
+    # programs still run, and waits (griddepcontrol.wait) before reading the partials (sm_90+)
+    pdl: int = 0
 
     @property
     def target_items(self) -> int:
@@ -79,6 +83,8 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
             cfg[key.strip()] = int(val)
     cfg.update(override)
     waves = cfg.pop("waves")
+    if interpreting():
+        cfg["pdl"] = 0
     if "programs" not in cfg:
         groups = triton.cdiv(num_heads, cfg["block_h"]) * cfg.get("dv_split", 1)
         cfg["programs"] = 4 if interpreting() else max(num_sms(device_idx) * waves // groups, 1)
@@ -94,8 +100,11 @@ def _decode_stage1(
     H, bs,
     PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DV_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
+    DV_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        # stage 2 may launch now: it only reads the plan before its grid-dependency wait
+        tl.extra.cuda.gdc_launch_dependents()
     # axis 0 = (head group, value slice): the DV_SPLIT programs of one head group are adjacent, so
     # they read the same KV tiles close together in time (L2 hits after the first)
     hg = tl.program_id(0) // DV_SPLIT
@@ -191,7 +200,7 @@ def _decode_stage2(
     PO, PLSE, NSPLIT, SPLIT0, SEQ, O,
     stride_por, stride_poh, stride_lr, stride_lh, stride_ob, stride_oh,
     LV: tl.constexpr, BV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -200,10 +209,14 @@ def _decode_stage2(
     offs_d = d0 + tl.arange(0, BLOCK_DV)
     md = offs_d < LV
     n_split = tl.load(NSPLIT + b)
-    if tl.load(SEQ + b) == 0:
+    seq_len = tl.load(SEQ + b)
+    r0 = tl.load(SPLIT0 + b).to(tl.int64)
+    if PDL:
+        # launched early (programmatic dependent launch): wait for all of stage 1 and its writes
+        tl.extra.cuda.gdc_wait()
+    if seq_len == 0:
         tl.store(O + b * stride_ob + h * stride_oh + offs_d, tl.zeros([BLOCK_DV], dtype=O.dtype.element_ty), mask=md)
     elif n_split > 1:
-        r0 = tl.load(SPLIT0 + b).to(tl.int64)
         lse_base = PLSE + r0 * stride_lr + h * stride_lh + pv
         offs_s = tl.arange(0, BLOCK_S)
         lse_all = tl.load(lse_base + offs_s * stride_lr, mask=offs_s < n_split, other=float("-inf"))
@@ -255,13 +268,14 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
         PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv, BLOCK_B=ws.block_b,
         BLOCK_KV=block_kv, BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         DV_SPLIT=cfg.dv_split, Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(kv_cache.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=bool(cfg.pdl), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_dv = min(128, bv)  # one stage-2 program never spans two value slices (their LSEs differ)
     _decode_stage2[(bs, H, triton.cdiv(Lv, block_dv))](
         po, lse, ws.num_kv_splits, ws.split_start, seq_lens_k, out,
         po.stride(0), po.stride(1), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
         LV=Lv, BV=bv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits),
-        BLOCK_SC=min(16, next_pow2(ws.max_kv_splits)), BLOCK_DV=block_dv, num_warps=4,
+        BLOCK_SC=min(next_pow2(cfg.merge_splits), next_pow2(ws.max_kv_splits)), BLOCK_DV=block_dv, PDL=bool(cfg.pdl),
+        num_warps=4, **({"launch_pdl": True} if cfg.pdl else {}),
     )
     return handle
