@@ -50,8 +50,9 @@ def _poisoned_runs(k, fn, out, runs=5):
 # issue 14 variants, forced at h=128 (each must match the reference, deterministically, and fill
 # every element): value-column slices and smaller head blocks
 VARIANTS_128 = [{}, {"dv_split": 2}, {"dv_split": 4}, {"block_h": 32}]
-# h=16: deeper cp.async pipelines (2-3 KV tiles in flight) and a one-step split merge
-VARIANTS_16 = [{}, {"num_stages": 5}, {"num_stages": 5, "merge_splits": 64, "pdl": 1}, {"num_stages": 8, "block_n": 16},
+# h=16: the small-batch config (5 stages, one-step merge, stage 2 by programmatic dependent launch)
+# and other pipeline depths
+VARIANTS_16 = [{}, {"small_batch": True}, {"num_stages": 5}, {"num_stages": 8, "block_n": 16},
                {"num_stages": 5, "num_warps": 8, "waves": 1}]
 
 
@@ -80,8 +81,8 @@ def test_decode_bf16(k, heads, variant, seq_lens):
     _check_close(k, got, ref)
 
 
-@pytest.mark.parametrize("heads,variant", [(16, {}), (16, {"num_stages": 5, "merge_splits": 64, "pdl": 1}),
-                                           (128, {"dv_split": 2})], ids=["h16", "h16-st5-m64-pdl", "h128-dv2"])
+@pytest.mark.parametrize("heads,variant", [(16, {}), (16, {"small_batch": True}),
+                                           (128, {"dv_split": 2})], ids=["h16", "h16-small-batch", "h128-dv2"])
 def test_decode_cuda_graph_replay(k, heads, variant):
     """Plan + decode captured once, replayed with new lengths in the same buffers (no per-call allocation)."""
     torch = k.torch
@@ -161,7 +162,7 @@ def test_prefill_bf16(k, q_lens, c_lens):
 
 
 # extend kernel launch variants (tools/bench_mla_prefill.py): each must match the reference
-EXTEND_VARIANTS = [{}, {"split_causal": 0, "reverse_m": 0}, {"block_n": 128}, {"num_stages": 3},
+EXTEND_VARIANTS = [{}, {"reverse_m": 0}, {"block_n": 128, "num_stages": 2}, {"num_stages": 2},
                    {"block_m": 64, "num_warps": 4}]
 
 

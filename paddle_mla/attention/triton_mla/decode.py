@@ -30,6 +30,10 @@ from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exp
 )
 
 LOG2E = 1.4426950408889634
+# decode batches of at most this many rows use ``decode_config(..., small_batch=True)`` (backend.py):
+# there every request has many splits (b=1, s=4k: 43), so deeper KV prefetch and a one-step merge
+# pay; measured at b=1 (and losing at b=16, BENCHMARKS.md section 17)
+SMALL_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class DecodeConfig:
         return self.programs
 
 
-def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConfig:
+def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False, **override) -> DecodeConfig:
     """Host-known launch config from the head count (and SM count).
 
     ``override`` (or env PADDLE_MLA_DECODE_CFG="block_n=32,num_stages=3") sets fields for tuning;
@@ -63,6 +67,8 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
     so the grid stays about SMs * waves programs whatever the variant.
     Variants (docs/triton_decode_notes.md): ``dv_split=2|4`` splits the value columns across
     programs; ``block_h=16|32`` splits the heads into more, smaller blocks.
+    ``small_batch``: the config for batches of at most ``SMALL_BATCH`` rows; it differs only in
+    launch details (pipeline depth, merge step, PDL), so it runs on the same plan as the default.
     """
     if interpreting():
         cfg = {"block_h": max(16, min(next_pow2(num_heads), 64)), "block_n": 16, "num_warps": 4,
@@ -71,6 +77,11 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
         # memory-bound: small tiles, deep pipeline, 2 programs per SM (H100 sweep, .notes/triton_perf.md)
         cfg = {"block_h": max(16, next_pow2(num_heads)), "block_n": 32, "num_warps": 4, "num_stages": 3,
                "min_tiles": 1, "waves": 2}
+        if small_batch:
+            # 5 stages: two KV tiles in flight per program instead of one (the page-table load
+            # takes a stage of its own); all splits merged in one load; stage 2 launched early
+            # (PDL). H100, b=1, graph replay: s=4k 22.8 -> 20.8 µs, s=16k 40.7 -> 33.3 µs
+            cfg.update(num_stages=5, merge_splits=64, pdl=1)
     else:
         # near the ridge: 64 heads x 64 tokens per wgmma step, one program per SM per head group.
         # dv_split stays 1 until the H100 comparison of the variants (docs/triton_decode_notes.md)

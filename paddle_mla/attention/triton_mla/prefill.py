@@ -14,6 +14,9 @@ are skipped, leaving the stored partial as it is.
 The query/key head dim is given in two parts, A and B (MLA: nope and rope), each padded to a
 power of two and masked; part B of the keys may be shared by every head (head stride 0: MLA's
 k_pe, read straight from the latent rows). Dv is padded and masked.
+
+Launch shape and tile order come from ``extend_config`` (the H100 sweep against SDPA flash and
+SGLang's extend kernel: BENCHMARKS.md section 17, ``tools/bench_mla_prefill.py``).
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def _extend_kernel(
     DA: tl.constexpr, BLOCK_DA: tl.constexpr, DB: tl.constexpr, BLOCK_DB: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WRITE_LSE: tl.constexpr, MERGE: tl.constexpr, DOT_PREC: tl.constexpr,
-    SPLIT_CAUSAL: tl.constexpr, REVERSE_M: tl.constexpr,
+    REVERSE_M: tl.constexpr,
 ):
     # REVERSE_M: the query blocks with the most keys (the last ones, causally) start first, so
     # the short blocks fill the tail of the grid
@@ -130,18 +133,17 @@ def _extend_kernel(
         ka_base = KA + h * stride_kah + offs_a[None, :]
         kb_base = KB + h * stride_kbh + offs_b[None, :]
         v_base = V + h * stride_vh + offs_v[None, :]
-        mid = lo
-        if SPLIT_CAUSAL:
-            # tiles of keys at positions <= the block's first query are visible to all its rows
-            full_end = tl.minimum(hi, offset + mblk * BLOCK_M + 1)
-            mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
-            for start in range(lo, mid, BLOCK_N):
-                kpos = start + offs_n
-                rows_k = (k0 + kpos - k_start).to(tl.int64)[:, None]
-                acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, q_a, q_b, ka_base + rows_k * stride_kat, kb_base + rows_k * stride_kbt,
-                    v_base + rows_k * stride_vt, kpos < end, ma, mb, mv, kpos, qpos, sm_scale_log2,
-                    DB, False, DA < BLOCK_DA, DB < BLOCK_DB, DV < BLOCK_DV, DOT_PREC)
+        # tiles of keys at positions <= the block's first query are visible to all its rows: no
+        # causal mask there (H100: 10-15% faster than masking every tile, BENCHMARKS.md section 17)
+        full_end = tl.minimum(hi, offset + mblk * BLOCK_M + 1)
+        mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
+        for start in range(lo, mid, BLOCK_N):
+            kpos = start + offs_n
+            rows_k = (k0 + kpos - k_start).to(tl.int64)[:, None]
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q_a, q_b, ka_base + rows_k * stride_kat, kb_base + rows_k * stride_kbt,
+                v_base + rows_k * stride_vt, kpos < end, ma, mb, mv, kpos, qpos, sm_scale_log2,
+                DB, False, DA < BLOCK_DA, DB < BLOCK_DB, DV < BLOCK_DV, DOT_PREC)
         for start in range(mid, end, BLOCK_N):
             kpos = start + offs_n
             rows_k = (k0 + kpos - k_start).to(tl.int64)[:, None]
@@ -177,8 +179,7 @@ class ExtendConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    split_causal: int = 1   # mask-free loop over the tiles below the causal diagonal
-    reverse_m: int = 1      # longest query blocks first
+    reverse_m: int = 1      # longest query blocks first (measured only with the rest of the default)
 
 
 def extend_config(block_da: int, block_db: int, block_dv: int, **override) -> ExtendConfig:
@@ -187,7 +188,9 @@ def extend_config(block_da: int, block_db: int, block_dv: int, **override) -> Ex
     if interpreting():
         cfg = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
     elif block_da + block_db + block_dv <= 384:
-        cfg = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
+        # MLA's 128+64 / 128: the best of the H100 sweep in BENCHMARKS.md section 17 (3 stages:
+        # 155 KB of shared memory, one program per SM)
+        cfg = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
     else:
         cfg = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
     env = os.environ.get("PADDLE_MLA_EXTEND_CFG")
@@ -233,7 +236,7 @@ def extend_attention(q_a, q_b, k_a, k_b, v, out, lse, cu_seqlens_q, cu_seqlens_k
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse_t, lse_h,
         DA=da, BLOCK_DA=block_da, DB=db, BLOCK_DB=block_db, DV=dv, BLOCK_DV=block_dv,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WRITE_LSE=lse is not None, MERGE=merge,
-        DOT_PREC=dot_precision(k_a.dtype), SPLIT_CAUSAL=bool(cfg.split_causal), REVERSE_M=bool(cfg.reverse_m),
+        DOT_PREC=dot_precision(k_a.dtype), REVERSE_M=bool(cfg.reverse_m),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
