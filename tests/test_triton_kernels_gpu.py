@@ -50,9 +50,13 @@ def _poisoned_runs(k, fn, out, runs=5):
 # issue 14 variants, forced at h=128 (each must match the reference, deterministically, and fill
 # every element): value-column slices and smaller head blocks
 VARIANTS_128 = [{}, {"dv_split": 2}, {"dv_split": 4}, {"block_h": 32}]
+# h=16: the small-batch config (5 stages, one-step merge, stage 2 by programmatic dependent launch)
+# and other pipeline depths
+VARIANTS_16 = [{}, {"small_batch": True}, {"num_stages": 5}, {"num_stages": 8, "block_n": 16},
+               {"num_stages": 5, "num_warps": 8, "waves": 1}]
 
 
-@pytest.mark.parametrize("heads,variant", [(16, {})] + [(128, v) for v in VARIANTS_128],
+@pytest.mark.parametrize("heads,variant", [(16, v) for v in VARIANTS_16] + [(128, v) for v in VARIANTS_128],
                          ids=lambda x: str(x).replace(" ", ""))
 @pytest.mark.parametrize("seq_lens", SEQ_CASES)
 def test_decode_bf16(k, heads, variant, seq_lens):
@@ -77,7 +81,8 @@ def test_decode_bf16(k, heads, variant, seq_lens):
     _check_close(k, got, ref)
 
 
-@pytest.mark.parametrize("heads,variant", [(16, {}), (128, {"dv_split": 2})], ids=["h16", "h128-dv2"])
+@pytest.mark.parametrize("heads,variant", [(16, {}), (16, {"small_batch": True}),
+                                           (128, {"dv_split": 2})], ids=["h16", "h16-small-batch", "h128-dv2"])
 def test_decode_cuda_graph_replay(k, heads, variant):
     """Plan + decode captured once, replayed with new lengths in the same buffers (no per-call allocation)."""
     torch = k.torch
@@ -153,4 +158,43 @@ def test_prefill_bf16(k, q_lens, c_lens):
     out = torch.empty(sum(q_lens), h, dv, device=k.dev, dtype=torch.bfloat16)
     scale = dqk ** -0.5
     got = _poisoned_runs(k, lambda: k.pf.prefill_attention(q, kk, v, cu_q, cu_k, max(q_lens), scale, out=out), out)
+    _check_close(k, got, k.ref.prefill_ref(q.float(), kk.float(), v.float(), cu_q, cu_k, scale))
+
+
+# extend kernel launch variants (tools/bench_mla_prefill.py): each must match the reference
+EXTEND_VARIANTS = [{}, {"reverse_m": 0}, {"block_n": 128, "num_stages": 2}, {"num_stages": 2},
+                   {"block_m": 64, "num_warps": 4}]
+
+
+@pytest.mark.parametrize("variant", EXTEND_VARIANTS, ids=lambda x: str(x).replace(" ", ""))
+@pytest.mark.parametrize("chunk", [None, 700])
+def test_mla_extend_layout_chunked_bf16(k, variant, chunk):
+    """The MLA layout ExtendWorkspace uses (k_pe one row per token, shared by the heads), keys in
+    one launch or in chunks that cut tiles and requests mid-way (LSE merge), bitwise repeatable."""
+    torch = k.torch
+    h, nope, rope, dv = 16, 128, 64, 128
+    q_lens, c_lens = [300, 1, 1029, 64], [0, 77, 500, 2000]
+    k_lens = [a + b for a, b in zip(q_lens, c_lens)]
+    tq, tk = sum(q_lens), sum(k_lens)
+    q = torch.randn(tq, h, nope + rope, device=k.dev).to(torch.bfloat16)
+    k_nope = torch.randn(tk, h, nope, device=k.dev).to(torch.bfloat16)
+    k_pe = torch.randn(tk, rope, device=k.dev).to(torch.bfloat16)
+    v = torch.randn(tk, h, dv, device=k.dev).to(torch.bfloat16)
+    cu_q = _up(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+    cu_k = _up(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
+    out = torch.empty(tq, h, dv, device=k.dev, dtype=torch.bfloat16)
+    lse = torch.empty(tq, h, device=k.dev, dtype=torch.float32)
+    scale = (nope + rope) ** -0.5
+    cfg = k.pf.extend_config(nope, rope, dv, **variant)
+    step = chunk or tk
+
+    def run():
+        for start in range(0, tk, step):
+            n = min(step, tk - start)
+            k.pf.extend_attention(q[:, :, :nope], q[:, :, nope:], k_nope[start:start + n], k_pe[start:start + n],
+                                  v[start:start + n], out, lse if chunk else None, cu_q, cu_k, max(q_lens), scale,
+                                  k_start=start, k_rows=n, merge=start > 0, k_b_shared=True, cfg=cfg)
+
+    got = _poisoned_runs(k, run, out, runs=3)
+    kk = torch.cat([k_nope, k_pe[:, None, :].expand(-1, h, -1)], dim=-1)
     _check_close(k, got, k.ref.prefill_ref(q.float(), kk.float(), v.float(), cu_q, cu_k, scale))

@@ -9,8 +9,11 @@ split counts {1,2,4,...,64}, from ./third_party/sglang_decode (tools/fetch_sglan
   PYTHONPATH=. python tools/bench_mla_decode.py [--b 1,16,64,128] [--h 16,128] [--s 1024,4096,16384,32768]
       [--variants "block_n=32;block_n=64,num_stages=3"] [--json out.json]
   PYTHONPATH=. python tools/bench_mla_decode.py --preset issue14     (the issue-14 variant comparison, < 4 min)
+  PYTHONPATH=. python tools/bench_mla_decode.py --preset b1          (h=16 pipeline depth / merge variants)
 Writes JSON to $OUT/bench_mla_decode.json when OUT is set. Every variant gets its own row (µs, graph
-µs, TB/s, TFLOPS, registers/spills, workspace MiB, ratio to the default config and to SGLang).
+µs, TB/s, TFLOPS, registers/spills, workspace MiB, ratio to the default config and to SGLang). The default
+config is the backend's: ``decode_config(h, small_batch=True)`` at b <= decode.SMALL_BATCH (variants apply on
+top; ``small_batch=0`` selects the large-batch config).
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ PRESETS = {
          "block_h=32,block_n=32,num_stages=3"),
         ("128", "128", "16384", "dv_split=2;block_h=32;block_h=32,dv_split=2;dv_split=4,block_n=32,num_stages=3"),
         ("16", "1,128", "4096", "dv_split=2;dv_split=4,waves=3;num_warps=8"),
+    ],
+    # h=16: deeper cp.async pipelines (num_stages 5 -> 2 KV tiles in flight per program, 8 with
+    # block_n 16 -> 3; today's 3 stages keep one), the split merge in one step (merge_splits) and
+    # stage 2 launched early through programmatic dependent launch (pdl)
+    "b1": [
+        ("16", "1,16,64,128", "1024,4096,16384",
+         "small_batch=0;num_stages=5;num_stages=5,merge_splits=64;num_stages=5,merge_splits=64,pdl=1;"
+         "num_stages=8,block_n=16;num_stages=5,num_warps=8,waves=1"),
     ],
 }
 
@@ -85,7 +96,9 @@ def make_case(b, h, s, seed=0):
 def run_ours(case, h, cfg_override):
     cache, tables, q, lens = case
     b = q.shape[0]
-    cfg = decode.decode_config(h, **cfg_override)
+    # the backend's choice: batches of <= SMALL_BATCH rows run the small-batch config (variants apply on top)
+    over = {"small_batch": b <= decode.SMALL_BATCH, **cfg_override}
+    cfg = decode.decode_config(h, **over)
     ws = decode.alloc_decode_workspace(b, h, LORA, 64, "cuda", programs=cfg.programs)
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
     decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)

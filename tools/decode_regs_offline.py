@@ -41,7 +41,7 @@ def compile_stage1(cfg, h: int):
     names = fn.arg_names
     constexprs = {"PAGE": PAGE, "LKV": LORA, "LR": ROPE, "BLOCK_B": 256, "BLOCK_KV": next_pow2(LORA),
                   "BLOCK_R": ROPE, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "DV_SPLIT": cfg.dv_split,
-                  "Q_IN_LOOP": bool(cfg.q_in_loop), "DOT_PREC": "tf32"}
+                  "Q_IN_LOOP": bool(cfg.q_in_loop), "DOT_PREC": "tf32", "PDL": bool(cfg.pdl)}
     sig = {}
     for n in names:
         if n in constexprs:

@@ -28,6 +28,8 @@ python3 tools/bench_mla_decode.py --json "$OUT/bench_mla_decode.json" 2>&1 | tee
 echo "=== decode kernel variants (issue 14: dv_split / block_h vs today's config vs SGLang)"
 python3 tools/bench_mla_decode.py --preset issue14 --json "$OUT/bench_mla_decode_issue14.json" 2>&1 \
   | tee "$OUT/bench_mla_decode_issue14.md" || status=1
+echo "=== MLA extend (prefill) attention vs SDPA flash and SGLang's extend kernel (needs third_party/sglang_extend)"
+python3 tools/bench_mla_prefill.py --json "$OUT/bench_mla_prefill.json" 2>&1 | tee "$OUT/bench_mla_prefill.md" || status=1
 echo "=== metadata build time, batch 64"
 python3 tools/bench_metadata.py --batch 64 --device gpu 2>&1 | tee "$OUT/bench_metadata_gpu.md" || status=1
 echo "=== end-to-end decode benchmark"

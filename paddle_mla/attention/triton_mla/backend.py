@@ -28,7 +28,9 @@ import torch
 from paddle_mla import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
-from paddle_mla.attention.triton_mla.decode import alloc_decode_workspace, build_decode_plan, decode_config, mla_decode
+from paddle_mla.attention.triton_mla.decode import (
+    SMALL_BATCH, alloc_decode_workspace, build_decode_plan, decode_config, mla_decode,
+)
 from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
 from paddle_mla.attention.triton_mla.short_extend import PseudoRows, crossover_tokens, max_pseudo_rows, split_short_rows
 
@@ -48,6 +50,10 @@ class TritonMLABackend(MLABackend):
             raise RuntimeError(f"attention.backend 'triton_mla' cannot run here: {why}; use backend 'native'")
         H, L = dims.num_heads, dims.kv_lora_rank
         self.cfg = decode_config(H)
+        # batches of <= SMALL_BATCH rows: other launch details, the same plan (block_n, programs, min_tiles)
+        self.cfg_small = decode_config(H, small_batch=True)
+        assert (self.cfg_small.block_n, self.cfg_small.programs, self.cfg_small.min_tiles) == \
+            (self.cfg.block_n, self.cfg.programs, self.cfg.min_tiles), "the small-batch config needs its own plan"
         # compact split workspace: (max_num_seqs + programs) rows of partials, not max_num_seqs x 32;
         # allocated before the KV-cache profile, so what it does not take goes to the cache
         self.ws = alloc_decode_workspace(max_num_seqs, H, L, MAX_KV_SPLITS, device, programs=self.cfg.programs)
@@ -121,5 +127,5 @@ class TritonMLABackend(MLABackend):
         q[:, :, L:].copy_(q_pe[:bs])
         out = self.o_buf[:bs]
         mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L,
-                   self.dims.softmax_scale, self.cfg)
+                   self.dims.softmax_scale, self.cfg_small if bs <= SMALL_BATCH else self.cfg)
         return torch.bmm(out.transpose(0, 1), w_vc).transpose(0, 1)

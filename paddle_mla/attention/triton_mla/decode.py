@@ -30,6 +30,10 @@ from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exp
 )
 
 LOG2E = 1.4426950408889634
+# decode batches of at most this many rows use ``decode_config(..., small_batch=True)`` (backend.py):
+# there every request has many splits (b=1, s=4k: 43), so deeper KV prefetch and a one-step merge
+# pay; measured at b=1 (and losing at b=16, BENCHMARKS.md section 17)
+SMALL_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -45,13 +49,17 @@ class DecodeConfig:
     # 576 dims but accumulates only Lv/dv_split value columns (a [BLOCK_H, Lv/dv_split] fp32
     # accumulator instead of [BLOCK_H, Lv]: the h=128 spill fix, docs/triton_decode_notes.md)
     dv_split: int = 1
+    merge_splits: int = 16  # splits stage 2 loads per step (all of them at once when >= max_kv_splits)
+    # programmatic dependent launch: stage 2 starts (and reads its plan) while stage 1's last
+    # programs still run, and waits (griddepcontrol.wait) before reading the partials (sm_90+)
+    pdl: int = 0
 
     @property
     def target_items(self) -> int:
         return self.programs
 
 
-def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConfig:
+def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False, **override) -> DecodeConfig:
     """Host-known launch config from the head count (and SM count).
 
     ``override`` (or env PADDLE_MLA_DECODE_CFG="block_n=32,num_stages=3") sets fields for tuning;
@@ -59,6 +67,8 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
     so the grid stays about SMs * waves programs whatever the variant.
     Variants (docs/triton_decode_notes.md): ``dv_split=2|4`` splits the value columns across
     programs; ``block_h=16|32`` splits the heads into more, smaller blocks.
+    ``small_batch``: the config for batches of at most ``SMALL_BATCH`` rows; it differs only in
+    launch details (pipeline depth, merge step, PDL), so it runs on the same plan as the default.
     """
     if interpreting():
         cfg = {"block_h": max(16, min(next_pow2(num_heads), 64)), "block_n": 16, "num_warps": 4,
@@ -67,6 +77,11 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
         # memory-bound: small tiles, deep pipeline, 2 programs per SM (H100 sweep, .notes/triton_perf.md)
         cfg = {"block_h": max(16, next_pow2(num_heads)), "block_n": 32, "num_warps": 4, "num_stages": 3,
                "min_tiles": 1, "waves": 2}
+        if small_batch:
+            # 5 stages: two KV tiles in flight per program instead of one (the page-table load
+            # takes a stage of its own); all splits merged in one load; stage 2 launched early
+            # (PDL). H100, b=1, graph replay: s=4k 22.8 -> 20.8 µs, s=16k 40.7 -> 33.3 µs
+            cfg.update(num_stages=5, merge_splits=64, pdl=1)
     else:
         # near the ridge: 64 heads x 64 tokens per wgmma step, one program per SM per head group.
         # dv_split stays 1 until the H100 comparison of the variants (docs/triton_decode_notes.md)
@@ -79,6 +94,8 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
             cfg[key.strip()] = int(val)
     cfg.update(override)
     waves = cfg.pop("waves")
+    if interpreting():
+        cfg["pdl"] = 0
     if "programs" not in cfg:
         groups = triton.cdiv(num_heads, cfg["block_h"]) * cfg.get("dv_split", 1)
         cfg["programs"] = 4 if interpreting() else max(num_sms(device_idx) * waves // groups, 1)
@@ -94,8 +111,11 @@ def _decode_stage1(
     H, bs,
     PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DV_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
+    DV_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        # stage 2 may launch now: it only reads the plan before its grid-dependency wait
+        tl.extra.cuda.gdc_launch_dependents()
     # axis 0 = (head group, value slice): the DV_SPLIT programs of one head group are adjacent, so
     # they read the same KV tiles close together in time (L2 hits after the first)
     hg = tl.program_id(0) // DV_SPLIT
@@ -191,7 +211,7 @@ def _decode_stage2(
     PO, PLSE, NSPLIT, SPLIT0, SEQ, O,
     stride_por, stride_poh, stride_lr, stride_lh, stride_ob, stride_oh,
     LV: tl.constexpr, BV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -200,10 +220,14 @@ def _decode_stage2(
     offs_d = d0 + tl.arange(0, BLOCK_DV)
     md = offs_d < LV
     n_split = tl.load(NSPLIT + b)
-    if tl.load(SEQ + b) == 0:
+    seq_len = tl.load(SEQ + b)
+    r0 = tl.load(SPLIT0 + b).to(tl.int64)
+    if PDL:
+        # launched early (programmatic dependent launch): wait for all of stage 1 and its writes
+        tl.extra.cuda.gdc_wait()
+    if seq_len == 0:
         tl.store(O + b * stride_ob + h * stride_oh + offs_d, tl.zeros([BLOCK_DV], dtype=O.dtype.element_ty), mask=md)
     elif n_split > 1:
-        r0 = tl.load(SPLIT0 + b).to(tl.int64)
         lse_base = PLSE + r0 * stride_lr + h * stride_lh + pv
         offs_s = tl.arange(0, BLOCK_S)
         lse_all = tl.load(lse_base + offs_s * stride_lr, mask=offs_s < n_split, other=float("-inf"))
@@ -255,13 +279,14 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
         PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv, BLOCK_B=ws.block_b,
         BLOCK_KV=block_kv, BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         DV_SPLIT=cfg.dv_split, Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(kv_cache.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=bool(cfg.pdl), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_dv = min(128, bv)  # one stage-2 program never spans two value slices (their LSEs differ)
     _decode_stage2[(bs, H, triton.cdiv(Lv, block_dv))](
         po, lse, ws.num_kv_splits, ws.split_start, seq_lens_k, out,
         po.stride(0), po.stride(1), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
         LV=Lv, BV=bv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits),
-        BLOCK_SC=min(16, next_pow2(ws.max_kv_splits)), BLOCK_DV=block_dv, num_warps=4,
+        BLOCK_SC=min(next_pow2(cfg.merge_splits), next_pow2(ws.max_kv_splits)), BLOCK_DV=block_dv, PDL=bool(cfg.pdl),
+        num_warps=4, **({"launch_pdl": True} if cfg.pdl else {}),
     )
     return handle

@@ -14,9 +14,15 @@ are skipped, leaving the stored partial as it is.
 The query/key head dim is given in two parts, A and B (MLA: nope and rope), each padded to a
 power of two and masked; part B of the keys may be shared by every head (head stride 0: MLA's
 k_pe, read straight from the latent rows). Dv is padded and masked.
+
+Launch shape and tile order come from ``extend_config`` (the H100 sweep against SDPA flash and
+SGLang's extend kernel: BENCHMARKS.md section 17, ``tools/bench_mla_prefill.py``).
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
 
 from paddle_mla import runtime as _runtime
 
@@ -31,6 +37,48 @@ from paddle_mla.attention.triton_mla._util import dot_precision, interpreting, n
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def _load_rows(ptrs, rmask, dmask, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Load with only the masks a tile needs: full tiles (ROWS False) and power-of-two dims
+    (COLS False) load unmasked, which keeps the loads vectorised and the softmax mask-free."""
+    if ROWS and COLS:
+        return tl.load(ptrs, mask=rmask[:, None] & dmask[None, :], other=0.0)
+    elif ROWS:
+        return tl.load(ptrs, mask=rmask[:, None], other=0.0)
+    elif COLS:
+        return tl.load(ptrs, mask=dmask[None, :], other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q_a, q_b, ka_ptr, kb_ptr, v_ptr, mn, ma, mb, mv, kpos, qpos, sm_scale_log2,
+                 DB: tl.constexpr, MASKED: tl.constexpr, MASK_A: tl.constexpr, MASK_B: tl.constexpr,
+                 MASK_V: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key tile of the online softmax. MASKED: the tile holds the causal diagonal or the end of
+    the keys; other tiles are visible to every query row of the block and skip the mask."""
+    k_a = _load_rows(ka_ptr, mn, ma, MASKED, MASK_A)
+    s = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PREC)
+    if DB > 0:
+        k_b = _load_rows(kb_ptr, mn, mb, MASKED, MASK_B)
+        s = tl.dot(q_b, tl.trans(k_b), s, input_precision=DOT_PREC)
+    if MASKED:
+        ok = (kpos[None, :] <= qpos[:, None]) & mn[None, :]
+        s = tl.where(ok, s * sm_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see no key yet
+    else:
+        s = s * sm_scale_log2
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_rows(v_ptr, mn, mv, MASKED, MASK_V)
+    # accumulate in place: one accumulator tile live (the decode kernel measured -16% with it)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
 @triton.jit(do_not_specialize=["k_start", "k_rows"])   # per-chunk values: one compile for all
 def _extend_kernel(
     QA, QB, KA, KB, V, O, LSE, CU_Q, CU_K, sm_scale_log2, k_start, k_rows,
@@ -39,8 +87,14 @@ def _extend_kernel(
     DA: tl.constexpr, BLOCK_DA: tl.constexpr, DB: tl.constexpr, BLOCK_DB: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WRITE_LSE: tl.constexpr, MERGE: tl.constexpr, DOT_PREC: tl.constexpr,
+    REVERSE_M: tl.constexpr,
 ):
-    mblk = tl.program_id(0)
+    # REVERSE_M: the query blocks with the most keys (the last ones, causally) start first, so
+    # the short blocks fill the tail of the grid
+    if REVERSE_M:
+        mblk = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        mblk = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
     q0 = tl.load(CU_Q + b)
@@ -70,31 +124,33 @@ def _extend_kernel(
         if DB > 0:
             q_b = tl.load(QB + rows_q[:, None] * stride_qbt + h * stride_qbh + offs_b[None, :],
                           mask=mm[:, None] & mb[None, :], other=0.0)
+        else:
+            q_b = q_a  # unused
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        for start in range(lo, end, BLOCK_N):
+        # the workspace row of key position kpos is k0 + kpos - k_start
+        ka_base = KA + h * stride_kah + offs_a[None, :]
+        kb_base = KB + h * stride_kbh + offs_b[None, :]
+        v_base = V + h * stride_vh + offs_v[None, :]
+        # tiles of keys at positions <= the block's first query are visible to all its rows: no
+        # causal mask there (H100: 10-15% faster than masking every tile, BENCHMARKS.md section 17)
+        full_end = tl.minimum(hi, offset + mblk * BLOCK_M + 1)
+        mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
+        for start in range(lo, mid, BLOCK_N):
             kpos = start + offs_n
-            mn = kpos < end
-            rows_k = (k0 + kpos - k_start).to(tl.int64)          # workspace row of each key
-            k_a = tl.load(KA + rows_k[:, None] * stride_kat + h * stride_kah + offs_a[None, :],
-                          mask=mn[:, None] & ma[None, :], other=0.0)
-            s = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PREC)
-            if DB > 0:
-                k_b = tl.load(KB + rows_k[:, None] * stride_kbt + h * stride_kbh + offs_b[None, :],
-                              mask=mn[:, None] & mb[None, :], other=0.0)
-                s = tl.dot(q_b, tl.trans(k_b), s, input_precision=DOT_PREC)
-            ok = (kpos[None, :] <= qpos[:, None]) & mn[None, :]
-            s = tl.where(ok, s * sm_scale_log2, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see no key yet
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + rows_k[:, None] * stride_vt + h * stride_vh + offs_v[None, :],
-                        mask=mn[:, None] & mv[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-            m_i = m_new
+            rows_k = (k0 + kpos - k_start).to(tl.int64)[:, None]
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q_a, q_b, ka_base + rows_k * stride_kat, kb_base + rows_k * stride_kbt,
+                v_base + rows_k * stride_vt, kpos < end, ma, mb, mv, kpos, qpos, sm_scale_log2,
+                DB, False, DA < BLOCK_DA, DB < BLOCK_DB, DV < BLOCK_DV, DOT_PREC)
+        for start in range(mid, end, BLOCK_N):
+            kpos = start + offs_n
+            rows_k = (k0 + kpos - k_start).to(tl.int64)[:, None]
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q_a, q_b, ka_base + rows_k * stride_kat, kb_base + rows_k * stride_kbt,
+                v_base + rows_k * stride_vt, kpos < end, ma, mb, mv, kpos, qpos, sm_scale_log2,
+                DB, True, DA < BLOCK_DA, DB < BLOCK_DB, DV < BLOCK_DV, DOT_PREC)
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -117,16 +173,38 @@ def _extend_kernel(
             tl.store(l_ptr, lse, mask=mm)
 
 
-def _launch_config(block_da: int, block_db: int, block_dv: int):
+@dataclass(frozen=True)
+class ExtendConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    reverse_m: int = 1      # longest query blocks first (measured only with the rest of the default)
+
+
+def extend_config(block_da: int, block_db: int, block_dv: int, **override) -> ExtendConfig:
+    """Launch config from the padded head dims; ``override`` (or env PADDLE_MLA_EXTEND_CFG=
+    "block_n=128,num_stages=3") sets fields for tuning (tools/bench_mla_prefill.py --variants)."""
     if interpreting():
-        return 16, 16, 4, 1
-    block_m, block_n = (128, 64) if block_da + block_db + block_dv <= 384 else (64, 64)
-    return block_m, block_n, (8 if block_m == 128 else 4), 2
+        cfg = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
+    elif block_da + block_db + block_dv <= 384:
+        # MLA's 128+64 / 128: the best of the H100 sweep in BENCHMARKS.md section 17 (3 stages:
+        # 155 KB of shared memory, one program per SM)
+        cfg = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
+    else:
+        cfg = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    env = os.environ.get("PADDLE_MLA_EXTEND_CFG")
+    if env:
+        for kv in env.split(","):
+            key, val = kv.split("=")
+            cfg[key.strip()] = int(val)
+    cfg.update(override)
+    return ExtendConfig(**cfg)
 
 
 def extend_attention(q_a, q_b, k_a, k_b, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                      sm_scale: float, k_start: int = 0, k_rows: int | None = None, merge: bool = False,
-                     k_b_shared: bool = False):
+                     k_b_shared: bool = False, cfg: ExtendConfig | None = None):
     """One key chunk of the varlen causal extend attention, written into ``out`` (and ``lse``).
 
     q_a [Tq, H, DA], q_b [Tq, H, DB] (rows indexed by ``cu_seqlens_q``); k_a [k_rows, H, DA],
@@ -148,17 +226,18 @@ def extend_attention(q_a, q_b, k_a, k_b, v, out, lse, cu_seqlens_q, cu_seqlens_k
     kb_t, kb_h = (k_b.stride(0), 0) if k_b_shared else (k_b.stride(0), k_b.stride(1))
     lse_t, lse_h = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     block_da, block_db, block_dv = max(16, next_pow2(da)), max(16, next_pow2(db)), max(16, next_pow2(dv))
-    block_m, block_n, warps, stages = _launch_config(block_da, block_db if db else 0, block_dv)
-    grid = (triton.cdiv(max_seqlen_q, block_m), bs, H)
+    if cfg is None:
+        cfg = extend_config(block_da, block_db if db else 0, block_dv)
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), bs, H)
     _extend_kernel[grid](
         q_a, q_b, k_a, k_b, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k,
         sm_scale * LOG2E, k_start, k_rows,
         q_a.stride(0), q_a.stride(1), q_b.stride(0), q_b.stride(1), k_a.stride(0), k_a.stride(1), kb_t, kb_h,
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse_t, lse_h,
         DA=da, BLOCK_DA=block_da, DB=db, BLOCK_DB=block_db, DV=dv, BLOCK_DV=block_dv,
-        BLOCK_M=block_m, BLOCK_N=block_n, WRITE_LSE=lse is not None, MERGE=merge,
-        DOT_PREC=dot_precision(k_a.dtype),
-        num_warps=warps, num_stages=stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WRITE_LSE=lse is not None, MERGE=merge,
+        DOT_PREC=dot_precision(k_a.dtype), REVERSE_M=bool(cfg.reverse_m),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
