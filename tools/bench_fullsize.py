@@ -217,30 +217,45 @@ def main() -> None:
         print(f"\npaddle-mla bench's run_once, {args.e2e} x {args.e2e_len}-in / {args.e2e_len}-out: "
               f"{r.output_tokens_per_s:,.0f} output tok/s, TTFT p50 {sm['ttft_ms_p50']:.0f} ms, "
               f"TPOT p50 {sm['tpot_ms_p50']:.1f} ms, {r.elapsed_s:.1f} s", flush=True)
-    llm.close()
+    # before close(): the 2026-11-24 run was stopped by its time limit while the engine closed, and
+    # lost this part (it was computed afterwards from the printed figures, with this same function)
     extrapolate(out, cfg, args, bw)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    llm.close()
 
 
 def extrapolate(out: dict, cfg: dict, args, bw: float) -> None:
+    """Two labelled estimates of each measured decode step at ``to_layers`` on ``to_tp`` GPUs: the
+    roofline there over the efficiency measured here (bytes-bound steps), and the measured time per
+    layer times ``to_layers`` (latency-bound steps: per-layer launches and all-reduces do not shrink
+    with more GPUs, so this bounds small batches from above)."""
     full = dict(cfg, num_hidden_layers=args.to_layers)
     dense, experts = rank_bytes(full, args.to_tp)
     kv_tok = args.to_layers * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2
+    grow = args.to_layers / args.layers
     print(f"\n## EXTRAPOLATED (not run): {args.to_layers} layers on {args.to_tp} GPUs, from the figures above\n")
     print(f"weights per GPU (computed from the layout): {(dense + experts) / GIB:.1f} GiB "
           f"(measured here: {out.get('memory_gib', {}).get('weights', float('nan')):.1f} GiB at {args.layers} layers, "
           f"TP={args.tp}); latent cache {kv_tok / 1024:.1f} KiB per token on every GPU")
-    print("\n| batch | context | measured ms (here) | of roofline (here) | roofline ms, 61L/8 GPUs | "
-          "issue's roofline ms (all FP8 bytes / 8 x bw) | EXTRAPOLATED step ms | EXTRAPOLATED tok/s |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| batch | context | measured ms (here) | of roofline (here) | roofline ms, extrapolated shape | "
+          "issue's roofline ms (all weight bytes / GPUs x bw) | EXTRAPOLATED ms: roofline / efficiency | "
+          "EXTRAPOLATED ms: per-layer time x layers | EXTRAPOLATED tok/s (range) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for d in out["decode"]:
         eff = d["roofline_ms"] / d["step_ms"]
         roof, issue = roofline_s(full, args.to_tp, d["batch"], d["context"], bw)
-        step = roof / eff
-        d["extrapolated"] = dict(roofline_ms=roof * 1e3, issue_roofline_ms=issue * 1e3, step_ms=step * 1e3)
+        step, per_layer = roof / eff, d["step_ms"] / 1e3 * grow
+        d["extrapolated"] = dict(roofline_ms=roof * 1e3, issue_roofline_ms=issue * 1e3, step_ms=step * 1e3,
+                                 per_layer_bound_ms=per_layer * 1e3)
         print(f"| {d['batch']} | {d['context']} | {d['step_ms']:.2f} | {eff:.0%} | {roof * 1e3:.2f} | "
-              f"{issue * 1e3:.2f} | {step * 1e3:.1f} | {d['batch'] / step:,.0f} |")
+              f"{issue * 1e3:.2f} | {step * 1e3:.1f} | {per_layer * 1e3:.1f} | "
+              f"{d['batch'] / per_layer:,.0f} - {d['batch'] / step:,.0f} |")
+    for p in out["prefill"]:   # compute-bound: layers x measured / (GPU ratio), if the FLOPs split evenly
+        ms = p["step_ms"] * grow * args.tp / args.to_tp
+        p["extrapolated_ms"] = ms
+        print(f"prefill {p['requests']} x {p['length']}: EXTRAPOLATED {ms:.0f} ms "
+              f"({p['requests'] * p['length'] / ms * 1e3:,.0f} tok/s), if the work splits evenly over {args.to_tp} GPUs")
 
 
 if __name__ == "__main__":
