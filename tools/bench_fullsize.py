@@ -30,8 +30,10 @@ EXTRAPOLATED step = the roofline at 61 layers / 8 GPUs divided by the efficiency
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -130,6 +132,8 @@ def prefill_batch(num_blocks: int, n: int, length: int, vocab: int, seed: int = 
 
 
 def main() -> None:
+    # a run stopped by `timeout` (SIGTERM) prints where rank 0 was: a slow start and a hang look alike
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="v3", choices=["v3", "v32"])
     ap.add_argument("--layers", type=int, default=19, help="3 dense + 16 MoE: ~95 GB of weights per H200 at TP=2")

@@ -27,9 +27,11 @@ NCCL_NVLS_ENABLE=0 is set for every rank (the GPU machines' rule: no NVLink mult
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -124,6 +126,8 @@ def run(tp: int, path: Path, args, budget: float) -> dict:
 
 
 def main() -> None:
+    # a run stopped by `timeout` (SIGTERM) prints where rank 0 was: a slow start and a hang look alike
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=27)
     ap.add_argument("--batch", type=int, default=64)
