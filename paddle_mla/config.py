@@ -89,6 +89,10 @@ class EngineConfig:
     # sm_89+) and dequantizes them to `dtype` elsewhere; none always dequantizes; fp8 requires the
     # FP8 kernels (an error where they cannot run).
     quantization: Literal["auto", "none", "fp8"] = AUTO
+    # auto: read the checkpoint; dummy (for benchmarks, vLLM's name): random weights of the
+    # checkpoint's layout made on each rank's device from config.json alone (DeepSeek families;
+    # FP8 as published when config.json has an FP8 quantization_config). Outputs are noise.
+    load_format: Literal["auto", "dummy"] = AUTO
     seed: int = 0
     max_model_len: Union[int, Literal["auto"]] = AUTO
     cuda_graph: Union[bool, Literal["auto"]] = AUTO

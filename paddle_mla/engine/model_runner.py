@@ -9,6 +9,7 @@ arrays come from persistent per-request state (``input_state``) and go up in one
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,8 +85,11 @@ class ModelRunner:
         self.device_kind = _runtime.resolve_device(cfg.device)
         self.device = _runtime.device_string(self.device_kind)
         self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
+        t0 = time.perf_counter()
         self.model = model if model is not None else load_model(
-            model_dir, self.dtype, self.device, quantization=cfg.quantization, tp=tp)
+            model_dir, self.dtype, self.device, quantization=cfg.quantization, tp=tp, load_format=cfg.load_format)
+        _runtime.synchronize()              # start-up only: the weights are on the device
+        self.load_s = time.perf_counter() - t0   # benchmarks report it
         self.model.reserve_moe_workspace(cfg.scheduler.max_num_batched_tokens)
         arch = self.model.arch
         self.arch = arch

@@ -90,8 +90,9 @@ class StreamingLoader:
 
     def __init__(self, model_dir: str | Path, arch: ModelArch, dtype: Any, device: str, keep_fp8: bool = False,
                  expert_fp8: bool = False, threads: int | None = None, progress: bool = True,
-                 tp_rank: int = 0, tp_size: int = 1):
-        self.reader = CheckpointReader(model_dir)
+                 tp_rank: int = 0, tp_size: int = 1, reader=None):
+        # ``reader``: another source of the same tensors (load_format: dummy's DummyReader)
+        self.reader = reader if reader is not None else CheckpointReader(model_dir)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.arch, self.dtype, self.device = arch, dtype, device
         self.on_cpu = device == "cpu"
@@ -326,7 +327,8 @@ def load_weights(model_dir: str | Path, arch: ModelArch, dtype: Any, device: str
 
 
 def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "auto", expert_fp8: bool | None = None,
-               threads: int | None = None, progress: bool = True, tp=None) -> CausalLM | GQACausalLM:
+               threads: int | None = None, progress: bool = True, tp=None,
+               load_format: str = "auto") -> CausalLM | GQACausalLM:
     """Load a checkpoint folder (deepseek_v2/v3/v32: CausalLM; qwen3, ernie4_5, llama: GQACausalLM)
     onto ``device`` with weights in ``dtype``.
 
@@ -334,6 +336,9 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
     keeps the routed experts in FP8 too; None (default): whenever FP8 is kept (the MoE layer runs
     them w8a8 on the fused kernels, or dequantizes them itself for the reference).
     ``tp`` (``paddle_mla.parallel.group.TPGroup``): load this rank's shards only.
+    ``load_format`` (config key): auto reads the checkpoint; dummy makes random weights of the
+    checkpoint's layout on the device from config.json alone (``paddle_mla.models.dummy_weights``;
+    benchmarks only).
     """
     arch = load_arch(model_dir)
     if device == "cuda":
@@ -346,8 +351,16 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
     keep = resolve_keep_fp8(quantization, "cpu" if device == "cpu" else "gpu")
     if expert_fp8 is None:
         expert_fp8 = keep
-    weights = load_weights(model_dir, arch, dtype, device, keep_fp8=keep, expert_fp8=expert_fp8, threads=threads,
-                           progress=progress and rank == 0, tp_rank=rank, tp_size=size)
+    kwargs = dict(keep_fp8=keep, expert_fp8=expert_fp8, tp_rank=rank, tp_size=size)
+    if load_format == "dummy":
+        from paddle_mla.models.dummy_weights import dummy_weights
+
+        weights = dummy_weights(arch, dtype, device, **kwargs)
+    elif load_format == "auto":
+        weights = load_weights(model_dir, arch, dtype, device, threads=threads, progress=progress and rank == 0,
+                               **kwargs)
+    else:
+        raise ValueError(f"load_format must be auto or dummy, got {load_format!r}")
     if arch.family == "gqa":
         return GQACausalLM(local_arch(arch, size), weights, device, dtype, tp=tp)
     return CausalLM(local_arch(arch, size), weights, device, dtype, tp=tp)
