@@ -103,7 +103,9 @@ def decode_config(num_heads: int, device_idx: int = 0, **override) -> DecodeConf
     return DecodeConfig(**cfg)
 
 
-@triton.jit
+# bs varies per step (the pseudo rows' group count most of all): one compile for every value,
+# not one per divisibility class met in the middle of a run
+@triton.jit(do_not_specialize=["bs"])
 def _decode_stage1(
     Q, KV, BT, SEQ, NSPLIT, CU_T, SPLIT0, TPP, O, PO, PLSE, ROW0, NTOK,
     sm_scale_log2,

@@ -106,7 +106,7 @@ def split_short_rows(seq_lens_q: np.ndarray, first_row: int, max_q: int, max_row
                       (int(cu[tail_begin]), int(cu[n])), groups)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lead_row", "n_lead", "tail_row", "n_rows", "lead_tok", "n_lead_tok", "tail_tok"])
 def _gather_groups_kernel(CU_Q, SEQK, BT, BT_OUT, SEQ_OUT, ROW0_OUT, NTOK_OUT, lead_row, n_lead, tail_row, n_rows,
                           lead_tok, n_lead_tok, tail_tok, stride_bt, stride_bto, M,
                           QG: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
