@@ -53,6 +53,11 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = False
+    # per-step cap on the work of the extend rows that the attention backend runs absorbed (short
+    # extends: a prefix hit's few new tokens, each re-reading the whole cached context; triton_mla),
+    # counted as new tokens x context tokens; the first such row of a step always runs. It keeps a
+    # step that admits many prefix hits as short as a few decode steps (ITL p99). 0: no cap
+    max_num_batched_absorbed_context: int = 0
     # overlapped scheduling: the host schedules and builds step N+1 while the GPU runs step N (same
     # outputs); auto: on for a GPU, off on CPU (where every copy is synchronous: nothing to hide)
     overlap: Union[bool, Literal["auto"]] = AUTO

@@ -161,3 +161,42 @@ def test_block_pool_lru_and_refcounts():
     assert pool.match_prefix([1, 2, 3, 4, 5], []) == []
     with pytest.raises(MemoryError):
         pool.allocate(1)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_absorbed_context_cap_bounds_each_step_and_keeps_outputs(chunked):
+    """Prefix hits whose few new tokens the backend runs absorbed (each re-reading its whole context)
+    are admitted only while a step's new x context work stays under the cap (the first always runs);
+    outputs equal the uncapped run's."""
+    rng = random.Random(3)
+    shared = [rng.randrange(90) for _ in range(40)]
+    prompts = [shared + [rng.randrange(90) for _ in range(3 + i % 4)] for i in range(9)]
+    cap, absorb_max = 600, 8   # rows of 3..6 new tokens over 40 cached cost 129..276: two or three fit
+
+    def run_cap(c):
+        pool = BlockPool(200, 4, True)
+        sched = Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, enable_chunked_prefill=chunked,
+                                          max_num_batched_absorbed_context=c), pool, max_model_len=10_000)
+        sched.absorbed_max_new = absorb_max
+        runner = FakeRunner(200, 4)
+        seqs = [Sequence(request=GenerationRequest(id=i, prompt_token_ids=p, params=SamplingParams(max_tokens=5)),
+                         index=i, seed=0, metrics=RequestMetrics(arrival_time=0.0)) for i, p in enumerate(prompts)]
+        sched.add(*seqs)
+        work = []
+
+        def execute(out):
+            absorbed = [s.num_new * (s.num_cached + s.num_new) for s in out.scheduled
+                        if s.is_prefill and s.num_new <= absorb_max]
+            work.append(absorbed)
+            return runner.execute(out)
+
+        drive(sched, execute, 5)
+        assert pool.num_free == pool.num_blocks
+        return [s.output_token_ids for s in seqs], work
+
+    base, free = run_cap(0)
+    got, capped = run_cap(cap)
+    assert got == base
+    assert max(len(w) for w in free) > 2          # uncapped: one step takes many prefix hits
+    assert all(sum(w) <= cap or len(w) == 1 for w in capped)
+    assert 1 < max(len(w) for w in capped) < max(len(w) for w in free)

@@ -145,6 +145,41 @@ def test_mla_decode_variants_deterministic_and_poisoned(k):
     torch.testing.assert_close(outs[4], outs[1], atol=TOL, rtol=TOL)
 
 
+@pytest.mark.parametrize("qg", [1, 2, 4, 8])
+def test_mla_decode_query_groups_match_per_token_reference(k, qg):
+    """Query groups (short extend rows): the last q tokens of each sequence, qg consecutive tokens per
+    plan row, each token with its own causal length, equal the reference run one row per token. One
+    tile per program puts split boundaries between a group's lengths (a token sees no key in a split)."""
+    torch = k.torch
+    rng = np.random.default_rng(qg)
+    heads, lora, rope, page = 4, 32, 16, 16
+    seqs = [(65, 7), (20, 3), (33, 1), (5, 5), (64, 9)]            # (length after the step, new tokens)
+    bt, nb = random_block_tables(rng, [n for n, _ in seqs], page)
+    lk = lora + rope
+    cache = _t(k, rng.standard_normal((nb, page, 1, lk)).astype(np.float32))
+    tok_seq, tok_len, g_seq, g_row0, g_ntok, g_len = [], [], [], [], [], []
+    for s, (n, q) in enumerate(seqs):
+        for first in range(0, q, qg):
+            nt = min(qg, q - first)
+            g_seq.append(s), g_row0.append(len(tok_seq)), g_ntok.append(nt), g_len.append(n - q + first + nt)
+            for t in range(first, first + nt):
+                tok_seq.append(s), tok_len.append(n - q + t + 1)
+    T, G = len(tok_seq), len(g_seq)
+    q = _t(k, rng.standard_normal((T, heads, lk)).astype(np.float32))
+    i32 = lambda a: _t(k, np.array(a, dtype=np.int32))  # noqa: E731
+    groups = k.dec.QueryGroups(i32(g_row0), i32(g_ntok), qg, G)
+    cfg = k.dec.decode_config(qg * heads, programs=16, min_tiles=1)
+    ws = k.dec.alloc_decode_workspace(G, qg * heads, lora, 16, DEV, programs=16)
+    lens = i32(g_len)
+    k.dec.build_decode_plan(lens, G, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+    out = torch.full((T, heads, lora), float("nan"), device=DEV)
+    k.dec.mla_decode(q, cache, _t(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
+    expect = k.ref.mla_decode_ref(q, cache, _t(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
+    assert int(ws.num_kv_splits[:G].max()) > 1   # the stage-2 merge ran
+
+
 @pytest.mark.parametrize("case", ["no_cache", "all_cached", "mixed", "zeros"])
 def test_read_cache_and_interleave_bitwise(k, case):
     torch = k.torch

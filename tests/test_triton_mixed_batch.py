@@ -238,3 +238,24 @@ def test_short_split_respects_row_cap():
     assert (s.lead_end, s.tail_begin, s.rows) == (4, 7, 128)
     s = split_short_rows(q, 2, 170, 200)
     assert (s.lead_end, s.tail_begin, s.rows) == (4, 6, 192)
+    # groups of 4 tokens: 16 per 64-token row; the group cap binds before the token cap
+    s = split_short_rows(q, 2, 170, 1000, qg=4, max_groups=40)
+    assert (s.lead_end, s.tail_begin, s.rows, s.groups) == (4, 7, 128, 32)
+    s = split_short_rows(np.array([1, 3, 5, 64], dtype=np.int32), 1, 170, 1000, qg=4, max_groups=20)
+    assert (s.lead_end, s.tail_begin, s.rows, s.groups) == (4, 4, 72, 1 + 2 + 16)
+
+
+# short extends longer than one query group (16 tokens at 4 heads) over long cached prefixes, one
+# row cut by the step's end of a chunk boundary: several groups per row, the last one partial
+LONG_SHORT = [(40, 1), (90, 20), (75, 33), (10, 16), (64, 17)]
+
+
+def test_short_extends_in_several_query_groups_match_native(k):
+    torch = k.torch
+    case = make_case(LONG_SHORT, page=8, device=DEV, dtype=torch.float32, seed=11)
+    got, cache, meta = run_backend("triton_mla", case, DEV, short_extend_tokens=40)
+    native, _, _ = run_backend("native", case, DEV)
+    split = meta.attn["short_split"]
+    assert split.rows == 20 + 33 + 16 + 17 and split.groups == 2 + 3 + 1 + 2
+    torch.testing.assert_close(got, native, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(got, plain_reference(case, cache, meta), atol=TOL, rtol=TOL)

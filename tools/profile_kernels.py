@@ -8,6 +8,8 @@ kernel is seen by the profiler; kernel times are those of a graph replay minus l
   short         63 decodes at 8k + 15 short extends of 64 tokens over one 8k prefix: the slow steps
                 of the chunked shared-prefix workload (issue 9's ITL p99)
   chunk         63 decodes at 8k + one 1024-token chunk after 7168 cached tokens
+  moe-short     V2-Lite dims: 47 decodes at 8k + 15 short extends of 64 tokens over one 8k prefix,
+                chunk budget 1024 (the ITL p99 step of bench_chunked_itl.py), and its 47 decodes alone
   moe-decode    DeepSeek-V2-Lite dims (routed MoE), batch 64 at 4k context (issue 10's decode step)
   moe-prefill   V2-Lite dims, 64 x 512-token prefill (issue 10's prefill)
   fp8-m1        FP8 block-scaled linears at M=1 (V3 q_a_proj 1536x7168, kv_a 576x7168, expert down
@@ -51,7 +53,7 @@ CATEGORIES = [
     ("attn: MLA decode (split-KV)", r"_decode_stage1|_plan_kernel"),
     ("attn: split merge", r"_decode_stage2|_merge_kernel"),
     ("attn: extend/prefill", r"_extend_kernel|flash|fmha|attention"),
-    ("attn: latent interleave/cache write/gather", r"_interleave_kernel|_write_latent_cache|_gather_rows"),
+    ("attn: latent interleave/cache write/gather", r"_interleave_kernel|_write_latent_cache|_gather_rows|_gather_groups"),
     ("MoE: grouped GEMM", r"grouped_gemm"),
     ("MoE: align/sum", r"_count_kernel|_offsets_kernel|_scatter_kernel|sum_topk"),
     ("FP8 GEMM + quant", r"_w8a8|_group_quant|_split_k_reduce"),
@@ -129,14 +131,14 @@ def moe_checkpoint(layers: int) -> Path:
     return path
 
 
-def moe_runner(layers: int):
+def moe_runner(layers: int, max_len: int = 4160, num_blocks: int = 64 * 66 + 8, tokens: int = 32768):
     from bench_e2e_moe import step_batch
 
     path = moe_checkpoint(layers)
     runner = ModelRunner(config_from_dict({
         "model": str(path), "device": "gpu", "dtype": "bfloat16", "attention": {"backend": "triton_mla"},
-        "cuda_graph": False, "max_model_len": 4160, "cache": {"block_size": 64, "num_blocks": 64 * 66 + 8},
-        "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 32768, "enable_chunked_prefill": True}}),
+        "cuda_graph": False, "max_model_len": max_len, "cache": {"block_size": 64, "num_blocks": num_blocks},
+        "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": tokens, "enable_chunked_prefill": True}}),
         str(path))
     for cache in runner.kv_caches:
         cache.normal_(0.0, 1.0)
@@ -169,6 +171,14 @@ def run_cases(cases: list[str], layers: int, iters: int) -> dict:
             out["moe-decode"] = kernel_table(make_step(r, step_batch(r, 64, 1, 4095, 64, False, 0)), iters)
         if "moe-prefill" in cases:
             out["moe-prefill"] = kernel_table(make_step(r, step_batch(r, 64, 512, 0, 64, True, 1)), max(2, iters // 4))
+        del r
+        runtime.empty_cache()
+    if "moe-short" in cases:
+        used = 47 * 130 + 129
+        r, _ = moe_runner(layers, 8192 + 192, used + 128 + 15 * 2 + 8, 1024)
+        dec, _, _ = batches(47, 8256, 1, 0, 64, used)
+        out["moe-short"] = kernel_table(make_step(r, short_batch(dec, 15, 64, 8192, 64, used)), iters)
+        out["moe-short-decode-only"] = kernel_table(make_step(r, dec), iters)
         del r
         runtime.empty_cache()
     if "fp8-m1" in cases:

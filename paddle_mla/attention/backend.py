@@ -46,6 +46,9 @@ class MLABackend(ABC):
     """
 
     name: str = ""
+    # extend rows of at most this many new tokens run absorbed, each new token reading its whole
+    # cached context (the scheduler bounds their work per step: max_num_batched_absorbed_context)
+    short_max_q: int = 0
 
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int,
                  device: str, dtype: Any, max_num_batched_tokens: int = 0):

@@ -76,6 +76,7 @@ class LLM:
                                     self.runner.swa_num_blocks)
         self.runner.attach_pool(self.pool)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.max_model_len)
+        self.scheduler.absorbed_max_new = getattr(self.runner.backend, "short_max_q", 0)   # GQA backends: none
         eos = set(self.runner.arch.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         self.eos_token_ids = eos
         self.runner.eos_token_ids = frozenset(eos)

@@ -57,6 +57,13 @@ class Scheduler:
         # one block table per sequence: a decode that stays inside its last block needs no call
         # into the pool (the steady step's common row)
         self._uniform_block_size = pool.block_size if isinstance(pool, BlockPool) else 0
+        # extend rows of at most this many new tokens run absorbed (set by the engine from the
+        # attention backend; 0: none): their cost counts against max_num_batched_absorbed_context
+        self.absorbed_max_new = 0
+
+    def _absorbed_cost(self, n: int, num_cached: int) -> int:
+        """New tokens x context tokens of an extend row that the backend runs absorbed, else 0."""
+        return n * (num_cached + n) if self.cfg.max_num_batched_absorbed_context and n <= self.absorbed_max_new else 0
 
     def add(self, *seqs: Sequence, front: bool = False) -> None:
         """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
@@ -111,6 +118,7 @@ class Scheduler:
         # the tail) has left RUNNING: status, not list membership (that was O(batch^2)).
         running = Status.RUNNING
         bs = self._uniform_block_size
+        absorbed_cap, absorbed = self.cfg.max_num_batched_absorbed_context, 0
         chunks = []
         for seq in self.running[:]:
             c = seq.num_computed_tokens
@@ -135,10 +143,14 @@ class Scheduler:
             n = min(need, budget) if chunked else need
             if n > budget:
                 continue
+            cost = self._absorbed_cost(n, seq.num_computed_tokens)
+            if cost and absorbed and absorbed + cost > absorbed_cap:
+                continue
             if not self._grow(seq, seq.num_computed_tokens + n, out):
                 continue
             out.scheduled.append(self._entry(seq, n, need))
             budget -= n
+            absorbed += cost
         if out.num_preempted:
             return out   # do not admit new work in a step that had to preempt
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
@@ -166,6 +178,10 @@ class Scheduler:
                 self.kv.give_up(seq, len(tokens))
                 self._blocked = (seq, self.kv.version, budget)
                 break
+            cost = self._absorbed_cost(n, num_cached)
+            if cost and absorbed and absorbed + cost > absorbed_cap:
+                self.kv.give_up(seq, len(tokens))   # next step (the cap is per step: not "blocked")
+                break
             self.waiting.popleft()
             self.kv.hold(seq, num_cached + n)
             seq.num_computed_tokens = num_cached
@@ -176,6 +192,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(self._entry(seq, n, len(tokens) - num_cached))
             budget -= n
+            absorbed += cost
         return out
 
     @staticmethod

@@ -7,7 +7,8 @@ Every step writes the new latent rows into the paged cache first. Then the batch
   built on the GPU once per step in ``prepare``. A decode row is never expanded through kv_b_proj,
   whatever else runs in the step;
 - short extend rows (few new tokens, e.g. a prefix-cache hit's tail over a long cached prefix):
-  each new token as a pseudo decode row through the same decode kernel (``short_extend.py``);
+  each new token as a pseudo decode row through the same decode kernel, a few consecutive tokens
+  of a row sharing one head block (query groups: each KV tile read once per group; ``short_extend.py``);
 - the other extend rows (prefill, prefill chunks, prefix-cache continuations): over their own context only,
   chunk-wise through a workspace of fixed size with the partial results merged by log-sum-exp
   (``extend.py`` says how and why).
@@ -64,7 +65,7 @@ class TritonMLABackend(MLABackend):
         self.extend = ExtendWorkspace(dims, step_tokens, chunk, device, dtype)
         self.short_max_q = crossover_tokens(dims) if short_extend_tokens < 0 else short_extend_tokens
         self.pseudo = PseudoRows(dims, max_pseudo_rows(dims, step_tokens), -(-max_model_len // block_size),
-                                 device, dtype, programs=self.cfg.programs)
+                                 device, dtype, max_seqs=max_num_seqs)
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
             print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
                   f"partial rows x {H} heads x {L}; config {self.cfg}), pseudo-row workspace "
@@ -79,13 +80,13 @@ class TritonMLABackend(MLABackend):
             build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
                               self.cfg.min_tiles)
         if not meta.is_decode_only:
-            split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, self.pseudo.max_rows)
+            p = self.pseudo
+            split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, p.max_rows, p.qg, p.max_groups)
             meta.attn["short_split"] = split
             meta.attn["extend_plan"] = plan_extend(meta, split.lead_end, split.tail_begin)
             if split.rows:
-                self.pseudo.gather(meta, split)
-                build_decode_plan(self.pseudo.seq_lens, split.rows, self.pseudo.ws, self.cfg.block_n,
-                                  self.cfg.target_items, self.cfg.min_tiles)
+                p.gather(meta, split)
+                build_decode_plan(p.seq_lens, split.groups, p.ws, p.cfg.block_n, p.cfg.target_items, p.cfg.min_tiles)
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
@@ -114,7 +115,7 @@ class TritonMLABackend(MLABackend):
             q[r0:r0 + b - a, :, :L].copy_(torch.bmm(q_nope[a:b].transpose(0, 1), w_kc).transpose(0, 1))
             q[r0:r0 + b - a, :, L:].copy_(q_pe[a:b])
         o = p.o[:n]
-        mla_decode(q, kv_cache, p.tables, p.seq_lens, o, p.ws, L, self.dims.softmax_scale, self.cfg)
+        mla_decode(q, kv_cache, p.tables, p.seq_lens, o, p.ws, L, self.dims.softmax_scale, p.cfg, p.groups(split))
         res = torch.bmm(o.transpose(0, 1), w_vc).transpose(0, 1)
         for a, b, r0 in ranges:
             out[a:b].copy_(res[r0:r0 + b - a])

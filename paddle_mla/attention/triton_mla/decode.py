@@ -8,6 +8,12 @@ the same K_c tile in shared memory (the latent is read once per head group). A r
 one program writes its output directly; others write normalised fp32 partials and their LSE, and
 stage 2 merges them by LSE (and writes zeros for zero-length rows).
 
+Query groups (``QueryGroups``, used for short extend rows): a "request" b of the plan may be QG
+consecutive query tokens of one sequence (rows ROW0[b] .. ROW0[b] + NTOK[b] - 1 of q and out), with
+causal lengths SEQ[b] - (NTOK[b] - 1 - g). Their QG x H (token, head) rows share the M dimension of
+the head block, as FlashMLA does for multi-token queries, so each KV tile is read once per group
+instead of once per token (and at H=16 the dots are 64 rows tall instead of 16).
+
 No allocation and no host sync per call: workspaces come from ``alloc_decode_workspace``.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from paddle_mla import runtime as _runtime
 
@@ -34,6 +41,17 @@ LOG2E = 1.4426950408889634
 # there every request has many splits (b=1, s=4k: 43), so deeper KV prefetch and a one-step merge
 # pay; measured at b=1 (and losing at b=16, BENCHMARKS.md section 17)
 SMALL_BATCH = 4
+
+
+@dataclass(frozen=True)
+class QueryGroups:
+    """``count`` plan rows, each ``ntok[b]`` (<= ``qg``) consecutive query tokens of one sequence
+    starting at row ``row0[b]`` of q/out; the plan's seq_lens are the last token's causal lengths."""
+
+    row0: Any     # int32 [>= count]
+    ntok: Any     # int32 [>= count]
+    qg: int
+    count: int
 
 
 @dataclass(frozen=True)
@@ -102,16 +120,18 @@ def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False
     return DecodeConfig(**cfg)
 
 
-@triton.jit
+# bs varies per step (the pseudo rows' group count most of all): one compile for every value,
+# not one per divisibility class met in the middle of a run
+@triton.jit(do_not_specialize=["bs"])
 def _decode_stage1(
-    Q, KV, BT, SEQ, NSPLIT, CU_T, SPLIT0, TPP, O, PO, PLSE,
+    Q, KV, BT, SEQ, NSPLIT, CU_T, SPLIT0, TPP, O, PO, PLSE, ROW0, NTOK,
     sm_scale_log2,
     stride_qb, stride_qh, stride_kvb, stride_kvs, stride_bt,
     stride_ob, stride_oh, stride_por, stride_poh, stride_lr, stride_lh,
     H, bs,
     PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DV_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
+    DV_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, QG: tl.constexpr,
 ):
     if PDL:
         # stage 2 may launch now: it only reads the plan before its grid-dependency wait
@@ -125,8 +145,10 @@ def _decode_stage1(
     q_tiles = tl.load(TPP)
     p_start = pid * q_tiles
     p_end = tl.minimum(p_start + q_tiles, tl.load(CU_T + bs))
-    heads = hg * BLOCK_H + tl.arange(0, BLOCK_H)
-    mh = heads < H
+    heads = hg * BLOCK_H + tl.arange(0, BLOCK_H)   # (token, head) rows: token heads // H of the group
+    mh = heads < H * QG
+    grp = heads // H
+    hh = heads % H
     offs_bv = tl.arange(0, BV)
     # this program's value columns: QK uses them first, then the other slices (rotated order), so
     # the V operand is the K tile already loaded for QK (no second load of the latent)
@@ -152,10 +174,18 @@ def _decode_stage1(
         t1 = tl.minimum(tl.load(CU_T + b + 1), p_end) - c0
 
         if t1 > t0:  # zero-length rows are left to stage 2
-            q_base = Q + b * stride_qb + heads[:, None] * stride_qh
+            if QG == 1:
+                qrow = b + grp
+                mq = mh
+            else:
+                ntok = tl.load(NTOK + b)
+                qrow = tl.load(ROW0 + b).to(tl.int64) + grp
+                mq = mh & (grp < ntok)
+                row_len = seq_len - (ntok - 1 - grp)   # each token's own causal length
+            q_base = Q + qrow[:, None] * stride_qb + hh[:, None] * stride_qh
             if not Q_IN_LOOP:
-                q_v = tl.load(q_base + offs_v[None, :], mask=mh[:, None] & mv[None, :], other=0.0)
-                q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
+                q_v = tl.load(q_base + offs_v[None, :], mask=mq[:, None] & mv[None, :], other=0.0)
+                q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mq[:, None] & mr[None, :], other=0.0)
             m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
             acc = tl.zeros([BLOCK_H, BV], dtype=tl.float32)
@@ -170,8 +200,8 @@ def _decode_stage1(
                 if Q_IN_LOOP:
                     # many heads: q re-read per tile (L1/L2 hits) stays a shared-memory MMA operand
                     # instead of occupying registers next to the [BLOCK_H, BV] fp32 accumulator
-                    q_v = tl.load(q_base + offs_v[None, :], mask=mh[:, None] & mv[None, :], other=0.0)
-                    q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mh[:, None] & mr[None, :], other=0.0)
+                    q_v = tl.load(q_base + offs_v[None, :], mask=mq[:, None] & mv[None, :], other=0.0)
+                    q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mq[:, None] & mr[None, :], other=0.0)
                 s = tl.dot(q_v, tl.trans(k_v), input_precision=DOT_PREC)
                 for j in tl.static_range(1, DV_SPLIT):
                     # the other value slices only feed QK; their q slices are re-read per tile
@@ -179,13 +209,20 @@ def _decode_stage1(
                     offs_o = ((pv + j) % DV_SPLIT) * BV + offs_bv
                     mo = offs_o < LKV
                     k_o = tl.load(row[:, None] + offs_o[None, :], mask=mn[:, None] & mo[None, :], other=0.0)
-                    q_o = tl.load(q_base + offs_o[None, :], mask=mh[:, None] & mo[None, :], other=0.0)
+                    q_o = tl.load(q_base + offs_o[None, :], mask=mq[:, None] & mo[None, :], other=0.0)
                     s = tl.dot(q_o, tl.trans(k_o), s, input_precision=DOT_PREC)
                 s = tl.dot(q_r, tl.trans(k_r), s, input_precision=DOT_PREC)
-                s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
+                if QG == 1:
+                    s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(s, 1))
+                    m_use = m_new
+                else:
+                    s = tl.where(tok[None, :] < row_len[:, None], s * sm_scale_log2, float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(s, 1))
+                    # a token whose causal length ends before this split's tiles sees no key here
+                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_use)
+                p = tl.exp2(s - m_use[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
                 # accumulate in place: one acc tile live
                 acc = tl.dot(p.to(k_v.dtype), k_v, acc * alpha[:, None], input_precision=DOT_PREC)
@@ -194,8 +231,8 @@ def _decode_stage1(
             safe_l = tl.where(l_i > 0, l_i, 1.0)
             out = acc / safe_l[:, None]
             if n_split == 1:
-                o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + offs_v[None, :]
-                tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mh[:, None] & mv[None, :])
+                o_ptr = O + qrow[:, None] * stride_ob + hh[:, None] * stride_oh + offs_v[None, :]
+                tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mq[:, None] & mv[None, :])
             else:
                 # compact workspace: request b's splits own rows SPLIT0[b] .. SPLIT0[b] + n_split - 1;
                 # each value slice keeps its own LSE (its QK summed in its own order), so the merge
@@ -208,25 +245,32 @@ def _decode_stage1(
 
 @triton.jit
 def _decode_stage2(
-    PO, PLSE, NSPLIT, SPLIT0, SEQ, O,
-    stride_por, stride_poh, stride_lr, stride_lh, stride_ob, stride_oh,
+    PO, PLSE, NSPLIT, SPLIT0, SEQ, O, ROW0, NTOK,
+    stride_por, stride_poh, stride_lr, stride_lh, stride_ob, stride_oh, H,
     LV: tl.constexpr, BV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr, QG: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    h = tl.program_id(1)          # (token, head) row of the plan row; QG == 1: the head
     d0 = tl.program_id(2) * BLOCK_DV
     pv = d0 // BV  # the value slice (stage-1 program) these columns came from; BLOCK_DV <= BV
     offs_d = d0 + tl.arange(0, BLOCK_DV)
     md = offs_d < LV
+    if QG == 1:
+        orow = b
+    else:   # the group's padding rows (token >= NTOK) are computed but never stored
+        orow = tl.load(ROW0 + b).to(tl.int64) + h // H
+        md = md & (tl.zeros_like(offs_d) + h // H < tl.load(NTOK + b))   # a tensor compare (interpreter)
+    o_base = O + orow * stride_ob + (h % H) * stride_oh
     n_split = tl.load(NSPLIT + b)
     seq_len = tl.load(SEQ + b)
     r0 = tl.load(SPLIT0 + b).to(tl.int64)
     if PDL:
-        # launched early (programmatic dependent launch): wait for all of stage 1 and its writes
+        # launched early (programmatic dependent launch): wait for all of stage 1 and its writes;
+        # what is read above (the plan, the query groups) was written before stage 1 started
         tl.extra.cuda.gdc_wait()
     if seq_len == 0:
-        tl.store(O + b * stride_ob + h * stride_oh + offs_d, tl.zeros([BLOCK_DV], dtype=O.dtype.element_ty), mask=md)
+        tl.store(o_base + offs_d, tl.zeros([BLOCK_DV], dtype=O.dtype.element_ty), mask=md)
     elif n_split > 1:
         lse_base = PLSE + r0 * stride_lr + h * stride_lh + pv
         offs_s = tl.arange(0, BLOCK_S)
@@ -245,48 +289,57 @@ def _decode_stage2(
                 part = tl.load(base + sc[:, None] * stride_por + offs_d[None, :], mask=ms[:, None] & md[None, :],
                                other=0.0)
                 acc += tl.sum(part * w_c[:, None], 0)
-        tl.store(O + b * stride_ob + h * stride_oh + offs_d, acc.to(O.dtype.element_ty), mask=md)
+        tl.store(o_base + offs_d, acc.to(O.dtype.element_ty), mask=md)
 
 
 def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, kv_lora_rank: int,
-               sm_scale: float, cfg: DecodeConfig):
+               sm_scale: float, cfg: DecodeConfig, groups: QueryGroups | None = None):
     """q [bs, H, kv_lora_rank + rope] -> out [bs, H, kv_lora_rank] (written in place).
 
     kv_cache [NB, page, 1, kv_lora_rank + rope]; block_tables int32 [>= bs, M]; seq_lens_k int32
     [>= bs]. The plan in ``ws`` must come from ``build_decode_plan`` with ``cfg.block_n``.
+    ``groups``: the plan's rows are query groups (module doc): bs = ``groups.count`` and q/out hold
+    the groups' tokens; ``ws`` and ``cfg`` are sized for ``groups.qg * H`` heads.
     Returns stage 1's launch handle (``n_regs`` / ``n_spills`` for tuning), or None when bs is 0.
     """
     bs, H, Lk = q.shape
+    qg = groups.qg if groups is not None else 1
+    if groups is not None:
+        bs = groups.count
+        row0, ntok = groups.row0, groups.ntok
+    else:
+        row0 = ntok = seq_lens_k   # unread (QG == 1)
     if bs == 0:
         return None
     Lv = kv_lora_rank
-    assert Lk > Lv and kv_cache.shape[-1] == Lk and out.shape[-1] == Lv and H <= ws.num_heads and bs <= ws.max_bs
+    assert Lk > Lv and kv_cache.shape[-1] == Lk and out.shape[-1] == Lv and qg * H <= ws.num_heads
+    assert bs <= ws.max_bs
     assert q.stride(2) == 1 and kv_cache.stride(3) == 1 and out.stride(2) == 1
     assert cfg.dv_split in (1, 2, 4) and cfg.dv_split <= MAX_DV_SPLIT
     assert ws.programs == 0 or cfg.programs <= ws.programs, "the workspace was sized for fewer programs"
     po, lse = ws.partial_out, ws.partial_lse
-    groups = triton.cdiv(H, cfg.block_h)
+    head_groups = triton.cdiv(qg * H, cfg.block_h)
     block_kv = max(16, next_pow2(Lv))
     bv = block_kv // cfg.dv_split
     assert bv >= 16, "value slices narrower than 16 columns do not make a tl.dot operand"
-    handle = _decode_stage1[(groups * cfg.dv_split, cfg.programs)](
+    handle = _decode_stage1[(head_groups * cfg.dv_split, cfg.programs)](
         q, kv_cache, block_tables, seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.split_start, ws.tiles_per_prog,
-        out, po, lse,
+        out, po, lse, row0, ntok,
         sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
         out.stride(0), out.stride(1), po.stride(0), po.stride(1), lse.stride(0), lse.stride(1),
         H, bs,
         PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv, BLOCK_B=ws.block_b,
         BLOCK_KV=block_kv, BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-        DV_SPLIT=cfg.dv_split, Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(kv_cache.dtype),
+        DV_SPLIT=cfg.dv_split, Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(kv_cache.dtype), QG=qg,
         PDL=bool(cfg.pdl), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_dv = min(128, bv)  # one stage-2 program never spans two value slices (their LSEs differ)
-    _decode_stage2[(bs, H, triton.cdiv(Lv, block_dv))](
-        po, lse, ws.num_kv_splits, ws.split_start, seq_lens_k, out,
-        po.stride(0), po.stride(1), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+    _decode_stage2[(bs, qg * H, triton.cdiv(Lv, block_dv))](
+        po, lse, ws.num_kv_splits, ws.split_start, seq_lens_k, out, row0, ntok,
+        po.stride(0), po.stride(1), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), H,
         LV=Lv, BV=bv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits),
         BLOCK_SC=min(next_pow2(cfg.merge_splits), next_pow2(ws.max_kv_splits)), BLOCK_DV=block_dv, PDL=bool(cfg.pdl),
-        num_warps=4, **({"launch_pdl": True} if cfg.pdl else {}),
+        QG=qg, num_warps=4, **({"launch_pdl": True} if cfg.pdl else {}),
     )
     return handle

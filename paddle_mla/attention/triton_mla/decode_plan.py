@@ -89,7 +89,7 @@ def alloc_decode_workspace(max_bs: int, num_heads: int, v_dim: int, max_kv_split
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bs"])   # per-step value: one compile for all
 def _plan_kernel(
     seq_lens, num_splits_out, cu_tiles_out, split_start_out, tiles_per_prog_out,
     bs, programs,

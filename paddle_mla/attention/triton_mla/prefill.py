@@ -158,7 +158,8 @@ def _extend_kernel(
         l_ptr = LSE + rows_q * stride_lt + h * stride_lh
         if MERGE:
             # keys of b before k_start were attended by earlier launches: fold their partial in
-            prev = mm & (k0 < k_start)
+            # compared as a tensor: Triton 3.9's interpreter turns tensor & scalar-bool into an int mask
+            prev = mm & (tl.zeros_like(rows_q) + k0 < k_start)
             lse_p = tl.load(l_ptr, mask=prev, other=float("-inf"))
             o_p = tl.load(o_ptr, mask=prev[:, None] & mv[None, :], other=0.0).to(tl.float32)
             m = tl.maximum(lse_p, lse)
