@@ -4,13 +4,12 @@
    at 32k prefill tokens (target >= 100x);
 2. sparse MLA decode (b=64, h=128, top-k 2048, context 32k) vs triton_mla dense decode at the same
    context (target >= 6x);
-3. indexer decode score + top-k at 32k context (64 heads x 128; ``index_topk``: sample, score with the
-   candidates appended, select) vs the score kernel alone: key bytes read / time vs the copy
+3. indexer decode score + top-k at 32k context (64 heads x 128): key bytes read / time vs the copy
    bandwidth (target >= 70%);
 4. end to end (``--e2e``): decode step of a V3.2-dims 4-layer model (dsa) vs the dense V3-dims
    model (triton_mla), batch 64, CUDA graphs on both (``--no-graphs``: off on both) (target <= 0.5x).
 ``--sweep`` adds kernel config variants (sparse MLA heads/tile/warps/stages/splits, score tile,
-score + top-k knobs), each with its time.
+top-k block), each with its time.
 Anchor: FlashMLA sparse decode, 410 TFLOPS on H800 (FP8, b=128, h=128, top-k 2048).
 
     python tools/bench_dsa.py [--quick] [--e2e] [--json out.json]
@@ -35,11 +34,11 @@ runtime.select("torch")
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from paddle_mla.attention.dsa.index_kernels import ScoreConfig, index_scores, index_topk  # noqa: E402
+from paddle_mla.attention.dsa.index_kernels import index_scores  # noqa: E402
 from paddle_mla.attention.dsa.key_window import KeyWindows  # noqa: E402
 from paddle_mla.attention.dsa.reference import key_window_ref  # noqa: E402
 from paddle_mla.attention.dsa.sparse_mla import sparse_config, sparse_mla, sparse_mla_ref  # noqa: E402
-from paddle_mla.attention.dsa.topk_select import TopkConfig, topk_scratch_shape  # noqa: E402
+from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 
 LORA, ROPE, PAGE = 512, 64, 64
@@ -161,34 +160,37 @@ def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: floa
     score = lambda **kw: index_scores(q, w, cache, tables, bids, positions, width, scores, **kw)   # noqa: E731
     scratch = torch.zeros(topk_scratch_shape(b, topk), dtype=torch.int32, device=DEV)
     fallbacks = torch.zeros(1, dtype=torch.int32, device=DEV)
-    pair = lambda **kw: index_topk(q, w, cache, tables, bids, positions, width, scores, topk, pos_out,   # noqa: E731
-                                   scratch=scratch, fallbacks=fallbacks, **kw)
+    select = lambda **kw: topk_select(scores, topk, pos_out, bids, positions, scratch=scratch,   # noqa: E731
+                                      fallbacks=fallbacks, **kw)
     t_score = bench(score)
-    t_both = bench(pair)
+    t_topk = bench(select)
+    t_both = bench(lambda: (score(), select()))
     t_torch = bench(lambda: torch.topk(scores[:, :s], topk, dim=-1))
     key_bytes = b * s * dim * 2
     variants = []
     if sweep:
-        for kw in (dict(num_stages=2), dict(num_stages=4), dict(per_sm=8), dict(per_sm=24), dict(num_warps=4)):
-            t = min(bench(lambda: score(cfg=ScoreConfig(**kw))) for _ in range(2))
+        for kw in (dict(num_stages=2), dict(num_stages=3), dict(num_stages=4), dict(num_stages=5),
+                   dict(per_sm=8), dict(per_sm=24), dict(block_n=128), dict(num_warps=4)):
+            t = min(bench(lambda: score(**kw)) for _ in range(2))
             variants.append(dict(kind="score", **kw, us=t, fraction_of_copy_bw=key_bytes / (t * 1e-6) / bw))
-        pair_variants = (dict(), dict(sample_block=128), dict(sample_block=32), dict(sample_warps=8),
-                         dict(select_warps=8), dict(threshold_digits=2), dict(margin=2))
-        times = {i: [] for i in range(len(pair_variants))}
+        score()
+        topk_variants = (dict(), dict(select_warps=8), dict(candidate_warps=8), dict(candidate_warps=8, select_warps=8),
+                         dict(threshold_digits=2), dict(block=2048), dict(segments=16), dict(segments=4))
+        times = {i: [] for i in range(len(topk_variants))}
         for _ in range(3):      # interleaved repeats: single top-k timings varied by 1.7x in one process
-            for i, kw in enumerate(pair_variants):
+            for i, kw in enumerate(topk_variants):
                 fallbacks.zero_()
-                times[i].append(bench(lambda: pair(topk_cfg=TopkConfig(**kw))))
-        for i, kw in enumerate(pair_variants):
-            variants.append(dict(kind="score+topk", **kw, us_min=min(times[i]), us_all=times[i],
-                                 fraction_of_copy_bw=key_bytes / (min(times[i]) * 1e-6) / bw,
+                times[i].append(bench(lambda: select(**kw)))
+        for i, kw in enumerate(topk_variants):
+            variants.append(dict(kind="topk", **kw, us_min=min(times[i]), us_all=times[i],
                                  sample_misses=int(fallbacks.item())))
+    score()
     fallbacks.zero_()
-    pair()
+    select()
     ref_vals = torch.topk(scores[:, :s], topk, dim=-1).values.sort(-1).values
     got_vals = scores[:, :s].gather(1, pos_out).sort(-1).values
-    assert torch.equal(ref_vals, got_vals), "index_topk disagrees with torch.topk"
-    return dict(b=b, context=s, score_us=t_score, topk_us=t_both - t_score, torch_topk_us=t_torch, score_topk_us=t_both,
+    assert torch.equal(ref_vals, got_vals), "topk_select disagrees with torch.topk"
+    return dict(b=b, context=s, score_us=t_score, topk_us=t_topk, torch_topk_us=t_torch, score_topk_us=t_both,
                 topk_sample_misses=int(fallbacks.item()),
                 score_fraction_of_copy_bw=key_bytes / (t_score * 1e-6) / bw,
                 score_topk_fraction_of_copy_bw=key_bytes / (t_both * 1e-6) / bw, variants=variants)
@@ -268,7 +270,7 @@ def main() -> None:
           "(target >= 6x; FlashMLA anchor 410 TFLOPS FP8 on H800)")
     print(f"- indexer decode ctx {ix['context']}: score {ix['score_us']:.1f} us "
           f"({ix['score_fraction_of_copy_bw']:.0%} of copy bw), score + top-k {ix['score_topk_us']:.1f} us "
-          f"({ix['score_topk_fraction_of_copy_bw']:.0%}; target >= 70%); the pair less the score alone {ix['topk_us']:.1f} us "
+          f"({ix['score_topk_fraction_of_copy_bw']:.0%}; target >= 70%); top-k alone {ix['topk_us']:.1f} us "
           f"(torch.topk over the same rows {ix['torch_topk_us']:.1f} us; rows whose sample missed: "
           f"{ix['topk_sample_misses']} of {ix['b']})")
     print(f"  sparse config {sd['config']}; gathered latent bytes {sd['gathered_bytes'] / 1e6:.0f} MB "

@@ -32,16 +32,14 @@ def compile_sm90(fn, constexprs: dict, ptrs: dict, floats=(), warps: int = 8, st
 
 def main() -> None:
     topk_ptrs = dict(WINDOW, scores="*fp32", out="*i64", scratch="*i32", fallbacks="*i32")
-    index_ptrs = dict(WINDOW, q="*bf16", w="*fp32", cache="*bf16", tables="*i32", out="*fp32", scratch="*i32")
     for uw in (False, True):
+        compile_sm90(ts._candidates_kernel, dict(USE_WINDOW=uw, BLOCK=1024, CAP=4096, SAMPLE=1024, THRESHOLD_DIGITS=3),
+                     topk_ptrs, warps=4)
         compile_sm90(ts._select_kernel, dict(USE_WINDOW=uw, BLOCK=4096, BLOCK_K=1024, CAP=4096), topk_ptrs, warps=16)
         for one in (True, False):
-            shapes = dict(PAGE=64, USE_WINDOW=uw, ONE_HEAD_BLOCK=one, BLOCK_H=64, BLOCK_D=128)
-            compile_sm90(ik._sample_kernel, dict(shapes, BLOCK_S=64, CAP=4096, SAMPLE=1024, THRESHOLD_DIGITS=3),
-                         index_ptrs, warps=4)
-            for append in (False, True):
-                compile_sm90(ik._index_score_kernel, dict(shapes, BLOCK_N=64, APPEND=append, CAP=4096), index_ptrs,
-                             stages=3)
+            compile_sm90(ik._index_score_kernel, dict(PAGE=64, USE_WINDOW=uw, ONE_HEAD_BLOCK=one, BLOCK_H=64,
+                                                      BLOCK_D=128, BLOCK_N=64),
+                         dict(WINDOW, q="*bf16", w="*fp32", cache="*bf16", tables="*i32", out="*fp32"))
     for direct in (False, True):
         compile_sm90(sm._sparse_partial_kernel, dict(DIRECT=direct, BLOCK_H=64, BLOCK_C=512, BLOCK_R=64, BLOCK_N=64,
                                                      NUM_STAGES=2),

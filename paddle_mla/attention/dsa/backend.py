@@ -3,8 +3,8 @@
 Per layer:
 1. ``index_topk``: write the new indexer keys into the paged key cache (same slots as the latent
    cache), score every new token against its request's keys straight from that cache
-   and keep the top-k request positions per token (-1 padded) (``index_kernels.index_topk``;
-   windows ``[ks, ke)`` from ``ForwardMeta`` in prefill steps, positions in pure decode).
+   (``index_kernels.index_scores``; windows ``[ks, ke)`` from ``ForwardMeta`` in prefill steps,
+   positions in pure decode), then the top-k request positions per token (-1 padded).
 2. ``forward``: write the latents, turn the top-k positions into cache slots through the block
    table, absorb W_UK into the queries, run sparse MLA over the selected slots (split over the
    top-k axis + merge) and apply W_UV. Prefill and decode tokens take the same path: a token with
@@ -26,14 +26,14 @@ import torch
 
 from paddle_mla import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
-from paddle_mla.attention.dsa.index_kernels import index_topk, positions_to_slots
-from paddle_mla.attention.dsa.topk_select import topk_scratch_shape
+from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots
+from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select
 from paddle_mla.attention.dsa.sparse_mla import partial_rows, sparse_config, sparse_mla
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 
 
 PREFILL_SCORE_BYTES = 256 << 20   # prefill indexer scores per chunk of rows (fp32 [rows, longest context])
-PREFILL_TOPK_ROWS = 1024            # rows per chunk, at most (the top-k workspaces: 36 MiB at top-k 2048)
+PREFILL_TOPK_ROWS = 1024            # rows per chunk, at most (the top-k candidate buffers: 32 MiB at top-k 2048)
 
 
 @register_backend("dsa")
@@ -111,8 +111,10 @@ class DSABackend(MLABackend):
             win = {} if decode else dict(ks=meta.index_ks[r0:r1], ke=meta.index_ke[r0:r1],
                                          cu_seqlens_k=meta.cu_seqlens_k)
             scores = ws["scores"][:(r1 - r0) * width].view(r1 - r0, width)
-            index_topk(q[r0:r1], w[r0:r1], index_cache, meta.block_tables, bids[r0:r1], pos[r0:r1], width, scores,
-                       topk, ws["pos"][r0:r1], **win, scratch=ws["topk_scratch"], fallbacks=ws["topk_fallbacks"])
+            index_scores(q[r0:r1], w[r0:r1], index_cache, meta.block_tables, bids[r0:r1], pos[r0:r1], width,
+                         scores, **win)
+            topk_select(scores, topk, ws["pos"][r0:r1], bids[r0:r1], pos[r0:r1], **win,
+                        scratch=ws["topk_scratch"], fallbacks=ws["topk_fallbacks"])
         return ws["pos"][:T]
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):

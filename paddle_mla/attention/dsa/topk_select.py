@@ -8,29 +8,24 @@ Row t's candidates are the columns of its key window (``row_window``: ``[ks, ke)
 steps, ``[0, position + 1)`` in decode), so columns outside it are never read (a decode score
 row is only written up to its position). Where the window holds no more than ``topk`` keys the
 row is all of them, in order, then ``-1``. Otherwise, on each score's float bits made
-order-preserving as a signed int32 (``sortable_key``), in three launches
-(``index_kernels.index_topk``):
-1. the sample kernel, grid (rows, SAMPLE / 64): scores an evenly spaced sample of the window; the
-   row's last program to finish (``publish_sample``) takes the key at rank ~ topk/n x SAMPLE plus a
-   3-sigma margin (a radix select in registers) as the row's threshold, so about topk to 1.5 x topk
-   keys pass; no threshold when the window fits the buffer (``row_threshold``);
-2. the score kernel appends the keys at or above the threshold, with their columns, to the row's
-   buffer of ``CAP`` = 2 x topk as it writes the scores, reserving room with one atomic per tile
-   (``append_candidates``; the order does not matter: step 3 is order-free);
-3. ``_select_kernel``, grid (rows,): if topk <= passed <= CAP, the k-th largest buffered key by a
+order-preserving as a signed int32 (``key``):
+1. ``_candidates_kernel``, grid (rows, segments): a threshold, the key at rank ~ topk/n x SAMPLE
+   (plus a 3-sigma margin) of an evenly spaced sample of the window (found by a radix select in
+   registers; every segment program finds the same one), so about topk to 1.5 x topk keys pass; no
+   threshold when the window fits the buffer. Each program appends its segment's passing keys and
+   columns to the row's buffer of ``CAP`` = 2 x topk, reserving room with one atomic per chunk
+   (the order does not matter: step 2 is order-free).
+2. ``_select_kernel``, grid (rows,): if topk <= passed <= CAP, the k-th largest buffered key by a
    radix select in registers (4 passes of 8-bit histograms), then the columns above it and the
    first ones equal to it: exact, since every key at or above the threshold is buffered. Else (the
-   sample missed: rare) the same radix select over the whole window of written scores, chunk by chunk.
-Measured on an H100 ([64, 32k], top-2048; BENCHMARKS.md section 5): the radix select alone over
-the window took 183 µs (the histograms are compute-bound: 40 chunk passes in one program per row);
-a sampled threshold with ``tl.sort`` of the buffer took 118-132 µs (the sorts dominate); a separate
-candidate pass over the written scores plus the select, 50 µs. Graph-safe: the grids depend only
-on the row count and width, and every call leaves the workspace's counts at zero.
+   sample missed: rare) the same radix select over the whole window, chunk by chunk.
+Measured on an H100 ([64, 32k], top-2048): the radix select alone over the window took 183 µs (the
+histograms are compute-bound: 40 chunk passes in one program per row); a sampled threshold with
+``tl.sort`` of the buffer took 118-132 µs (the sorts dominate); these two parallel passes, 75 µs
+(with 512-bin histograms and a 4-digit sample threshold). Graph-safe: the grids depend only on the row count and width.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from paddle_mla import runtime as _runtime
 
@@ -39,7 +34,7 @@ _runtime.require_selected(__name__)
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import interpreting
+from paddle_mla.attention.triton_mla._util import interpreting, num_sms
 
 
 @triton.jit
@@ -58,7 +53,7 @@ def row_window(t, batch_ids, positions, ks, ke, cu_k, USE_WINDOW: tl.constexpr):
 
 
 @triton.jit
-def sortable_key(x):
+def _sortable(x):
     """fp32 -> int32 with the same order (for finite values and +-inf)."""
     bits = x.to(tl.int32, bitcast=True)
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
@@ -108,66 +103,46 @@ def _kth_key_in_row(row, lo, hi, K, BLOCK: tl.constexpr):
         hist = tl.zeros([256], tl.int32)
         for c0 in range(lo, hi, BLOCK):
             c = c0 + tl.arange(0, BLOCK)
-            key = sortable_key(tl.load(row + c, mask=c < hi, other=float("-inf")))
+            key = _sortable(tl.load(row + c, mask=c < hi, other=float("-inf")))
             hist += _pass_hist(key, c < hi, prefix, p)
         prefix, need = _pass_pick(hist, need, prefix, p)
     return prefix, need
 
 
-# per row of the int32 workspace: [CAP keys | CAP columns | header | SAMPLE_MAX sample keys]; the header
-# holds the candidate count, the sample programs' arrival count and the row's threshold
-HEADER = tl.constexpr(16)  # a multiple of 16 ints, so the sample keys stay 64-byte aligned
-COUNT, ARRIVALS, THRESHOLD = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-SAMPLE_MAX = 1024
-
-
 @triton.jit
-def _sample_threshold(sample, n, K, MARGIN, SAMPLE: tl.constexpr, THRESHOLD_DIGITS: tl.constexpr):
-    """The threshold of a window of ``n`` keys from ``SAMPLE`` evenly spaced ones: the key at rank
-    ~ topk/n x SAMPLE plus a 3-sigma margin, so about topk to 1.5 x topk keys pass."""
-    want = K * SAMPLE // n
-    rank = want + (MARGIN * tl.sqrt(want.to(tl.float32) + 1.0)).to(tl.int32) + 4
-    # 3 digits: a threshold within 2**-16 of the sampled key is as good, for one pass less
-    thr, _ = _kth_key_in_registers(sample, tl.arange(0, SAMPLE) < SAMPLE,
-                                   tl.minimum(tl.maximum(rank, 1), SAMPLE), THRESHOLD_DIGITS)
-    return thr
-
-
-@triton.jit
-def publish_sample(buf, key, i, n, K, MARGIN, CAP: tl.constexpr, SAMPLE: tl.constexpr,
-                   THRESHOLD_DIGITS: tl.constexpr):
-    """Store this program's sample keys ``key`` (sample indices ``i``) in the row's workspace ``buf``;
-    the last of the row's programs to arrive turns the whole sample into the row's threshold and
-    resets the arrival count (for the next call and graph replays)."""
-    head = buf + 2 * CAP
-    tl.store(head + HEADER + i, key)
-    tl.debug_barrier()      # every thread's sample stores precede the release below
-    if tl.atomic_add(head + ARRIVALS, 1, sem="acq_rel") == tl.num_programs(1) - 1:
-        sample = tl.load(head + HEADER + tl.arange(0, SAMPLE), cache_modifier=".cg")
-        tl.store(head + THRESHOLD, _sample_threshold(sample, n, K, MARGIN, SAMPLE, THRESHOLD_DIGITS))
-        tl.store(head + ARRIVALS, 0)
-
-
-@triton.jit
-def row_threshold(buf, n, CAP: tl.constexpr):
-    """The key a candidate must reach: the sampled threshold where the window exceeds the buffer,
-    else none (every key of the window fits)."""
-    thr = tl.load(buf + 2 * CAP + THRESHOLD)
-    return tl.where(n > CAP, thr, -2147483648)
-
-
-@triton.jit
-def append_candidates(buf, key, col, take, CAP: tl.constexpr):
-    """Append the ``take`` keys and their columns to the row's buffer, reserving room with one atomic
-    (the order does not matter: the select is order-free). Past CAP only the count grows, which
-    sends the row to the select's fallback. Relaxed: only a later launch reads the buffer, and an
-    acq_rel atomic would first wait for this program's score stores."""
-    cnt = tl.sum(take.to(tl.int32), 0)
-    base = tl.atomic_add(buf + 2 * CAP + COUNT, cnt, sem="relaxed")
-    idx = base + tl.cumsum(take.to(tl.int32), 0) - 1
-    ok = take & (idx < CAP)
-    tl.store(buf + idx, key, mask=ok)
-    tl.store(buf + CAP + idx, col, mask=ok)
+def _candidates_kernel(
+    scores, scratch, batch_ids, positions, ks, ke, cu_k, stride_st, stride_xt, K, MARGIN,
+    USE_WINDOW: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr,
+    THRESHOLD_DIGITS: tl.constexpr,
+):
+    t = tl.program_id(0)
+    S = tl.num_programs(1)
+    _, lo, hi = row_window(t, batch_ids, positions, ks, ke, cu_k, USE_WINDOW)
+    n = hi - lo
+    if n > K:
+        row = scores + t.to(tl.int64) * stride_st
+        thr = tl.full((), -2147483648, tl.int32)
+        if n > CAP:
+            i = tl.arange(0, SAMPLE)
+            sample = _sortable(tl.load(row + lo + (i.to(tl.int64) * n // SAMPLE).to(tl.int32)))
+            want = K * SAMPLE // n
+            rank = want + (MARGIN * tl.sqrt(want.to(tl.float32) + 1.0)).to(tl.int32) + 4
+            # 3 digits: a threshold within 2**-16 of the sampled key is as good, for one pass less
+            thr, _ = _kth_key_in_registers(sample, i < SAMPLE, tl.minimum(tl.maximum(rank, 1), SAMPLE),
+                                           THRESHOLD_DIGITS)
+        keys = scratch + t.to(tl.int64) * stride_xt           # [CAP keys | CAP columns | count]
+        seg = tl.cdiv(tl.cdiv(n, S), BLOCK) * BLOCK
+        start = lo + tl.program_id(1) * seg
+        for c0 in range(start, tl.minimum(start + seg, hi), BLOCK):
+            c = c0 + tl.arange(0, BLOCK)
+            key = _sortable(tl.load(row + c, mask=c < hi, other=float("-inf")))
+            take = (c < hi) & (key >= thr)
+            cnt = tl.sum(take.to(tl.int32), 0)
+            base = tl.atomic_add(keys + 2 * CAP, cnt)
+            idx = base + tl.cumsum(take.to(tl.int32), 0) - 1
+            ok = take & (idx < CAP)
+            tl.store(keys + idx, key, mask=ok)
+            tl.store(keys + CAP + idx, c, mask=ok)
 
 
 @triton.jit
@@ -186,7 +161,7 @@ def _select_kernel(
             k = k0 + tl.arange(0, BLOCK_K)
             tl.store(dst + k, tl.where(k < n, lo + k, -1).to(tl.int64), mask=k < K)
     else:
-        m = tl.load(buf + 2 * CAP + COUNT)
+        m = tl.load(buf + 2 * CAP)
         if (m >= K) & (m <= CAP):
             j = tl.arange(0, CAP)
             valid = j < m
@@ -205,7 +180,7 @@ def _select_kernel(
             taken_equal = tl.zeros((), tl.int32)
             for c0 in range(lo, hi, BLOCK):
                 c = c0 + tl.arange(0, BLOCK)
-                key = sortable_key(tl.load(row + c, mask=c < hi, other=float("-inf")))
+                key = _sortable(tl.load(row + c, mask=c < hi, other=float("-inf")))
                 above = (c < hi) & (key > thr)
                 equal = (c < hi) & (key == thr)
                 ia = tl.cumsum(above.to(tl.int32), 0) - 1 + taken_above
@@ -214,7 +189,7 @@ def _select_kernel(
                 tl.store(dst + (K - need) + ie, c.to(tl.int64), mask=equal & (ie < need))
                 taken_above += tl.sum(above.to(tl.int32), 0)
                 taken_equal += tl.sum(equal.to(tl.int32), 0)
-    tl.store(buf + 2 * CAP + COUNT, 0)    # the count, ready for the next call (and graph replay)
+        tl.store(buf + 2 * CAP, 0)    # the count, ready for the next call (and graph replay)
 
 
 def candidate_capacity(topk: int) -> int:
@@ -223,39 +198,49 @@ def candidate_capacity(topk: int) -> int:
 
 
 def topk_scratch_shape(rows: int, topk: int) -> tuple[int, int]:
-    """int32 workspace of the top-k: per row CAP keys, CAP columns, a header (counts, threshold) and the
-    sample keys. Zero it once at allocation: every call leaves the counts at zero."""
-    return rows, 2 * candidate_capacity(topk) + HEADER.value + SAMPLE_MAX
+    """int32 workspace of ``topk_select``: per row CAP keys, CAP columns and the count. Zero it once
+    at allocation: every call leaves the counts at zero."""
+    return rows, 2 * candidate_capacity(topk) + 1
 
 
-@dataclass(frozen=True)
-class TopkConfig:
-    """Knobs of the top-k (tools/bench_dsa.py --sweep). ``sample`` keys per row set the threshold,
-    scored ``sample_block`` at a time by as many programs; ``margin`` sigmas above the expected rank
-    (tests force the fallback with +-1000)."""
-    sample: int = 1024
-    sample_block: int = 64
-    margin: int = 3
-    threshold_digits: int = 3
-    sample_warps: int = 4
-    select_warps: int = 16
+def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, cu_seqlens_k=None,
+                scratch=None, fallbacks=None, block: int = 0, margin: int = 3, sample: int = 1024,
+                segments: int = 0, candidate_warps: int = 4, select_warps: int = 16, threshold_digits: int = 3):
+    """Top-``topk`` columns of each row's window of ``scores`` [T, >= width] float32 -> out[:T] int64.
 
-
-def check_scratch(scratch, rows: int, topk: int, cfg: TopkConfig) -> None:
-    shape = topk_scratch_shape(rows, topk)
-    assert scratch.shape[0] >= rows and scratch.shape[1] >= shape[1] and scratch.stride(1) == 1, \
-        f"top-k workspace {tuple(scratch.shape)} smaller than {shape}"
-    assert cfg.sample <= SAMPLE_MAX and cfg.sample % cfg.sample_block == 0
-
-
-def select_candidates(scores, topk: int, out, scratch, fallbacks, batch_ids, positions, win: tuple,
-                      use_window: bool, cfg: TopkConfig):
-    """The select pass over the candidates the score kernel buffered -> out[:T] int64 (-1 padded)."""
-    T = scores.shape[0]
+    Windows as in ``index_kernels.index_scores`` (``ks``/``ke``/``cu_seqlens_k`` in prefill steps,
+    ``positions`` in decode). Unsorted; -1 padded where the window holds fewer than ``topk`` keys.
+    ``scratch``: a zeroed int32 workspace of ``topk_scratch_shape`` (allocated here if not given).
+    ``fallbacks`` (int32 [1], optional) counts the rows whose sample missed (tests, benchmarks).
+    ``segments``: programs per row of the candidate pass (default: about 4 per SM in all); the other
+    keywords are tuning knobs (tools/bench_dsa.py --sweep).
+    """
+    T, width = scores.shape[0], scores.shape[1]
+    res = out[:T]
+    if T == 0:
+        return res
+    use_window = ks is not None
+    if use_window and (ke is None or cu_seqlens_k is None):
+        raise ValueError("topk_select: ks needs ke and cu_seqlens_k")
+    cap = candidate_capacity(topk)
+    if scratch is None:
+        scratch = batch_ids.new_zeros(topk_scratch_shape(T, topk))
+    assert scratch.shape[0] >= T and scratch.shape[1] >= 2 * cap + 1 and scratch.stride(1) == 1
+    if fallbacks is None:
+        fallbacks = batch_ids.new_zeros(1)
     interp = interpreting()
-    _select_kernel[(T,)](
-        scores, out, scratch, fallbacks, batch_ids, positions, *win, scores.stride(0), out.stride(0),
-        scratch.stride(0), topk, USE_WINDOW=use_window, BLOCK=128 if interp else 4096,
-        BLOCK_K=min(1024, triton.next_power_of_2(topk)), CAP=candidate_capacity(topk), num_warps=cfg.select_warps,
+    block = block or (128 if interp else 1024)        # the interpreter's cost follows the block width
+    segments = segments or max(1, min(triton.cdiv(4 * num_sms(), T), triton.cdiv(width, block)))
+    dummy = positions
+    win = (ks if use_window else dummy, ke if use_window else dummy, cu_seqlens_k if use_window else dummy)
+    _candidates_kernel[(T, segments)](
+        scores, scratch, batch_ids, positions, *win, scores.stride(0), scratch.stride(0), topk, margin,
+        USE_WINDOW=use_window, BLOCK=block, CAP=cap, SAMPLE=sample, THRESHOLD_DIGITS=threshold_digits,
+        num_warps=candidate_warps,
     )
-    return out
+    _select_kernel[(T,)](
+        scores, res, scratch, fallbacks, batch_ids, positions, *win, scores.stride(0), res.stride(0),
+        scratch.stride(0), topk, USE_WINDOW=use_window, BLOCK=block if interp else 4096,
+        BLOCK_K=min(1024, triton.next_power_of_2(topk)), CAP=cap, num_warps=select_warps,
+    )
+    return res
