@@ -113,7 +113,7 @@ def _pos_to_slot_kernel(pos, batch_ids, tables, out, stride_pt, stride_tb, strid
     m = k < K
     p = tl.load(pos + t.to(tl.int64) * stride_pt + k, mask=m, other=-1)
     b = tl.load(batch_ids + t)
-    ok = m & (p >= 0) & (b >= 0)
+    ok = m & (p >= 0) & (tl.zeros_like(k) + b >= 0)     # b as a vector (Triton 3.9's interpreter: int32 mask)
     blk = tl.load(tables + tl.maximum(b, 0).to(tl.int64) * stride_tb + tl.where(ok, p, 0) // PAGE, mask=ok, other=0)
     slot = tl.where(ok, blk.to(tl.int64) * PAGE + p % PAGE, -1)
     tl.store(out + t.to(tl.int64) * stride_ot + k, slot, mask=m)
