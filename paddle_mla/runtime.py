@@ -121,6 +121,9 @@ def select(name: str | None = None) -> str:
             warnings.simplefilter("ignore")
             paddle.compat.enable_torch_proxy(scope=PROXY_SCOPE, silent=True)
     _selected = chosen
+    from paddle_mla import triton_interpreter_fix
+
+    triton_interpreter_fix.apply()
     return chosen
 
 
