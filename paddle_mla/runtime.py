@@ -82,6 +82,12 @@ def _import_real_torch_first() -> None:
         return
     try:
         import torch  # noqa: F401 - the real torch: this module is outside the proxy scope
+
+        # torch >= 2.15 imports these lazily, on first attribute access (transformers reaches
+        # ``torch._dynamo.disable`` and ``torch._inductor.config``): after the proxy that lazy import
+        # would lose its half-imported modules the same way, so it is done here too.
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.config  # noqa: F401
     except Exception:  # noqa: BLE001 - a broken torch install must not break the paddle runtime
         for mod in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
             del sys.modules[mod]
