@@ -46,9 +46,6 @@ class HeadRows:
         return (r.blocks is seq.block_ids and r.full_written == len(seq.block_ids) and r.swa is swa
                 and r.swa_written == (len(swa[0]) if swa else 0) and r.dead == seq.swa_dead_below)
 
-    def clear(self, r) -> None:
-        self.tables[r.slot, :, :r.written] = -1
-
     def update(self, r, seq: Sequence) -> None:
         t, slot, fs = self.tables, r.slot, self.fs
         blocks = seq.block_ids

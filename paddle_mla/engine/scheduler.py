@@ -141,7 +141,7 @@ class Scheduler:
             budget -= n
         if out.num_preempted:
             return out   # do not admit new work in a step that had to preempt
-        reserved = None     # blocks per pool that the running prefills still take (_reserve)
+        reserved = None     # blocks per pool that the running prefills still take (_reserved)
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
             if self._blocked is not None and self._blocked == (seq, self.kv.version, budget):
