@@ -212,7 +212,8 @@ def bench_mode(path: Path, mode: str, args) -> dict:
     steps = max(1, r["decode_steps"])
     return {"mode": mode, "ttft_ms": ttft * 1e3, "tbt_ms": r["decode_s"] / steps * 1e3,
             "decode_tok_s": r["decode_rows"] / max(r["decode_s"], 1e-9),
-            "full_tok_s": r["full_rows"] / max(r["full_s"], 1e-9), "full_tbt_ms": r["full_s"] / max(1, r["full_steps"]) * 1e3,
+            "full_tok_s": r["full_rows"] / max(r["full_s"], 1e-9),
+            "full_tbt_ms": r["full_s"] / max(1, r["full_steps"]) * 1e3,
             "idle_ms": r["decode_idle_s"] / steps * 1e3, "kv_mib_per_request": held * per_head_block / 2**20,
             "peak_concurrent": r["peak"], "elapsed_s": r["seconds"], "decode_steps": r["decode_steps"],
             "full_steps": r["full_steps"], "preemptions": r["preemptions"],

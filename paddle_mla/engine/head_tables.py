@@ -54,7 +54,8 @@ class HeadRows:
             r.blocks, r.full_written = blocks, 0
         n = len(blocks)
         if n > r.full_written and fs:
-            t[slot, :fs, r.full_written:n] = np.asarray(blocks[r.full_written:n], dtype=np.int32)[None] + self.full_bases
+            ids = np.asarray(blocks[r.full_written:n], dtype=np.int32)
+            t[slot, :fs, r.full_written:n] = ids[None] + self.full_bases
             self.written += (n - r.full_written) * fs
         r.full_written = n
         rows = seq.swa_block_ids
