@@ -11,10 +11,17 @@ tokens per KV head, times 8 heads):
   full             ratio 0, every head full (not in the default set; --modes adds it)
 Per mode:
   TTFT             one request of ``--context`` tokens, 1 output token, wall time
-  TBT              mean wall time of the decode-only steps of the throughput run (every mode of the
-                   acceptance table runs the same batch: recycling off admits the same requests)
+  TBT              mean period of the decode-only steps of the throughput run (every mode of the
+                   acceptance table runs the same batch: recycling off admits the same requests); a
+                   step's period is from the end of the step before to its end, on the device
+                   (StepClock: CUDA events around each launch)
   decode tok/s     tokens of decode-only steps / their time, in the throughput run (``--requests``
                    requests of ``--context`` tokens, ``--output`` tokens each)
+  full-batch       the same over the decode-only steps with the most rows (the mode's steady batch,
+                   which the KV budget sets: the moonshot's "more requests fit")
+  idle ms/step     device idle before a decode-only step's work began (> 0: the host is the bound)
+  preemptions, prompts computed   in the throughput run (prompt tokens computed / context: more
+                   than --requests means preempted prompts were recomputed)
   KV MiB/request   one request alone: peak blocks held summed over KV heads x bytes per head-block
   peak concurrent  most requests decoding together in one step of the throughput run (requests
                    admitted for a prefill chunk and preempted later are not counted)
@@ -117,34 +124,74 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+class StepClock:
+    """Per engine step: rows, decode-only or not, and when its device work started and ended. On a
+    GPU, CUDA events recorded around ``runner.launch`` (the end event follows the step's sampler
+    on the stream, so it fires when the step's work is done); on the CPU the launch runs the step,
+    so host times. A step's period is end(N) - end(N - 1): with overlapped scheduling the host
+    timestamps of schedule() calls would charge step N - 1's device time to step N (a decode step
+    after a 8k-token prefill chunk then "took" the chunk's 300 ms: the first pass's 37.6 ms TBT)."""
+
+    def __init__(self, llm: LLM):
+        self.runner, self.launch = llm.runner, llm.runner.launch
+        self.gpu = torch.cuda.is_available()
+        self.steps = []      # (decode-only, rows, rows decoding, prefill tokens, start, end)
+        llm.runner.launch = self.timed
+
+    def mark(self):
+        if not self.gpu:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def timed(self, out):
+        decoding = sum(not s.is_prefill for s in out.scheduled)
+        prefill = sum(s.num_new for s in out.scheduled if s.is_prefill)
+        start = self.mark()
+        launched = self.launch(out)
+        self.steps.append((decoding == len(out.scheduled), len(out.scheduled), decoding, prefill, start, self.mark()))
+        return launched
+
+    def close(self) -> list[tuple]:
+        """(decode-only, rows, rows decoding, prefill tokens, period s, busy s, idle s before it) per step."""
+        self.runner.launch = self.launch
+        sync()
+        ms = (lambda a, b: a.elapsed_time(b) / 1e3) if self.gpu else (lambda a, b: b - a)
+        out, prev = [], None
+        for only, rows, decoding, prefill, start, end in self.steps:
+            busy = ms(start, end)
+            period, idle = (busy, 0.0) if prev is None else (ms(prev, end), max(0.0, ms(prev, start)))
+            out.append((only, rows, decoding, prefill, period, busy, idle))
+            prev = end
+        return out
+
+
 def run(llm: LLM, n: int, context: int, output: int, seed: int) -> dict:
-    """``n`` requests of ``context`` random tokens and ``output`` tokens each. Returns the wall time,
-    the most rows decoding in one step, and the decode-only steps' count, rows and time (a step's
-    time: from its schedule() to the next one, or to the end)."""
+    """``n`` requests of ``context`` random tokens and ``output`` tokens each: wall time, the most
+    rows decoding in one step, preemptions, prompt tokens computed (recomputed ones included), and
+    the decode-only steps' count, rows, periods and device idle time (StepClock)."""
     rng = np.random.default_rng(seed)
     reqs = [GenerationRequest(id=i, prompt_token_ids=rng.integers(2, llm.runner.arch.vocab_size - 2, context).tolist(),
                               params=SamplingParams(max_tokens=output, ignore_eos=True)) for i in range(n)]
-    steps = []     # (start time, decode-only, rows, rows decoding)
-    schedule = llm.scheduler.schedule
-
-    def timed():
-        out = schedule()
-        if out.scheduled:
-            decoding = sum(not s.is_prefill for s in out.scheduled)
-            steps.append((time.perf_counter(), decoding == len(out.scheduled), len(out.scheduled), decoding))
-        return out
-    llm.scheduler.schedule = timed
+    clock = StepClock(llm)
+    preempted = llm.scheduler.num_preemptions
     sync()
     t = time.perf_counter()
     outs = llm.generate(reqs, use_tqdm=False)
     sync()
     end = time.perf_counter()
-    llm.scheduler.schedule = schedule
+    steps = clock.close()
     assert all(o.error is None for o in outs), [o.error for o in outs if o.error]
-    times = [b[0] - a[0] for a, b in zip(steps, steps[1:])] + [end - steps[-1][0]] if steps else []
-    dec = [(dt, rows) for dt, (_, only, rows, _) in zip(times, steps) if only]
-    return {"seconds": end - t, "peak": max([d for *_, d in steps] + [0]), "decode_steps": len(dec),
-            "decode_rows": sum(r for _, r in dec), "decode_s": sum(dt for dt, _ in dec)}
+    dec = [(rows, period, idle) for only, rows, _, _, period, _, idle in steps if only]
+    peak = max([rows for rows, *_ in dec] + [0])
+    full = [(rows, period) for rows, period, _ in dec if rows == peak]     # the steady batch
+    return {"seconds": end - t, "peak": max([s[2] for s in steps] + [0]),
+            "preemptions": llm.scheduler.num_preemptions - preempted,
+            "prompt_tokens": sum(s[3] for s in steps), "decode_steps": len(dec),
+            "decode_rows": sum(r for r, *_ in dec), "decode_s": sum(p for _, p, _ in dec),
+            "decode_idle_s": sum(i for *_, i in dec), "full_rows": sum(r for r, _ in full),
+            "full_s": sum(p for _, p in full), "full_steps": len(full)}
 
 
 def bench_mode(path: Path, mode: str, args) -> dict:
@@ -162,9 +209,15 @@ def bench_mode(path: Path, mode: str, args) -> dict:
     held = pool.peak_head_blocks if head_wise else pool.peak_used * arch.num_kv_heads
     r = run(llm, args.requests, args.context, args.output, seed=2)
     del llm
-    return {"mode": mode, "ttft_ms": ttft * 1e3, "tbt_ms": r["decode_s"] / max(1, r["decode_steps"]) * 1e3,
-            "decode_tok_s": r["decode_rows"] / max(r["decode_s"], 1e-9), "kv_mib_per_request": held * per_head_block / 2**20,
-            "peak_concurrent": r["peak"], "elapsed_s": r["seconds"], "decode_steps": r["decode_steps"]}
+    steps = max(1, r["decode_steps"])
+    return {"mode": mode, "ttft_ms": ttft * 1e3, "tbt_ms": r["decode_s"] / steps * 1e3,
+            "decode_tok_s": r["decode_rows"] / max(r["decode_s"], 1e-9),
+            "full_tok_s": r["full_rows"] / max(r["full_s"], 1e-9),
+            "full_tbt_ms": r["full_s"] / max(1, r["full_steps"]) * 1e3,
+            "idle_ms": r["decode_idle_s"] / steps * 1e3, "kv_mib_per_request": held * per_head_block / 2**20,
+            "peak_concurrent": r["peak"], "elapsed_s": r["seconds"], "decode_steps": r["decode_steps"],
+            "full_steps": r["full_steps"], "preemptions": r["preemptions"],
+            "prompts_computed": r["prompt_tokens"] / args.context}
 
 
 def gain(base: float, new: float) -> str:
@@ -177,11 +230,14 @@ def report(rows: dict, args) -> None:
     print(f"Qwen3-8B dims, {args.layers} layers, {dt}, context {args.context}, ratio 0.5 (4 of 8 KV heads SWA), "
           f"W {args.window}, S {args.sink}, KV budget {args.num_blocks} blocks x 8 heads x 64 tokens, "
           f"{args.requests} requests x {args.output} tokens")
-    print("| mode | TTFT ms | TBT ms | decode tok/s | KV MiB/request | peak concurrent | decode steps | run s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| mode | TTFT ms | TBT ms | decode tok/s | full-batch TBT ms | full-batch tok/s | idle ms/step | "
+          "KV MiB/request | peak concurrent | decode steps (full batch) | preemptions | prompts computed | run s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows.values():
         print(f"| {r['mode']} | {r['ttft_ms']:.1f} | {r['tbt_ms']:.2f} | {r['decode_tok_s']:.0f} | "
-              f"{r['kv_mib_per_request']:.1f} | {r['peak_concurrent']} | {r['decode_steps']} | {r['elapsed_s']:.1f} |")
+              f"{r['full_tbt_ms']:.2f} | {r['full_tok_s']:.0f} | {r['idle_ms']:.3f} | "
+              f"{r['kv_mib_per_request']:.1f} | {r['peak_concurrent']} | {r['decode_steps']} ({r['full_steps']}) | "
+              f"{r['preemptions']} | {r['prompts_computed']:.2f} | {r['elapsed_s']:.1f} |")
     base = rows.get("uniform_mask")
     if base and "headwise" in rows:
         h = rows["headwise"]
@@ -190,6 +246,8 @@ def report(rows: dict, args) -> None:
         print("|---|---|---|---|")
         print(f"| TTFT ms | {base['ttft_ms']:.1f} | {h['ttft_ms']:.1f} | {gain(base['ttft_ms'], h['ttft_ms'])} |")
         print(f"| TBT ms | {base['tbt_ms']:.2f} | {h['tbt_ms']:.2f} | {gain(base['tbt_ms'], h['tbt_ms'])} |")
+        print(f"| full-batch TBT ms | {base['full_tbt_ms']:.2f} | {h['full_tbt_ms']:.2f} | "
+              f"{gain(base['full_tbt_ms'], h['full_tbt_ms'])} |")
     if base and "headwise_recycle" in rows:
         h = rows["headwise_recycle"]
         print("\nMoonshot (recycling on vs uniform_mask, same KV budget; target: >= 1.4x decode tok/s)")
@@ -197,6 +255,8 @@ def report(rows: dict, args) -> None:
         print("|---|---|---|---|")
         print(f"| decode tok/s | {base['decode_tok_s']:.0f} | {h['decode_tok_s']:.0f} | "
               f"{h['decode_tok_s'] / base['decode_tok_s']:.2f}x |")
+        print(f"| full-batch decode tok/s | {base['full_tok_s']:.0f} | {h['full_tok_s']:.0f} | "
+              f"{h['full_tok_s'] / base['full_tok_s']:.2f}x |")
         print(f"| KV MiB/request | {base['kv_mib_per_request']:.1f} | {h['kv_mib_per_request']:.1f} | "
               f"{h['kv_mib_per_request'] / base['kv_mib_per_request']:.2f}x |")
         print(f"| peak concurrent | {base['peak_concurrent']} | {h['peak_concurrent']} | "

@@ -108,6 +108,26 @@ class HeadWisePool:
         need = self.blocks_for(num_tokens) - self.num_logical_blocks(seq)
         return need <= 0 or all(need <= p.num_free for p in self.pools)
 
+    def prompt_need(self, seq: Sequence, num_tokens: int, chunk: int) -> tuple[int, ...]:
+        """Per pool (``self.pools`` order): blocks ``seq`` must still take before its first
+        ``num_tokens`` tokens are computed. Full heads, and SWA heads without recycling, hold every
+        logical block. A recycled SWA row computing a chunk of n <= ``chunk`` tokens at c holds
+        its sink blocks and blocks [(c - W + 1) // bs, ceil((c + n) / bs)): at most
+        sink_blocks + ceil((n + W - 1) / bs) + 1, and never more than the whole row."""
+        total = self.blocks_for(num_tokens)
+        logical = self.num_logical_blocks(seq)
+        grow = max(0, total - logical)
+        if not self.spec.recycle:
+            return (grow,) * len(self.pools)
+        bs, sb = self.block_size, self.spec.sink_blocks(self.block_size)
+        peak = min(total, sb + -(-(min(chunk, num_tokens) + self.spec.window - 1) // bs) + 1)
+        live = logical - max(0, min(seq.swa_dead_below, logical) - sb)    # -1 exactly on [sb, dead_below)
+        swa = max(0, peak - live)
+        return ((grow,) if self.full else ()) + (swa,) * len(self.swa)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        return tuple(p.num_free for p in self.pools)
+
     @property
     def version(self) -> int:
         """Moves whenever any pool's state changes other than by a match_prefix that give_up

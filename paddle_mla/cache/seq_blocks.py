@@ -32,6 +32,14 @@ class SeqBlocks(Protocol):
     def match_prefix(self, seq: Sequence, token_ids: list[int]) -> int:
         """Take the usable cached prefix of ``token_ids`` for an empty ``seq``; returns its tokens."""
 
+    def prompt_need(self, seq: Sequence, num_tokens: int, chunk: int) -> tuple[int, ...]:
+        """Blocks each pool must still give ``seq`` before its first ``num_tokens`` tokens are
+        computed, ``chunk`` tokens at most a step: the most it will hold meanwhile (an SWA head
+        with recycling gives blocks back as it goes) less what it holds now, in ``free_blocks`` order."""
+
+    def free_blocks(self) -> tuple[int, ...]:
+        """Free blocks of each pool (the order of ``prompt_need``)."""
+
     def give_up(self, seq: Sequence, num_tokens: int) -> None:
         """Admission failed after match_prefix: release the hit and watch for what could change that."""
 
@@ -86,6 +94,12 @@ class UniformSeqBlocks:
         seq.block_ids = self.pool.match_prefix(token_ids, seq.block_keys)
         seq.num_registered_blocks = len(seq.block_ids)
         return len(seq.block_ids) * self.block_size
+
+    def prompt_need(self, seq: Sequence, num_tokens: int, chunk: int) -> tuple[int, ...]:
+        return (max(0, self.pool.blocks_for(num_tokens) - len(seq.block_ids)),)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        return (self.pool.num_free,)
 
     def give_up(self, seq: Sequence, num_tokens: int) -> None:
         hits = seq.block_ids

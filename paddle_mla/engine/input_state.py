@@ -43,12 +43,27 @@ def has_pending(seq: Sequence) -> bool:
 class _Row:
     slot: int
     blocks: list          # the block-id list object written last (a new object means rewrite)
-    written: int          # how many of its ids are in the table row
+    written: int          # how many of its ids are in the table row (head-wise: logical blocks)
+    # head-wise tables only (head_tables.HeadRows): ids written of the full heads' row and of the
+    # SWA rows, the SWA rows' list object and the recycling mark written
+    full_written: int = 0
+    swa: list | None = None
+    swa_written: int = 0
+    dead: int = 0
 
 
 class InputState:
-    def __init__(self, max_slots: int, max_blocks: int):
-        self.tables = np.full((max_slots, max_blocks), -1, dtype=np.int32)
+    def __init__(self, max_slots: int, max_blocks: int, head_wise_pool=None):
+        """``head_wise_pool``: a HeadWisePool: the table is then [max_slots, num_kv_heads,
+        max_blocks], each KV head's rows kept by deltas (head_tables.HeadRows)."""
+        self.heads = None
+        if head_wise_pool is None:
+            self.tables = np.full((max_slots, max_blocks), -1, dtype=np.int32)
+        else:
+            from paddle_mla.engine.head_tables import HeadRows
+
+            self.tables = np.full((max_slots, head_wise_pool.spec.num_kv_heads, max_blocks), -1, dtype=np.int32)
+            self.heads = HeadRows(self.tables, head_wise_pool)
         self.free = list(range(max_slots - 1, -1, -1))
         self.rows: dict[Sequence, _Row] = {}
         self.blocks_written = 0      # tests: block ids copied into the table (deltas only)
@@ -59,7 +74,7 @@ class InputState:
         keep = {s.seq for s in scheduled}
         for seq in [s for s, r in self.rows.items() if s.status is not Status.RUNNING and s not in keep]:
             r = self.rows.pop(seq)
-            self.tables[r.slot, :r.written] = -1     # the next owner's row is -1 padded past its blocks
+            self.tables[r.slot, ..., :r.written] = -1    # the next owner's row is -1 padded past its blocks
             self.free.append(r.slot)
 
     def row(self, seq: Sequence, scheduled) -> _Row:
@@ -71,6 +86,9 @@ class InputState:
                 raise RuntimeError(f"more than {len(self.tables)} sequences in flight")
             r = _Row(self.free.pop(), [], 0)
             self.rows[seq] = r
+        if self.heads is not None:
+            self.heads.update(r, seq)
+            return r
         blocks = seq.block_ids
         if r.blocks is not blocks or len(blocks) < r.written:
             self.tables[r.slot, :r.written] = -1
@@ -90,7 +108,7 @@ class HostStep:
     token_ids: np.ndarray     # int64 [T], PENDING where the token comes from the device
     num_new: np.ndarray       # int32 [B]
     num_cached: np.ndarray    # int32 [B]
-    block_tables: np.ndarray  # int32 [B, width]
+    block_tables: np.ndarray  # int32 [B, width], or [B, num_kv_heads, width] (head-wise)
     is_prefill: np.ndarray    # bool [B]
     sample_mask: np.ndarray   # bool [B]
     slots: np.ndarray         # int64 [B]
@@ -104,12 +122,15 @@ def gather_step(state: InputState, scheduled) -> HostStep:
     slots, tokens, pending_pos, pending_slot = [], [], [], []
     num_new, num_cached, is_prefill, samples = [], [], [], []
     width = 1
-    rows, row = state.rows, state.row
+    rows, row, heads = state.rows, state.row, state.heads
     for s in scheduled:
         seq = s.seq
         r = rows.get(seq)
-        blocks = seq.block_ids
-        if r is None or r.blocks is not blocks or r.written != len(blocks):   # else: the row is current
+        if heads is None:
+            blocks = seq.block_ids
+            if r is None or r.blocks is not blocks or r.written != len(blocks):   # else: the row is current
+                r = row(seq, scheduled)
+        elif r is None or not heads.current(r, seq):
             r = row(seq, scheduled)
         slots.append(r.slot)
         if r.written > width:
@@ -132,6 +153,6 @@ def gather_step(state: InputState, scheduled) -> HostStep:
     slots = np.array(slots, dtype=np.int64)
     return HostStep(
         token_ids=np.array(tokens, dtype=np.int64), num_new=np.array(num_new, dtype=np.int32),
-        num_cached=np.array(num_cached, dtype=np.int32), block_tables=state.tables[slots, :width],
+        num_cached=np.array(num_cached, dtype=np.int32), block_tables=state.tables[slots, ..., :width],
         is_prefill=np.array(is_prefill, dtype=bool), sample_mask=np.array(samples, dtype=bool), slots=slots,
         pending_pos=np.array(pending_pos, dtype=np.int64), pending_slot=np.array(pending_slot, dtype=np.int64))

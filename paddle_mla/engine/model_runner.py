@@ -101,7 +101,7 @@ class ModelRunner:
         # is not a whole number of KV heads
         gqa_dims = getattr(arch, "gqa", None)   # ModelArch.gqa (GQA branch): num_kv_heads
         self.head_wise_swa = head_wise_swa(cfg, arch.family, gqa_dims.num_kv_heads if gqa_dims else 0)
-        # head-wise: each step uploads pool.block_tables(...) [B, Hkv, width] (attach_pool gives the pool)
+        # head-wise: each step uploads [B, Hkv, width] tables, kept by deltas (attach_pool gives the pool)
         self.block_pool = None
         swa_kwargs = self.head_wise_swa.backend_kwargs() if self.head_wise_swa is not None else {}
         bs = cfg.cache.block_size
@@ -182,9 +182,11 @@ class ModelRunner:
         return swa.num_kv_heads if swa is not None and swa.head_wise_tables else 0
 
     def attach_pool(self, pool) -> None:
-        """The engine's block pool (LLM builds it from ``limits``): head-wise SWA reads each step's
-        per-KV-head tables from it."""
+        """The engine's block pool (LLM builds it from ``limits``): with head-wise SWA the input
+        state keeps each KV head's table rows by deltas from its rows (engine/head_tables.py)."""
         self.block_pool = pool
+        if self._table_heads():
+            self.inputs = InputState(self.cfg.scheduler.max_num_seqs, self.limits.max_blocks_per_seq, pool)
 
     def use_cuda_graph(self) -> bool:
         caps = self.backend.caps
@@ -201,14 +203,7 @@ class ModelRunner:
         return self._gather(out)[0]
 
     def _gather(self, out: SchedulerOutput):
-        host = gather_step(self.inputs, out.scheduled)
-        if self._table_heads():
-            # Recycling and prefix hits turn an SWA row's entries into -1 anywhere in the row, so the
-            # uniform rows' append-only deltas do not apply: the rows are rebuilt from the pool (host
-            # work O(batch x heads x blocks), no device sync).
-            seqs = [s.seq for s in out.scheduled]
-            width = max([self.block_pool.num_logical_blocks(q) for q in seqs] + [1])
-            host.block_tables = self.block_pool.block_tables(seqs, width)
+        host = gather_step(self.inputs, out.scheduled)    # head-wise: [B, Hkv, width], rows by deltas
         batch = StepBatch(token_ids=host.token_ids, num_new=host.num_new, num_cached=host.num_cached,
                           block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask)
         return batch, host

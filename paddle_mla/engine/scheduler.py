@@ -153,6 +153,7 @@ class Scheduler:
             absorbed += cost
         if out.num_preempted:
             return out   # do not admit new work in a step that had to preempt
+        reserved = None     # blocks per pool that the running prefills still take (_reserved)
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
             if self._blocked is not None and self._blocked == (seq, self.kv.version, budget):
@@ -182,8 +183,19 @@ class Scheduler:
             if cost and absorbed and absorbed + cost > absorbed_cap:
                 self.kv.give_up(seq, len(tokens))   # next step (the cap is per step: not "blocked")
                 break
+            if self.running:
+                if reserved is None:
+                    reserved = self._reserved(chunks)
+                if not self._fits_with(reserved, self.kv.prompt_need(seq, len(tokens) + 1, self._chunk(len(tokens)))):
+                    self.kv.give_up(seq, len(tokens))
+                    self._blocked = (seq, self.kv.version, budget)
+                    break
             self.waiting.popleft()
             self.kv.hold(seq, num_cached + n)
+            chunks.append((seq, need))
+            if reserved is not None:
+                reserved = [r + x for r, x in zip(reserved, self.kv.prompt_need(seq, len(tokens) + 1,
+                                                                                 self._chunk(len(tokens))))]
             seq.num_computed_tokens = num_cached
             if seq.num_cached_on_admit < 0:
                 seq.num_cached_on_admit = num_cached
@@ -194,6 +206,31 @@ class Scheduler:
             budget -= n
             absorbed += cost
         return out
+
+    # -- admission that keeps room for the running prefills --------------------------------------
+    # A request is admitted with blocks for its first chunk only. Admitted next to running requests
+    # whose prompts are not all computed yet, it could take blocks they need, and one of them (or
+    # itself) would be preempted mid-prompt and its chunks recomputed, again at every re-admission
+    # (head-wise SWA with recycling made this churn: docs/head_wise_swa.md). So, unless it would run
+    # alone, a request is admitted only if every pool can give it and each running prefill the
+    # blocks they still need to finish their known tokens (``SeqBlocks.prompt_need``: with
+    # recycling, what an SWA row holds at most). Decode growth past the known tokens is not
+    # reserved: it preempts as before.
+    def _chunk(self, num_tokens: int) -> int:
+        return self.cfg.max_num_batched_tokens if self.cfg.enable_chunked_prefill else num_tokens
+
+    def _reserved(self, chunks) -> list[int]:
+        """Sum over the running prefills (``chunks``: (seq, tokens left), those of the step's start
+        and those admitted since) of their ``prompt_need`` after this step's holds."""
+        total = [0] * len(self.kv.free_blocks())
+        for seq, _ in chunks:
+            if seq.status is Status.RUNNING:
+                known = seq.num_tokens
+                total = [t + x for t, x in zip(total, self.kv.prompt_need(seq, known + 1, self._chunk(known)))]
+        return total
+
+    def _fits_with(self, reserved: list[int], need: tuple[int, ...]) -> bool:
+        return all(r + x <= f for r, x, f in zip(reserved, need, self.kv.free_blocks()))
 
     @staticmethod
     def _entry(seq: Sequence, n: int, need: int) -> ScheduledSeq:
