@@ -16,7 +16,7 @@ power of two and masked; part B of the keys may be shared by every head (head st
 k_pe, read straight from the latent rows). Dv is padded and masked.
 
 Launch shape and tile order come from ``extend_config`` (the H100 sweep against SDPA flash and
-SGLang's extend kernel: BENCHMARKS.md section 17, ``tools/bench_mla_prefill.py``).
+SGLang's extend kernel: BENCHMARKS.md section 18, ``tools/bench_mla_prefill.py``).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def _extend_kernel(
         kb_base = KB + h * stride_kbh + offs_b[None, :]
         v_base = V + h * stride_vh + offs_v[None, :]
         # tiles of keys at positions <= the block's first query are visible to all its rows: no
-        # causal mask there (H100: 10-15% faster than masking every tile, BENCHMARKS.md section 17)
+        # causal mask there (H100: 10-15% faster than masking every tile, BENCHMARKS.md section 18)
         full_end = tl.minimum(hi, offset + mblk * BLOCK_M + 1)
         mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
         for start in range(lo, mid, BLOCK_N):
@@ -183,15 +183,17 @@ class ExtendConfig:
     reverse_m: int = 1      # longest query blocks first (measured only with the rest of the default)
 
 
-def extend_config(block_da: int, block_db: int, block_dv: int, **override) -> ExtendConfig:
-    """Launch config from the padded head dims; ``override`` (or env PADDLE_MLA_EXTEND_CFG=
-    "block_n=128,num_stages=3") sets fields for tuning (tools/bench_mla_prefill.py --variants)."""
+def extend_config(block_da: int, block_db: int, block_dv: int, elem_bytes: int = 2, **override) -> ExtendConfig:
+    """Launch config from the padded head dims and the inputs' element size; ``override`` (or env
+    PADDLE_MLA_EXTEND_CFG="block_n=128,num_stages=3") sets fields for tuning
+    (tools/bench_mla_prefill.py --variants)."""
     if interpreting():
         cfg = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
     elif block_da + block_db + block_dv <= 384:
-        # MLA's 128+64 / 128: the best of the H100 sweep in BENCHMARKS.md section 17 (3 stages:
-        # 155 KB of shared memory, one program per SM)
-        cfg = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
+        # MLA's 128+64 / 128: the best of the H100 sweep in BENCHMARKS.md section 18 (3 stages:
+        # 155 KB of shared memory in bf16, one program per SM); fp32 tiles are twice the bytes and
+        # 3 stages would need 295 KB, over the 227 KB an SM has, so fp32 keeps 2
+        cfg = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3 if elem_bytes <= 2 else 2}
     else:
         cfg = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
     env = os.environ.get("PADDLE_MLA_EXTEND_CFG")
@@ -228,7 +230,7 @@ def extend_attention(q_a, q_b, k_a, k_b, v, out, lse, cu_seqlens_q, cu_seqlens_k
     lse_t, lse_h = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     block_da, block_db, block_dv = max(16, next_pow2(da)), max(16, next_pow2(db)), max(16, next_pow2(dv))
     if cfg is None:
-        cfg = extend_config(block_da, block_db if db else 0, block_dv)
+        cfg = extend_config(block_da, block_db if db else 0, block_dv, k_a.element_size())
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), bs, H)
     _extend_kernel[grid](
         q_a, q_b, k_a, k_b, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k,
