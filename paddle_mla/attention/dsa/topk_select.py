@@ -17,9 +17,9 @@ order-preserving as a signed int32 (``key``):
    (the order does not matter: step 2 is order-free).
 2. ``_select_kernel``, grid (rows,): if topk <= passed <= CAP, the k-th largest buffered key by a
    radix select in registers (4 passes of 8-bit histograms; with ``short_select`` the 4th only where
-   the k-th key's 24-bit bucket is neither taken whole nor decided by one max or min), then the
-   columns above it and the first ones equal to it: exact, since every key at or above the threshold
-   is buffered. Else (the
+   the k-th key's 24-bit bucket is neither taken whole nor decided by one max or min, and both ranks
+   from one scan), then the columns above it and the first ones equal to it: exact, since every key
+   at or above the threshold is buffered. Else (the
    sample missed: rare) the same radix select over the whole window, chunk by chunk.
 Measured on an H100 ([64, 32k], top-2048): the radix select alone over the window took 183 µs (the
 histograms are compute-bound: 40 chunk passes in one program per row); a sampled threshold with
@@ -220,9 +220,15 @@ def _select_kernel(
                 tl.atomic_add(paths + path, 1)
             above = valid & (key > thr)
             equal = valid & (key == thr)
-            ie = tl.cumsum(equal.to(tl.int32), 0) - 1
-            tl.store(dst + tl.cumsum(above.to(tl.int32), 0) - 1, col.to(tl.int64), mask=above)
-            tl.store(dst + (K - need) + ie, col.to(tl.int64), mask=equal & (ie < need))
+            if SHORT:   # both ranks from one scan (each count <= CAP < 2**15: no overflow), one store
+                both = tl.cumsum(above.to(tl.int32) + (equal.to(tl.int32) << 16), 0)
+                ie = (both >> 16) - 1
+                at = tl.where(above, (both & 0xFFFF) - 1, (K - need) + ie)
+                tl.store(dst + at, col.to(tl.int64), mask=above | (equal & (ie < need)))
+            else:
+                ie = tl.cumsum(equal.to(tl.int32), 0) - 1
+                tl.store(dst + tl.cumsum(above.to(tl.int32), 0) - 1, col.to(tl.int64), mask=above)
+                tl.store(dst + (K - need) + ie, col.to(tl.int64), mask=equal & (ie < need))
         else:   # the sample kept too few or too many keys: the same select over the whole window
             tl.atomic_add(fallbacks, 1)
             thr, need = _kth_key_in_row(row, lo, hi, K, BLOCK)
@@ -282,6 +288,8 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     if scratch is None:
         scratch = batch_ids.new_zeros(topk_scratch_shape(T, topk))
     assert scratch.shape[0] >= T and scratch.shape[1] >= 2 * cap + 1 and scratch.stride(1) == 1
+    if short_select and cap >= 1 << 15:
+        raise ValueError("topk_select: short_select packs two counts in one int32; topk must be <= 8192")
     if fallbacks is None:
         fallbacks = batch_ids.new_zeros(1)
     interp = interpreting()
