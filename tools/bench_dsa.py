@@ -230,7 +230,9 @@ def bench_indexer_ab(b: int, s: int, heads: int, dim: int, topk: int, repeats: i
             print(f"variant {name} failed: {str(e)[:300]}")
             continue
         variants[name] = kw
-        exact = torch.equal(scores[:, :s].gather(1, pos_out).sort(-1).values, ref_vals)
+        cols = pos_out.sort(-1).values    # distinct columns inside the window, whose values are the top k
+        exact = bool((cols[:, 1:] > cols[:, :-1]).all() and (cols[:, 0] >= 0).all() and (cols[:, -1] < s).all()
+                     and torch.equal(scores[:, :s].gather(1, pos_out).sort(-1).values, ref_vals))
         checks[name] = dict(exact=exact, sample_misses=int(fallbacks.item()), paths=paths.tolist())
     x = torch.empty((1 << 30) if DEV != "cpu" else (1 << 20), dtype=torch.uint8, device=DEV)   # as copy_bandwidth
     y = torch.empty_like(x)
