@@ -228,6 +228,7 @@ def bench_indexer_ab(b: int, s: int, heads: int, dim: int, topk: int, repeats: i
             select(fallbacks=fallbacks, **kw, **stats)
         except Exception as e:   # noqa: BLE001  (a variant that does not compile is reported, the rest timed)
             print(f"variant {name} failed: {str(e)[:300]}")
+            scratch.zero_()     # its candidate pass may have run: the counts must start at zero again
             continue
         variants[name] = kw
         cols = pos_out.sort(-1).values    # distinct columns inside the window, whose values are the top k

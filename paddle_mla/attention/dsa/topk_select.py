@@ -118,18 +118,18 @@ def _kth_key_short(key, valid, K):
         prefix, need, bucket = _pass_pick(_pass_hist(key, valid, prefix, p), need, prefix, p)
     inb = valid & ((key >> 8) == (prefix >> 8))
     thr = prefix
-    path = 3
+    path = tl.full((), 3, tl.int32)     # int32 tensors in every branch: older Triton front ends insist
     if (need == bucket) & (prefix != -2147483648):
         thr = prefix - 1
-        need = 0
-        path = 0
+        need = tl.zeros((), tl.int32)
+        path = tl.full((), 0, tl.int32)
     elif need == 1:
         thr = tl.max(tl.where(inb, key, -2147483648), 0)
-        path = 1
+        path = tl.full((), 1, tl.int32)
     elif need == bucket - 1:
         thr = tl.min(tl.where(inb, key, 2147483647), 0)
         need -= tl.sum((inb & (key > thr)).to(tl.int32), 0)
-        path = 2
+        path = tl.full((), 2, tl.int32)
     else:
         thr, need, _ = _pass_pick(_pass_hist(key, valid, prefix, 3), need, prefix, 3)
     return thr, need, path
