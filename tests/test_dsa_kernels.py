@@ -104,11 +104,15 @@ def _check_topk(got, scores, meta, K):
 MIXED, DECODE = ([3, 0, 12, 1], [3, 9, 70, 100]), ([1, 1, 1, 1], [1, 130, 17, 6])
 
 
+VARIANTS = [dict(), dict(append_sem="relaxed", short_select=True)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["default", "relaxed_short"])
 @pytest.mark.parametrize("lens,ties,margin", [(MIXED, False, 3), (MIXED, False, -1000), (MIXED, False, 1000),
                                               (MIXED, True, 3), (DECODE, False, 3), (DECODE, True, 3)],
                          ids=["mixed-sampled", "mixed-sample_short", "mixed-sample_over", "mixed-ties",
                               "decode-sampled", "decode-ties"])
-def test_topk_select_matches_reference(lens, ties, margin):
+def test_topk_select_matches_reference(lens, ties, margin, variant):
     """Top-k selection vs sorting: rows with fewer keys than K (all of them, then -1), with no more than
     the candidate buffer (all buffered), with more (sampled threshold; a margin of -1000 or 1000 makes
     the sample keep too few or too many candidates, so the radix select over the whole window runs),
@@ -126,7 +130,7 @@ def test_topk_select_matches_reference(lens, ties, margin):
     scratch = torch.zeros(topk_scratch_shape(meta.num_tokens, K), dtype=torch.int32, device=DEV)
     for call in range(2):
         got = topk_select(_t(scores), K, out, meta.batch_id_per_token, meta.positions, **windows, scratch=scratch,
-                          fallbacks=fallbacks, margin=margin, sample=64).cpu().numpy()
+                          fallbacks=fallbacks, margin=margin, sample=64, **variant).cpu().numpy()
         _check_topk(got, scores, meta, K)
         scores = scores[:, ::-1].copy() if call == 0 else scores
     cap = candidate_capacity(K)
@@ -136,6 +140,46 @@ def test_topk_select_matches_reference(lens, ties, margin):
         assert int(fallbacks.item()) > 0
     elif not ties:
         assert int(fallbacks.item()) == 0
+
+
+def _bucket_row(rng, n, K, sign, above, kth_at, bucket_ulps):
+    """A row of ``n`` scores whose k-th key's 24-bit bucket holds the keys ``bucket_ulps`` ulps below
+    v = 3.0000458 (bits 0x404000C0: up to 192 ulps below stay in its bucket), times ``sign`` (negative
+    keys order the other way); ``above`` keys far above it, the rest far below. Shuffled."""
+    bucket = sign * (np.uint32(0x404000C0) - np.array(bucket_ulps, np.uint32)).view(np.float32)
+    hi = (20 + rng.random(above)).astype(np.float32)
+    lo = (-30 - rng.random(n - above - len(bucket))).astype(np.float32)
+    row = np.concatenate([hi, bucket, lo])
+    assert np.sort(row)[::-1][K - 1] == np.sort(bucket)[::-1][kth_at]   # the k-th key is the intended one
+    return rng.permutation(row)
+
+
+# (keys above the bucket, the bucket as ulps below v, the k-th key's index in it sorted descending, path)
+BUCKETS = [(19, [0], 0, 0), (18, [0, 1], 1, 0), (19, [0, 1], 0, 1), (18, [0, 1, 2], 1, 2),
+           (18, [0, 1, 2, 3], 1, 3), (19, [0, 0, 1], 0, 1), (18, [0, 0, 0], 1, 2), (18, [0, 0], 1, 0),
+           (17, [0, 5, 5, 9], 2, 2), (17, [0, 5, 5, 5, 9], 2, 3), (19, [3, 3, 3, 3], 0, 1)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["default", "relaxed_short"])
+def test_topk_select_bucket_paths(variant):
+    """The select's paths after its 3rd radix digit, rows built so the k-th key's 24-bit bucket is
+    taken whole, decided by its max or its min, or needs the 4th digit, with ties in the bucket and
+    negative keys; each row checked against sorting, and with ``short_select`` each path counted."""
+    from paddle_mla.attention.dsa.topk_select import topk_select
+
+    rng = np.random.default_rng(11)
+    K, n = 20, 50      # buffer 64 >= 50: every key is buffered, the select decides
+    cases = [(sign,) + c for sign in (1, -1) for c in BUCKETS]
+    meta, _ = _meta(rng, [1] * len(cases), [n - 1] * len(cases), 16)
+    scores = np.stack([_bucket_row(rng, n, K, sign, above, kth, ulps) for sign, above, ulps, kth, _ in cases])
+    counts = torch.zeros(4, dtype=torch.int32, device=DEV)
+    stats = dict(path_counts=counts) if variant else {}
+    got = topk_select(_t(scores), K, torch.zeros(len(cases), K, dtype=torch.int64, device=DEV),
+                      meta.batch_id_per_token, meta.positions, **variant, **stats).cpu().numpy()
+    _check_topk(got, scores, meta, K)
+    if variant:
+        want = np.bincount([c[-1] for c in cases], minlength=4)
+        np.testing.assert_array_equal(counts.cpu().numpy(), want)
 
 
 def test_topk_select_extreme_values():

@@ -25,10 +25,12 @@ def _meta(rng, num_new, num_cached, page):
     return ForwardMeta.build(batch, page, DEV, KeyWindows(int(num_new.sum()) + 1, DEV)), nb
 
 
+@pytest.mark.parametrize("variant", [dict(), dict(append_sem="relaxed", short_select=True)],
+                         ids=["default", "relaxed_short"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("lens", [([300, 1, 1], [0, 5000, 2047]), ([1] * 8, [4096, 1, 2048, 2049, 17, 3000, 64, 9])],
                          ids=["mixed", "decode"])
-def test_index_scores_and_topk_bf16(page, lens):
+def test_index_scores_and_topk_bf16(page, lens, variant):
     from paddle_mla.attention.dsa.index_kernels import index_scores
     from paddle_mla.attention.dsa.topk_select import topk_select
 
@@ -43,7 +45,7 @@ def test_index_scores_and_topk_bf16(page, lens):
     win = {} if meta.is_decode_only else dict(ks=meta.index_ks, ke=meta.index_ke, cu_seqlens_k=meta.cu_seqlens_k)
     got = index_scores(q, w, cache, meta.block_tables, meta.batch_id_per_token, meta.positions, width, out, **win)
     pos = topk_select(got, K, torch.empty(T, K, dtype=torch.int64, device=DEV), meta.batch_id_per_token,
-                      meta.positions, **win)
+                      meta.positions, **win, **variant)
     s = 0
     for b in range(meta.num_reqs):
         n, c = int(meta.seq_lens_q[b]), int(meta.num_cached[b])

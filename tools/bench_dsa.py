@@ -8,6 +8,8 @@
    bandwidth (target >= 70%);
 4. end to end (``--e2e``): decode step of a V3.2-dims 4-layer model (dsa) vs the dense V3-dims
    model (triton_mla), batch 64, CUDA graphs on both (``--no-graphs``: off on both) (target <= 0.5x).
+``--indexer-ab`` times only item 3, today's top-k against its variants (relaxed append atomic, short
+select, both), interleaved, min of 5, and prints a table (about 20 s after compiling on an H100).
 ``--sweep`` adds kernel config variants (sparse MLA heads/tile/warps/stages/splits, score tile,
 top-k block), each with its time.
 Anchor: FlashMLA sparse decode, 410 TFLOPS on H800 (FP8, b=128, h=128, top-k 2048).
@@ -196,6 +198,71 @@ def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: floa
                 score_topk_fraction_of_copy_bw=key_bytes / (t_both * 1e-6) / bw, variants=variants)
 
 
+AB_VARIANTS = {"today": dict(), "relaxed": dict(append_sem="relaxed"), "short": dict(short_select=True),
+               "relaxed+short": dict(append_sem="relaxed", short_select=True),
+               "relaxed+short+2-digit sample": dict(append_sem="relaxed", short_select=True, threshold_digits=2)}
+
+
+def bench_indexer_ab(b: int, s: int, heads: int, dim: int, topk: int, repeats: int = 5) -> dict:
+    """--indexer-ab: the score kernel, and the top-k and score + top-k of each ``AB_VARIANTS`` entry, at
+    one shape, interleaved, min of ``repeats`` (copy bandwidth too: the max of its repeats). Each
+    variant's selection is checked against torch.topk by value; its short-select paths are counted."""
+    g = torch.Generator(device=DEV).manual_seed(1)
+    cache, tables = _paged(b, s, dim, g)
+    q = torch.randn(b, heads, dim, device=DEV, generator=g).to(DTYPE)
+    w = torch.randn(b, heads, device=DEV, generator=g)
+    bids = torch.arange(b, dtype=torch.int32, device=DEV)
+    positions = torch.full((b,), s - 1, dtype=torch.int64, device=DEV)
+    scores = torch.empty(b, 4 * s, dtype=torch.float32, device=DEV)   # as a graphed step's buffer
+    pos_out = torch.empty(b, topk, dtype=torch.int64, device=DEV)
+    scratch = torch.zeros(topk_scratch_shape(b, topk), dtype=torch.int32, device=DEV)
+    score = lambda: index_scores(q, w, cache, tables, bids, positions, 4 * s, scores)   # noqa: E731
+    select = lambda **kw: topk_select(scores, topk, pos_out, bids, positions, scratch=scratch, **kw)   # noqa: E731
+    score()
+    ref_vals = torch.topk(scores[:, :s], topk, dim=-1).values.sort(-1).values
+    checks, variants = {}, {}
+    for name, kw in AB_VARIANTS.items():
+        fallbacks, paths = torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(4, dtype=torch.int32, device=DEV)
+        stats = dict(path_counts=paths) if kw.get("short_select") else {}
+        try:
+            select(fallbacks=fallbacks, **kw, **stats)
+        except Exception as e:   # noqa: BLE001  (a variant that does not compile is reported, the rest timed)
+            print(f"variant {name} failed: {str(e)[:300]}")
+            scratch.zero_()     # its candidate pass may have run: the counts must start at zero again
+            continue
+        variants[name] = kw
+        cols = pos_out.sort(-1).values    # distinct columns inside the window, whose values are the top k
+        exact = bool((cols[:, 1:] > cols[:, :-1]).all() and (cols[:, 0] >= 0).all() and (cols[:, -1] < s).all()
+                     and torch.equal(scores[:, :s].gather(1, pos_out).sort(-1).values, ref_vals))
+        checks[name] = dict(exact=exact, sample_misses=int(fallbacks.item()), paths=paths.tolist())
+    x = torch.empty((1 << 30) if DEV != "cpu" else (1 << 20), dtype=torch.uint8, device=DEV)   # as copy_bandwidth
+    y = torch.empty_like(x)
+    times = {k: [] for k in ["copy", "score"] + [f"topk {n}" for n in variants] + [f"pair {n}" for n in variants]}
+    for _ in range(repeats):
+        times["copy"].append(bench(lambda: y.copy_(x)))
+        times["score"].append(bench(score))
+        for name, kw in variants.items():
+            times[f"topk {name}"].append(bench(lambda: select(**kw)))
+            times[f"pair {name}"].append(bench(lambda: (score(), select(**kw))))
+    bw = 2 * x.numel() / (min(times["copy"]) * 1e-6)
+    key_bytes = b * s * dim * 2
+    best = {k: min(v) for k, v in times.items()}
+    return dict(b=b, context=s, topk=topk, copy_bw_gbs=bw / 1e9, key_bytes=key_bytes, us_min=best, us_all=times,
+                checks=checks, fraction_of_copy={k: key_bytes / (t * 1e-6) / bw for k, t in best.items() if k != "copy"})
+
+
+def print_indexer_ab(r: dict) -> None:
+    print(f"## indexer score + top-k A/B, b={r['b']} ctx {r['context']} top-{r['topk']}, copy {r['copy_bw_gbs']:.0f} GB/s, "
+          f"key bytes {r['key_bytes'] / 1e6:.1f} MB (min of {len(r['us_all']['score'])} interleaved repeats)")
+    print(f"score kernel alone: {r['us_min']['score']:.1f} us ({r['fraction_of_copy']['score']:.1%} of copy)")
+    print("| variant | top-k alone us | score + top-k us | % of copy (target >= 70%) | exact | sample misses | "
+          "short paths [whole, max, min, 4th digit] |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for n, c in r["checks"].items():
+        print(f"| {n} | {r['us_min'][f'topk {n}']:.1f} | {r['us_min'][f'pair {n}']:.1f} | "
+              f"{r['fraction_of_copy'][f'pair {n}']:.1%} | {c['exact']} | {c['sample_misses']} | {c['paths']} |")
+
+
 def bench_e2e(layers: int, batch: int, context: int, graphs: bool) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_e2e_decode import V3, random_weights, time_steps
@@ -248,12 +315,21 @@ def main() -> None:
     ap.add_argument("--no-graphs", action="store_true", help="e2e without CUDA graphs on either model")
     ap.add_argument("--json", default=None)
     ap.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--indexer-ab", action="store_true",
+                    help="only the indexer score + top-k variants (topk_select's append_sem / short_select), A/B")
     args = ap.parse_args()
     global DEV, DTYPE
     ctx = 8192 if args.quick else 32768
     b, h, topk, tokens = 64, 128, 2048, 32768
     if args.cpu_smoke:
         DEV, DTYPE, ctx, b, h, topk, tokens = "cpu", torch.float32, 256, 2, 16, 64, 512
+    if args.indexer_ab:
+        r = bench_indexer_ab(b, ctx, 64 if DEV != "cpu" else 16, 128, topk, 5 if DEV != "cpu" else 1)
+        print_indexer_ab(r)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(r, f, indent=1)
+        return
     bw = copy_bandwidth()
     res = {"device": torch.cuda.get_device_name() if DEV != "cpu" else "cpu (smoke)", "copy_bw_gbs": bw / 1e9,
            "key_windows": bench_key_windows(tokens),

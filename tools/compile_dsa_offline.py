@@ -33,9 +33,12 @@ def compile_sm90(fn, constexprs: dict, ptrs: dict, floats=(), warps: int = 8, st
 def main() -> None:
     topk_ptrs = dict(WINDOW, scores="*fp32", out="*i64", scratch="*i32", fallbacks="*i32")
     for uw in (False, True):
-        compile_sm90(ts._candidates_kernel, dict(USE_WINDOW=uw, BLOCK=1024, CAP=4096, SAMPLE=1024, THRESHOLD_DIGITS=3),
-                     topk_ptrs, warps=4)
-        compile_sm90(ts._select_kernel, dict(USE_WINDOW=uw, BLOCK=4096, BLOCK_K=1024, CAP=4096), topk_ptrs, warps=16)
+        for sem in ("acq_rel", "relaxed"):
+            compile_sm90(ts._candidates_kernel, dict(USE_WINDOW=uw, BLOCK=1024, CAP=4096, SAMPLE=1024,
+                                                     THRESHOLD_DIGITS=3, SEM=sem), topk_ptrs, warps=4)
+        for short, stats in ((False, False), (True, False), (True, True)):
+            compile_sm90(ts._select_kernel, dict(USE_WINDOW=uw, BLOCK=4096, BLOCK_K=1024, CAP=4096, SHORT=short,
+                                                 STATS=stats), dict(topk_ptrs, paths="*i32"), warps=16)
         for one in (True, False):
             compile_sm90(ik._index_score_kernel, dict(PAGE=64, USE_WINDOW=uw, ONE_HEAD_BLOCK=one, BLOCK_H=64,
                                                       BLOCK_D=128, BLOCK_N=64),

@@ -16,8 +16,10 @@ order-preserving as a signed int32 (``key``):
    columns to the row's buffer of ``CAP`` = 2 x topk, reserving room with one atomic per chunk
    (the order does not matter: step 2 is order-free).
 2. ``_select_kernel``, grid (rows,): if topk <= passed <= CAP, the k-th largest buffered key by a
-   radix select in registers (4 passes of 8-bit histograms), then the columns above it and the
-   first ones equal to it: exact, since every key at or above the threshold is buffered. Else (the
+   radix select in registers (4 passes of 8-bit histograms; with ``short_select`` the 4th only where
+   the k-th key's 24-bit bucket is neither taken whole nor decided by one max or min, and both ranks
+   from one scan), then the columns above it and the first ones equal to it: exact, since every key
+   at or above the threshold is buffered. Else (the
    sample missed: rare) the same radix select over the whole window, chunk by chunk.
 Measured on an H100 ([64, 32k], top-2048): the radix select alone over the window took 183 µs (the
 histograms are compute-bound: 40 chunk passes in one program per row); a sampled threshold with
@@ -73,14 +75,16 @@ def _pass_hist(key, cand, prefix, p: tl.constexpr):
 
 @triton.jit
 def _pass_pick(hist, need, prefix, p: tl.constexpr):
-    """The digit ``p`` of the ``need``-th largest candidate; ``need`` less the candidates above it."""
+    """The digit ``p`` of the ``need``-th largest candidate; ``need`` less the candidates above it;
+    the candidates in its bucket (those sharing its digits 0..p)."""
     bins = tl.arange(0, 256)
     at_or_above = tl.cumsum(hist, 0, reverse=True)
     d = tl.sum((at_or_above >= need).to(tl.int32), 0) - 1
     need -= tl.sum(tl.where(bins == d, at_or_above - hist, 0), 0)
+    bucket = tl.sum(tl.where(bins == d, hist, 0), 0)    # dead code (removed) where unused
     if p == 0:
         d = d ^ 0x80
-    return prefix | (d << (24 - 8 * p)), need
+    return prefix | (d << (24 - 8 * p)), need, bucket
 
 
 @triton.jit
@@ -90,8 +94,45 @@ def _kth_key_in_registers(key, valid, K, PASSES: tl.constexpr = 4):
     need = K
     prefix = tl.zeros((), tl.int32)
     for p in tl.static_range(PASSES):
-        prefix, need = _pass_pick(_pass_hist(key, valid, prefix, p), need, prefix, p)
+        prefix, need, _ = _pass_pick(_pass_hist(key, valid, prefix, p), need, prefix, p)
     return prefix, need
+
+
+@triton.jit
+def _kth_key_short(key, valid, K):
+    """As ``_kth_key_in_registers`` (returning a threshold ``thr`` and ``need`` with the same meaning:
+    the top K are the keys above ``thr`` and ``need`` of those equal to it), but the 4th digit's
+    histogram only where nothing cheaper is exact. After 3 digits the k-th key's bucket (keys sharing
+    its top 24 bits) holds ``bucket`` keys of which the top K takes the ``need`` largest; at the
+    indexer's scale it is nearly always 1 or 2 keys, and since the kernel's time is that of its
+    slowest row, every common case must skip the pass:
+    - ``need == bucket``: the bucket is taken whole; every key >= its prefix (thr = prefix - 1,
+      need 0; a prefix of INT_MIN, only a negative NaN, takes the histogram instead);
+    - ``need == 1``: only its largest key: thr = that key (one max), need 1;
+    - ``need == bucket - 1``: all but its smallest: thr = that key (one min), need = its copies - 1;
+    - else the 4th histogram. Also returns which of these ran (0, 1, 2, 3: histogram)."""
+    need = K
+    prefix = tl.zeros((), tl.int32)
+    bucket = K
+    for p in tl.static_range(3):
+        prefix, need, bucket = _pass_pick(_pass_hist(key, valid, prefix, p), need, prefix, p)
+    inb = valid & ((key >> 8) == (prefix >> 8))
+    thr = prefix
+    path = tl.full((), 3, tl.int32)     # int32 tensors in every branch: older Triton front ends insist
+    if (need == bucket) & (prefix != -2147483648):
+        thr = prefix - 1
+        need = tl.zeros((), tl.int32)
+        path = tl.full((), 0, tl.int32)
+    elif need == 1:
+        thr = tl.max(tl.where(inb, key, -2147483648), 0)
+        path = tl.full((), 1, tl.int32)
+    elif need == bucket - 1:
+        thr = tl.min(tl.where(inb, key, 2147483647), 0)
+        need -= tl.sum((inb & (key > thr)).to(tl.int32), 0)
+        path = tl.full((), 2, tl.int32)
+    else:
+        thr, need, _ = _pass_pick(_pass_hist(key, valid, prefix, 3), need, prefix, 3)
+    return thr, need, path
 
 
 @triton.jit
@@ -105,7 +146,7 @@ def _kth_key_in_row(row, lo, hi, K, BLOCK: tl.constexpr):
             c = c0 + tl.arange(0, BLOCK)
             key = _sortable(tl.load(row + c, mask=c < hi, other=float("-inf")))
             hist += _pass_hist(key, c < hi, prefix, p)
-        prefix, need = _pass_pick(hist, need, prefix, p)
+        prefix, need, _ = _pass_pick(hist, need, prefix, p)
     return prefix, need
 
 
@@ -113,7 +154,7 @@ def _kth_key_in_row(row, lo, hi, K, BLOCK: tl.constexpr):
 def _candidates_kernel(
     scores, scratch, batch_ids, positions, ks, ke, cu_k, stride_st, stride_xt, K, MARGIN,
     USE_WINDOW: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr,
-    THRESHOLD_DIGITS: tl.constexpr,
+    THRESHOLD_DIGITS: tl.constexpr, SEM: tl.constexpr,
 ):
     t = tl.program_id(0)
     S = tl.num_programs(1)
@@ -138,7 +179,9 @@ def _candidates_kernel(
             key = _sortable(tl.load(row + c, mask=c < hi, other=float("-inf")))
             take = (c < hi) & (key >= thr)
             cnt = tl.sum(take.to(tl.int32), 0)
-            base = tl.atomic_add(keys + 2 * CAP, cnt)
+            # relaxed is enough: in this launch the count is read only through this atomic's
+            # return value and the buffer not at all; the select reads both in a later launch
+            base = tl.atomic_add(keys + 2 * CAP, cnt, sem=SEM)
             idx = base + tl.cumsum(take.to(tl.int32), 0) - 1
             ok = take & (idx < CAP)
             tl.store(keys + idx, key, mask=ok)
@@ -147,8 +190,9 @@ def _candidates_kernel(
 
 @triton.jit
 def _select_kernel(
-    scores, out, scratch, fallbacks, batch_ids, positions, ks, ke, cu_k, stride_st, stride_ot, stride_xt, K,
+    scores, out, scratch, fallbacks, paths, batch_ids, positions, ks, ke, cu_k, stride_st, stride_ot, stride_xt, K,
     USE_WINDOW: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, CAP: tl.constexpr,
+    SHORT: tl.constexpr, STATS: tl.constexpr,
 ):
     t = tl.program_id(0)
     _, lo, hi = row_window(t, batch_ids, positions, ks, ke, cu_k, USE_WINDOW)
@@ -167,12 +211,24 @@ def _select_kernel(
             valid = j < m
             key = tl.load(buf + j, mask=valid, other=0)
             col = tl.load(buf + CAP + j, mask=valid, other=0)
-            thr, need = _kth_key_in_registers(key, valid, K)
+            if SHORT:
+                thr, need, path = _kth_key_short(key, valid, K)
+            else:
+                thr, need = _kth_key_in_registers(key, valid, K)
+                path = 3
+            if STATS:
+                tl.atomic_add(paths + path, 1)
             above = valid & (key > thr)
             equal = valid & (key == thr)
-            ie = tl.cumsum(equal.to(tl.int32), 0) - 1
-            tl.store(dst + tl.cumsum(above.to(tl.int32), 0) - 1, col.to(tl.int64), mask=above)
-            tl.store(dst + (K - need) + ie, col.to(tl.int64), mask=equal & (ie < need))
+            if SHORT:   # both ranks from one scan (each count <= CAP < 2**15: no overflow), one store
+                both = tl.cumsum(above.to(tl.int32) + (equal.to(tl.int32) << 16), 0)
+                ie = (both >> 16) - 1
+                at = tl.where(above, (both & 0xFFFF) - 1, (K - need) + ie)
+                tl.store(dst + at, col.to(tl.int64), mask=above | (equal & (ie < need)))
+            else:
+                ie = tl.cumsum(equal.to(tl.int32), 0) - 1
+                tl.store(dst + tl.cumsum(above.to(tl.int32), 0) - 1, col.to(tl.int64), mask=above)
+                tl.store(dst + (K - need) + ie, col.to(tl.int64), mask=equal & (ie < need))
         else:   # the sample kept too few or too many keys: the same select over the whole window
             tl.atomic_add(fallbacks, 1)
             thr, need = _kth_key_in_row(row, lo, hi, K, BLOCK)
@@ -205,7 +261,8 @@ def topk_scratch_shape(rows: int, topk: int) -> tuple[int, int]:
 
 def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, cu_seqlens_k=None,
                 scratch=None, fallbacks=None, block: int = 0, margin: int = 3, sample: int = 1024,
-                segments: int = 0, candidate_warps: int = 4, select_warps: int = 16, threshold_digits: int = 3):
+                segments: int = 0, candidate_warps: int = 4, select_warps: int = 16, threshold_digits: int = 3,
+                append_sem: str = "acq_rel", short_select: bool = False, path_counts=None):
     """Top-``topk`` columns of each row's window of ``scores`` [T, >= width] float32 -> out[:T] int64.
 
     Windows as in ``index_kernels.index_scores`` (``ks``/``ke``/``cu_seqlens_k`` in prefill steps,
@@ -213,7 +270,12 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     ``scratch``: a zeroed int32 workspace of ``topk_scratch_shape`` (allocated here if not given).
     ``fallbacks`` (int32 [1], optional) counts the rows whose sample missed (tests, benchmarks).
     ``segments``: programs per row of the candidate pass (default: about 4 per SM in all); the other
-    keywords are tuning knobs (tools/bench_dsa.py --sweep).
+    keywords are tuning knobs (tools/bench_dsa.py --sweep). ``append_sem``: the memory order of the
+    candidate pass's append atomic ("relaxed" is enough: see the kernel). ``short_select``: the select
+    skips its 4th radix pass where a cheaper step is exact (``_kth_key_short``). Both select the same
+    set as the defaults (the tied keys taken may differ, as between runs). ``path_counts`` (int32 [4],
+    optional, with ``short_select``) counts the buffered rows by ``_kth_key_short``'s path (tests,
+    tools/bench_dsa.py --indexer-ab).
     """
     T, width = scores.shape[0], scores.shape[1]
     res = out[:T]
@@ -226,6 +288,8 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     if scratch is None:
         scratch = batch_ids.new_zeros(topk_scratch_shape(T, topk))
     assert scratch.shape[0] >= T and scratch.shape[1] >= 2 * cap + 1 and scratch.stride(1) == 1
+    if short_select and cap >= 1 << 15:
+        raise ValueError("topk_select: short_select packs two counts in one int32; topk must be <= 8192")
     if fallbacks is None:
         fallbacks = batch_ids.new_zeros(1)
     interp = interpreting()
@@ -236,11 +300,12 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     _candidates_kernel[(T, segments)](
         scores, scratch, batch_ids, positions, *win, scores.stride(0), scratch.stride(0), topk, margin,
         USE_WINDOW=use_window, BLOCK=block, CAP=cap, SAMPLE=sample, THRESHOLD_DIGITS=threshold_digits,
-        num_warps=candidate_warps,
+        SEM=append_sem, num_warps=candidate_warps,
     )
     _select_kernel[(T,)](
-        scores, res, scratch, fallbacks, batch_ids, positions, *win, scores.stride(0), res.stride(0),
+        scores, res, scratch, fallbacks, fallbacks if path_counts is None else path_counts, batch_ids, positions, *win, scores.stride(0), res.stride(0),
         scratch.stride(0), topk, USE_WINDOW=use_window, BLOCK=block if interp else 4096,
-        BLOCK_K=min(1024, triton.next_power_of_2(topk)), CAP=cap, num_warps=select_warps,
+        BLOCK_K=min(1024, triton.next_power_of_2(topk)), CAP=cap, SHORT=short_select,
+        STATS=path_counts is not None, num_warps=select_warps,
     )
     return res
