@@ -104,10 +104,11 @@ def _check_topk(got, scores, meta, K):
 MIXED, DECODE = ([3, 0, 12, 1], [3, 9, 70, 100]), ([1, 1, 1, 1], [1, 130, 17, 6])
 
 
-VARIANTS = [dict(), dict(append_sem="relaxed", short_select=True)]
+# the defaults (relaxed append, short select, 2-digit threshold) and the previous path
+VARIANTS = [dict(), dict(append_sem="acq_rel", short_select=False, threshold_digits=3)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["default", "relaxed_short"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["default", "previous"])
 @pytest.mark.parametrize("lens,ties,margin", [(MIXED, False, 3), (MIXED, False, -1000), (MIXED, False, 1000),
                                               (MIXED, True, 3), (DECODE, False, 3), (DECODE, True, 3)],
                          ids=["mixed-sampled", "mixed-sample_short", "mixed-sample_over", "mixed-ties",
@@ -160,7 +161,7 @@ BUCKETS = [(19, [0], 0, 0), (18, [0, 1], 1, 0), (19, [0, 1], 0, 1), (18, [0, 1, 
            (17, [0, 5, 5, 9], 2, 2), (17, [0, 5, 5, 5, 9], 2, 3), (19, [3, 3, 3, 3], 0, 1)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["default", "relaxed_short"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["default", "previous"])
 def test_topk_select_bucket_paths(variant):
     """The select's paths after its 3rd radix digit, rows built so the k-th key's 24-bit bucket is
     taken whole, decided by its max or its min, or needs the 4th digit, with ties in the bucket and
@@ -173,11 +174,12 @@ def test_topk_select_bucket_paths(variant):
     meta, _ = _meta(rng, [1] * len(cases), [n - 1] * len(cases), 16)
     scores = np.stack([_bucket_row(rng, n, K, sign, above, kth, ulps) for sign, above, ulps, kth, _ in cases])
     counts = torch.zeros(4, dtype=torch.int32, device=DEV)
-    stats = dict(path_counts=counts) if variant else {}
+    short = variant.get("short_select", True)      # the default select is the short one
+    stats = dict(path_counts=counts) if short else {}
     got = topk_select(_t(scores), K, torch.zeros(len(cases), K, dtype=torch.int64, device=DEV),
                       meta.batch_id_per_token, meta.positions, **variant, **stats).cpu().numpy()
     _check_topk(got, scores, meta, K)
-    if variant:
+    if short:
         want = np.bincount([c[-1] for c in cases], minlength=4)
         np.testing.assert_array_equal(counts.cpu().numpy(), want)
 

@@ -25,8 +25,8 @@ def _meta(rng, num_new, num_cached, page):
     return ForwardMeta.build(batch, page, DEV, KeyWindows(int(num_new.sum()) + 1, DEV)), nb
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(append_sem="relaxed", short_select=True)],
-                         ids=["default", "relaxed_short"])
+@pytest.mark.parametrize("variant", [dict(), dict(append_sem="acq_rel", short_select=False, threshold_digits=3)],
+                         ids=["default", "previous"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("lens", [([300, 1, 1], [0, 5000, 2047]), ([1] * 8, [4096, 1, 2048, 2049, 17, 3000, 64, 9])],
                          ids=["mixed", "decode"])

@@ -177,7 +177,7 @@ def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: floa
             variants.append(dict(kind="score", **kw, us=t, fraction_of_copy_bw=key_bytes / (t * 1e-6) / bw))
         score()
         topk_variants = (dict(), dict(select_warps=8), dict(candidate_warps=8), dict(candidate_warps=8, select_warps=8),
-                         dict(threshold_digits=2), dict(block=2048), dict(segments=16), dict(segments=4))
+                         dict(threshold_digits=3), dict(block=2048), dict(segments=16), dict(segments=4))
         times = {i: [] for i in range(len(topk_variants))}
         for _ in range(3):      # interleaved repeats: single top-k timings varied by 1.7x in one process
             for i, kw in enumerate(topk_variants):
@@ -198,9 +198,11 @@ def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: floa
                 score_topk_fraction_of_copy_bw=key_bytes / (t_both * 1e-6) / bw, variants=variants)
 
 
-AB_VARIANTS = {"today": dict(), "relaxed": dict(append_sem="relaxed"), "short": dict(short_select=True),
-               "relaxed+short": dict(append_sem="relaxed", short_select=True),
-               "relaxed+short+2-digit sample": dict(append_sem="relaxed", short_select=True, threshold_digits=2)}
+_PREVIOUS = dict(append_sem="acq_rel", short_select=False, threshold_digits=3)   # the 2026-11-22 path
+AB_VARIANTS = {"previous": _PREVIOUS, "relaxed": {**_PREVIOUS, "append_sem": "relaxed"},
+               "short": {**_PREVIOUS, "short_select": True},
+               "relaxed+short": {**_PREVIOUS, "append_sem": "relaxed", "short_select": True},
+               "relaxed+short+2-digit sample (default)": dict()}
 
 
 def bench_indexer_ab(b: int, s: int, heads: int, dim: int, topk: int, repeats: int = 5) -> dict:
@@ -223,7 +225,7 @@ def bench_indexer_ab(b: int, s: int, heads: int, dim: int, topk: int, repeats: i
     checks, variants = {}, {}
     for name, kw in AB_VARIANTS.items():
         fallbacks, paths = torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(4, dtype=torch.int32, device=DEV)
-        stats = dict(path_counts=paths) if kw.get("short_select") else {}
+        stats = dict(path_counts=paths) if kw.get("short_select", True) else {}
         try:
             select(fallbacks=fallbacks, **kw, **stats)
         except Exception as e:   # noqa: BLE001  (a variant that does not compile is reported, the rest timed)

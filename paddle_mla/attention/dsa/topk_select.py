@@ -261,8 +261,8 @@ def topk_scratch_shape(rows: int, topk: int) -> tuple[int, int]:
 
 def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, cu_seqlens_k=None,
                 scratch=None, fallbacks=None, block: int = 0, margin: int = 3, sample: int = 1024,
-                segments: int = 0, candidate_warps: int = 4, select_warps: int = 16, threshold_digits: int = 3,
-                append_sem: str = "acq_rel", short_select: bool = False, path_counts=None):
+                segments: int = 0, candidate_warps: int = 4, select_warps: int = 16, threshold_digits: int = 2,
+                append_sem: str = "relaxed", short_select: bool | None = None, path_counts=None):
     """Top-``topk`` columns of each row's window of ``scores`` [T, >= width] float32 -> out[:T] int64.
 
     Windows as in ``index_kernels.index_scores`` (``ks``/``ke``/``cu_seqlens_k`` in prefill steps,
@@ -272,8 +272,10 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     ``segments``: programs per row of the candidate pass (default: about 4 per SM in all); the other
     keywords are tuning knobs (tools/bench_dsa.py --sweep). ``append_sem``: the memory order of the
     candidate pass's append atomic ("relaxed" is enough: see the kernel). ``short_select``: the select
-    skips its 4th radix pass where a cheaper step is exact (``_kth_key_short``). Both select the same
-    set as the defaults (the tied keys taken may differ, as between runs). ``path_counts`` (int32 [4],
+    skips its 4th radix pass where a cheaper step is exact (``_kth_key_short``); None: on wherever it
+    can be (topk <= 8192). Defaults: the fastest exact variant of ``bench_dsa.py --indexer-ab`` (H100,
+    BENCHMARKS.md section 5: relaxed append, short select, 2-digit sample threshold). Every variant
+    selects the same set (the tied keys taken may differ, as between runs). ``path_counts`` (int32 [4],
     optional, with ``short_select``) counts the buffered rows by ``_kth_key_short``'s path (tests,
     tools/bench_dsa.py --indexer-ab).
     """
@@ -288,6 +290,8 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     if scratch is None:
         scratch = batch_ids.new_zeros(topk_scratch_shape(T, topk))
     assert scratch.shape[0] >= T and scratch.shape[1] >= 2 * cap + 1 and scratch.stride(1) == 1
+    if short_select is None:
+        short_select = cap < 1 << 15
     if short_select and cap >= 1 << 15:
         raise ValueError("topk_select: short_select packs two counts in one int32; topk must be <= 8192")
     if fallbacks is None:
