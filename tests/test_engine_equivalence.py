@@ -35,7 +35,7 @@ def workload(vocab: int, seed: int = 0, n: int = 8) -> list[GenerationRequest]:
         head = shared[: rng.choice([0, BLOCK - 1, BLOCK, 2 * BLOCK + 1, len(shared)])]
         tail = [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 2 * BLOCK + 3))]
         reqs.append(GenerationRequest(id=i, prompt_token_ids=head + tail,
-                                      params=SamplingParams(max_tokens=6, ignore_eos=True)))
+                                      params=SamplingParams(max_tokens=16, ignore_eos=True)))
     return reqs
 
 

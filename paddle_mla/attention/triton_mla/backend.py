@@ -50,9 +50,10 @@ class TritonMLABackend(MLABackend):
         if not ok:
             raise RuntimeError(f"attention.backend 'triton_mla' cannot run here: {why}; use backend 'native'")
         H, L = dims.num_heads, dims.kv_lora_rank
-        self.cfg = decode_config(H)
+        elem = torch.zeros(1, dtype=dtype).element_size()
+        self.cfg = decode_config(H, elem_bytes=elem)
         # batches of <= SMALL_BATCH rows: other launch details, the same plan (block_n, programs, min_tiles)
-        self.cfg_small = decode_config(H, small_batch=True)
+        self.cfg_small = decode_config(H, small_batch=True, elem_bytes=elem)
         assert (self.cfg_small.block_n, self.cfg_small.programs, self.cfg_small.min_tiles) == \
             (self.cfg.block_n, self.cfg.programs, self.cfg.min_tiles), "the small-batch config needs its own plan"
         # compact split workspace: (max_num_seqs + programs) rows of partials, not max_num_seqs x 32;

@@ -77,7 +77,8 @@ class DecodeConfig:
         return self.programs
 
 
-def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False, **override) -> DecodeConfig:
+def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False, elem_bytes: int = 2,
+                  **override) -> DecodeConfig:
     """Host-known launch config from the head count (and SM count).
 
     ``override`` (or env PADDLE_MLA_DECODE_CFG="block_n=32,num_stages=3") sets fields for tuning;
@@ -87,6 +88,9 @@ def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False
     programs; ``block_h=16|32`` splits the heads into more, smaller blocks.
     ``small_batch``: the config for batches of at most ``SMALL_BATCH`` rows; it differs only in
     launch details (pipeline depth, merge step, PDL), so it runs on the same plan as the default.
+    ``elem_bytes``: the cache's element size. The configs are tuned for 2-byte caches; a 4-byte
+    (fp32) cache gets half the key tile, so each pipeline stage takes the same shared memory (full
+    tiles at 2-5 stages need up to 370 KB in fp32, over the SM's 227 KB).
     """
     if interpreting():
         cfg = {"block_h": max(16, min(next_pow2(num_heads), 64)), "block_n": 16, "num_warps": 4,
@@ -105,6 +109,8 @@ def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False
         # dv_split stays 1 until the H100 comparison of the variants (docs/triton_decode_notes.md)
         cfg = {"block_h": 64, "block_n": 64, "num_warps": 8, "num_stages": 2, "min_tiles": 2, "waves": 1,
                "dv_split": 1}
+    if elem_bytes > 2 and not interpreting():
+        cfg["block_n"] = max(16, cfg["block_n"] * 2 // elem_bytes)
     env = os.environ.get("PADDLE_MLA_DECODE_CFG")
     if env:
         for kv in env.split(","):

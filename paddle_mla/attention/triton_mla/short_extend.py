@@ -145,7 +145,7 @@ class PseudoRows:
     def __init__(self, dims, max_rows: int, max_blocks: int, device: str, dtype, max_seqs: int = 1):
         H, L = dims.num_heads, dims.kv_lora_rank
         self.qg = query_group(H)
-        self.cfg = decode_config(self.qg * H)
+        self.cfg = decode_config(self.qg * H, elem_bytes=torch.zeros(1, dtype=dtype).element_size())
         self.max_rows = max_rows
         self.max_groups = min(max_rows, max_rows // self.qg + GROUP_SLACK)
         self.block_r = next_pow2(max(max_seqs, 16))
