@@ -89,8 +89,8 @@ def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False
     ``small_batch``: the config for batches of at most ``SMALL_BATCH`` rows; it differs only in
     launch details (pipeline depth, merge step, PDL), so it runs on the same plan as the default.
     ``elem_bytes``: the cache's element size. The configs are tuned for 2-byte caches; a 4-byte
-    (fp32) cache gets half the key tile, so each pipeline stage takes the same shared memory (full
-    tiles at 2-5 stages need up to 370 KB in fp32, over the SM's 227 KB).
+    (fp32) cache gets 16-key tiles: in fp32 the 64-row config needs 311,552 bytes of shared memory
+    at 64 keys and 229,632 at 32, against the SM's 232,448; 188,672 at 16 (offline sm_90 compile).
     """
     if interpreting():
         cfg = {"block_h": max(16, min(next_pow2(num_heads), 64)), "block_n": 16, "num_warps": 4,
@@ -110,7 +110,7 @@ def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False
         cfg = {"block_h": 64, "block_n": 64, "num_warps": 8, "num_stages": 2, "min_tiles": 2, "waves": 1,
                "dv_split": 1}
     if elem_bytes > 2 and not interpreting():
-        cfg["block_n"] = max(16, cfg["block_n"] * 2 // elem_bytes)
+        cfg["block_n"] = 16
     env = os.environ.get("PADDLE_MLA_DECODE_CFG")
     if env:
         for kv in env.split(","):
