@@ -110,9 +110,15 @@ def make_llm(batch: int, context: int, steps: int, overlap: bool, prefix: bool):
         "scheduler": {"max_num_seqs": batch, "max_num_batched_tokens": max(8192, batch * context),
                       "enable_chunked_prefill": True, "overlap": overlap}})
     llm = LLM(cfg)
+    forward_host_part_only(llm, batch)
+    return llm
+
+
+def forward_host_part_only(llm, batch: int) -> None:
+    """Replace the runner's forward by its host part (``ForwardMeta.build`` and the pending-token
+    scatter) returning fixed logits for ``batch`` rows, so what is timed is the engine's host work."""
     runner = llm.runner
-    vocab = runner.arch.vocab_size
-    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(batch, runner.arch.vocab_size, generator=torch.Generator().manual_seed(0))
 
     def fake_forward(step_batch, extra=None):
         meta = ForwardMeta.build(step_batch, runner.cfg.cache.block_size, runner.device, runner.key_windows,
@@ -123,7 +129,6 @@ def make_llm(batch: int, context: int, steps: int, overlap: bool, prefix: bool):
         return logits[:int(step_batch.sample_mask.sum())], meta
 
     runner._forward = fake_forward
-    return llm
 
 
 def requests(batch: int, context: int, steps: int, vocab: int, stop_frac: float, seed: int = 0):

@@ -45,18 +45,7 @@ def make_llm(path: Path, mode: str, args) -> LLM:
                   "swa_recycle": m["recycle"]},
         "scheduler": {"max_num_seqs": args.requests, "max_num_batched_tokens": 8192,
                       "enable_chunked_prefill": True, "overlap": True}}))
-    runner = llm.runner
-    logits = torch.randn(args.requests, runner.arch.vocab_size)
-
-    def host_forward(step_batch, extra=None):
-        meta = ForwardMeta.build(step_batch, runner.cfg.cache.block_size, runner.device, runner.key_windows,
-                                 runner.uploader, extra)
-        if "pending_pos" in meta.extra:
-            ids = runner.last_sampled.gather(0, meta.extra["pending_slot"])
-            meta.input_ids.scatter_(0, meta.extra["pending_pos"], ids)
-        return logits[:int(step_batch.sample_mask.sum())], meta
-
-    runner._forward = host_forward
+    profile_host_step.forward_host_part_only(llm, args.requests)
     return llm
 
 

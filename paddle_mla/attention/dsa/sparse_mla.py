@@ -16,14 +16,13 @@ from paddle_mla import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import interpreting, next_pow2, num_sms
+from paddle_mla.attention.triton_mla._util import env_overrides, interpreting, next_pow2, num_sms
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 8
@@ -117,11 +116,7 @@ def sparse_config(num_heads: int, **override) -> SparseConfig:
         cfg = dict(block_h=max(16, next_pow2(num_heads)), block_n=32, num_warps=4, num_stages=2, max_splits=MAX_SPLITS)
     else:   # as the dense decode kernel: 64 heads x 64 slots per MMA step
         cfg = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, max_splits=MAX_SPLITS)
-    env = os.environ.get("PADDLE_MLA_DSA_CFG")
-    if env:
-        for kv in env.split(","):
-            key, val = kv.split("=")
-            cfg[key.strip()] = int(val)
+    cfg.update(env_overrides("PADDLE_MLA_DSA_CFG"))
     cfg.update(override)
     return SparseConfig(**cfg)
 

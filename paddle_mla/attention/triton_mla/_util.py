@@ -21,6 +21,12 @@ def dot_precision(dtype) -> str:
     return "ieee" if str(dtype).endswith("float32") else "tf32"
 
 
+def env_overrides(name: str) -> dict[str, int]:
+    """Launch-config overrides for tuning from environment variable ``name``: "key=int,key=int"."""
+    text = os.environ.get(name)
+    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(","))} if text else {}
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -19,7 +19,6 @@ No allocation and no host sync per call: workspaces come from ``alloc_decode_wor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ import torch  # noqa: F401  (runtime-selected tensor library; tensors come from 
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import dot_precision, interpreting, next_pow2, num_sms
+from paddle_mla.attention.triton_mla._util import dot_precision, env_overrides, interpreting, next_pow2, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exported)
     MAX_DV_SPLIT, DecodeWorkspace, alloc_decode_workspace, build_decode_plan, partial_rows,
 )
@@ -111,11 +110,7 @@ def decode_config(num_heads: int, device_idx: int = 0, small_batch: bool = False
                "dv_split": 1}
     if elem_bytes > 2 and not interpreting():
         cfg["block_n"] = 16
-    env = os.environ.get("PADDLE_MLA_DECODE_CFG")
-    if env:
-        for kv in env.split(","):
-            key, val = kv.split("=")
-            cfg[key.strip()] = int(val)
+    cfg.update(env_overrides("PADDLE_MLA_DECODE_CFG"))
     cfg.update(override)
     waves = cfg.pop("waves")
     if interpreting():

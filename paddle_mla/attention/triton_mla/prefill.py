@@ -21,7 +21,6 @@ SGLang's extend kernel: BENCHMARKS.md section 18, ``tools/bench_mla_prefill.py``
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from paddle_mla import runtime as _runtime
@@ -32,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import dot_precision, interpreting, next_pow2, prev_pow2
+from paddle_mla.attention.triton_mla._util import dot_precision, env_overrides, interpreting, next_pow2, prev_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -196,11 +195,7 @@ def extend_config(block_da: int, block_db: int, block_dv: int, elem_bytes: int =
         cfg = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3 if elem_bytes <= 2 else 2}
     else:
         cfg = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
-    env = os.environ.get("PADDLE_MLA_EXTEND_CFG")
-    if env:
-        for kv in env.split(","):
-            key, val = kv.split("=")
-            cfg[key.strip()] = int(val)
+    cfg.update(env_overrides("PADDLE_MLA_EXTEND_CFG"))
     cfg.update(override)
     return ExtendConfig(**cfg)
 
