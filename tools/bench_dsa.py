@@ -149,13 +149,19 @@ def bench_sparse_decode(b: int, h: int, topk: int, s: int, sweep: bool) -> dict:
                 gathered_bytes=gathered, variants=variants)
 
 
-def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: float, sweep: bool) -> dict:
+def _index_decode_inputs(b: int, s: int, heads: int, dim: int):
+    """A decode step's indexer inputs: b rows at context s (paged key cache, queries, head weights)."""
     g = torch.Generator(device=DEV).manual_seed(1)
     cache, tables = _paged(b, s, dim, g)
     q = torch.randn(b, heads, dim, device=DEV, generator=g).to(DTYPE)
     w = torch.randn(b, heads, device=DEV, generator=g)
     bids = torch.arange(b, dtype=torch.int32, device=DEV)
     positions = torch.full((b,), s - 1, dtype=torch.int64, device=DEV)
+    return cache, tables, q, w, bids, positions
+
+
+def bench_index_decode(b: int, s: int, heads: int, dim: int, topk: int, bw: float, sweep: bool) -> dict:
+    cache, tables, q, w, bids, positions = _index_decode_inputs(b, s, heads, dim)
     width = 4 * s   # as a graphed decode step: the buffer is max_model_len wide, the rows s long
     scores = torch.empty(b, width, dtype=torch.float32, device=DEV)
     pos_out = torch.empty(b, topk, dtype=torch.int64, device=DEV)
@@ -209,12 +215,7 @@ def bench_indexer_ab(b: int, s: int, heads: int, dim: int, topk: int, repeats: i
     """--indexer-ab: the score kernel, and the top-k and score + top-k of each ``AB_VARIANTS`` entry, at
     one shape, interleaved, min of ``repeats`` (copy bandwidth too: the max of its repeats). Each
     variant's selection is checked against torch.topk by value; its short-select paths are counted."""
-    g = torch.Generator(device=DEV).manual_seed(1)
-    cache, tables = _paged(b, s, dim, g)
-    q = torch.randn(b, heads, dim, device=DEV, generator=g).to(DTYPE)
-    w = torch.randn(b, heads, device=DEV, generator=g)
-    bids = torch.arange(b, dtype=torch.int32, device=DEV)
-    positions = torch.full((b,), s - 1, dtype=torch.int64, device=DEV)
+    cache, tables, q, w, bids, positions = _index_decode_inputs(b, s, heads, dim)
     scores = torch.empty(b, 4 * s, dtype=torch.float32, device=DEV)   # as a graphed step's buffer
     pos_out = torch.empty(b, topk, dtype=torch.int64, device=DEV)
     scratch = torch.zeros(topk_scratch_shape(b, topk), dtype=torch.int32, device=DEV)

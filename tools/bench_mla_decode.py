@@ -19,6 +19,7 @@ top; ``small_batch=0`` selects the large-batch config).
 from __future__ import annotations
 
 import argparse
+import importlib
 import datetime
 import json
 import os
@@ -59,16 +60,22 @@ PRESETS = {
 }
 
 
-def load_sglang():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "third_party", "sglang_decode")
-    if not os.path.exists(os.path.join(path, "decode_attention.py")):
-        return None, "missing (run tools/fetch_sglang_kernel.sh)"
+def load_anchor(folder: str, module: str, fn: str, fetch_script: str):
+    """(``module.fn``, its SOURCE.txt text) from the git-ignored ./third_party/<folder> that
+    ``fetch_script`` fills (benchmarks only), or (None, why) when it is missing or does not import."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "third_party", folder)
+    if not os.path.exists(os.path.join(path, module + ".py")):
+        return None, f"missing (run {fetch_script})"
     sys.path.insert(0, path)
     try:
-        import decode_attention as sg
+        mod = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001  (reported in the table, not fatal)
         return None, f"import failed: {e!r}"
-    return sg.decode_attention_fwd, open(os.path.join(path, "SOURCE.txt")).read().strip()
+    return getattr(mod, fn), open(os.path.join(path, "SOURCE.txt")).read().strip()
+
+
+def load_sglang():
+    return load_anchor("sglang_decode", "decode_attention", "decode_attention_fwd", "tools/fetch_sglang_kernel.sh")
 
 
 def bench(fn):

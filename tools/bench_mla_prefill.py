@@ -36,6 +36,9 @@ import triton
 
 from paddle_mla.attention.triton_mla import prefill
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_mla_decode import load_anchor  # noqa: E402  (one loader for the third_party anchors)
+
 NOPE, ROPE, DV = 128, 64, 128
 DQK = NOPE + ROPE
 CASES = [(1, 8192), (16, 1024)]          # (requests, tokens each): one long prompt, a batch of short ones
@@ -54,15 +57,7 @@ def gemm_peak():
 
 
 def load_sglang():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "third_party", "sglang_extend")
-    if not os.path.exists(os.path.join(path, "extend_attention.py")):
-        return None, "missing (run tools/fetch_sglang_extend.sh)"
-    sys.path.insert(0, path)
-    try:
-        import extend_attention as sg
-    except Exception as e:  # noqa: BLE001  (reported, not fatal)
-        return None, f"import failed: {e!r}"
-    return sg.extend_attention_fwd, open(os.path.join(path, "SOURCE.txt")).read().strip()
+    return load_anchor("sglang_extend", "extend_attention", "extend_attention_fwd", "tools/fetch_sglang_extend.sh")
 
 
 def make_case(b, s, h, prefix=0, seed=0):
