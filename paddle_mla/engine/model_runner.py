@@ -234,7 +234,7 @@ class ModelRunner:
         extra: dict[str, np.ndarray] = {}
         if len(rows):
             sched = out.scheduled
-            sb = self.sampling_builder.build([sched[r].seq for r in rows.tolist()], self.eos_token_ids,
+            sb = self.sampling_builder.build([sched[r].seq for r in rows], self.eos_token_ids,
                                              self.arch.vocab_size)
             extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
             extra["sample_slots"] = host.slots[rows]
@@ -275,9 +275,7 @@ class LaunchedStep:
         host = sampler.read_to_host(self.read)   # the one read of the step
         token_ids, logprobs = unpack(host, self.sampling)
         result.token_ids[self.rows] = token_ids
-        lp_rows = self.sampling.logprob_rows.tolist()
-        if lp_rows:              # the other rows' logprobs are None
-            rows = self.rows.tolist()
-            for r in lp_rows:
-                result.logprobs[rows[r]] = logprobs[r]
+        # host numpy indices (the sampling batch's and the scheduler's): no device read here
+        for r in self.sampling.logprob_rows:      # the other rows' logprobs stay None
+            result.logprobs[self.rows[r]] = logprobs[r]
         return result

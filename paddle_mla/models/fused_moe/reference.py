@@ -77,6 +77,8 @@ def routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, act_qd
     hidden = x.shape[-1]
     if T == 0:
         return x
+    # a host read of the routing: this reference runs on CPU (where it is no sync) and on a GPU only
+    # when PADDLE_MLA_MOE=reference forces it for tests; select_moe_impl never picks it for a GPU step
     flat = topk_ids.reshape(-1).cpu().numpy().astype(np.int64)
     order = np.argsort(flat, kind="stable")                      # pairs grouped by expert
     counts = np.bincount(flat, minlength=w_gate.shape[0])
