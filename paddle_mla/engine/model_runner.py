@@ -234,8 +234,8 @@ class ModelRunner:
         extra: dict[str, np.ndarray] = {}
         if len(rows):
             sched = out.scheduled
-            sb = self.sampling_builder.build([sched[r].seq for r in rows], self.eos_token_ids,
-                                             self.arch.vocab_size)
+            seqs = [s.seq for s in sched] if len(rows) == len(sched) else [sched[r].seq for r in rows.tolist()]
+            sb = self.sampling_builder.build(seqs, self.eos_token_ids, self.arch.vocab_size)
             extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
             extra["sample_slots"] = host.slots[rows]
         if len(host.pending_pos):
