@@ -261,7 +261,8 @@ def report(rows: dict, args) -> None:
               f"{r['preemptions']} | {r['prompts_computed']:.2f} | {r['elapsed_s']:.1f} | {r['run_out_tok_s']:.1f} |")
     print("\nDecode-only steps by rows (steps x mean ms)")
     for r in rows.values():
-        print(f"| {r['mode']} | " + " | ".join(f"{k} rows: {n} x {ms:.2f}" for k, (n, ms) in r["by_rows"].items()) + " |")
+        cells = [f"{k} rows: {n} x {ms:.2f}" for k, (n, ms) in r["by_rows"].items()]
+        print(f"| {r['mode']} | " + " | ".join(cells) + " |")
     base = rows.get("uniform_mask")
     if base and "headwise" in rows:
         h = rows["headwise"]
