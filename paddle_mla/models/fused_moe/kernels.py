@@ -51,6 +51,16 @@ class MoEWorkspace:
         self.dtype, self.fp8 = dtype, fp8
         pairs = self.chunk * top_k
         self.align = AlignBuffers(pairs, num_experts, device)
+        # One token (decode at batch 1): its top_k experts are distinct, so align would give each
+        # pair a block of its own anyway. That plan is constant (pair j alone in block j, the rest
+        # padding; right for any ids, rows are independent), built here once per BLOCK_M, and the
+        # token's expert ids are the blocks' experts: align's five launches, which cost more than
+        # their work at M=1 (BENCHMARKS.md section 12), are skipped.
+        self.single = {}
+        for bm in (16, 32, 64, 128):
+            ids = torch.full((top_k * bm,), top_k, dtype=torch.int32, device=device)
+            ids[::bm] = torch.arange(top_k, dtype=torch.int32, device=device)
+            self.single[bm] = (ids, torch.full((1,), top_k * bm, dtype=torch.int32, device=device))
         if fp8:
             self.inter_q = torch.empty(pairs, inter, dtype=torch.float8_e4m3fn, device=device)
             self.inter_scale = torch.empty(pairs, triton.cdiv(inter, FP8_GROUP), dtype=torch.float32, device=device)
@@ -138,7 +148,10 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
         cfg = config or get_config(m, E, N, K, top_k, dtype_name, device_name(x))
         ids, weights = ids_all[start:start + m], w_all[start:start + m]
         num_pairs = m * top_k
-        sorted_ids, expert_ids, total = moe_align(ids, workspace.align, cfg["BLOCK_M"])
+        if m == 1 and cfg["BLOCK_M"] in workspace.single:
+            (sorted_ids, total), expert_ids = workspace.single[cfg["BLOCK_M"]], ids.reshape(-1)
+        else:
+            sorted_ids, expert_ids, total = moe_align(ids, workspace.align, cfg["BLOCK_M"])
         xc = x[start:start + m]
         inter = workspace.inter_q[:num_pairs]
         inter_scale = workspace.inter_scale[:num_pairs] if fp8 else None
