@@ -38,8 +38,9 @@ def space(kind: str, M: int, shape: Shape, fp8: bool):
     else:
         grid = dict(BLOCK_M=bms, BLOCK_N=[32, 64, 128, 256], BLOCK_K=[64, 128, 256], GROUP_M=[1, 8, 16, 32],
                     num_warps=[4, 8], num_stages=[2, 3, 4, 5])
-    if fp8:          # K tiles divide the 128-wide scale groups
+    if fp8:          # K tiles divide the 128-wide scale groups; the intermediate's groups are 64 or 128 wide
         grid["BLOCK_K"] = [128] if kind == "small" else [64, 128]
+        grid["QUANT_GROUP"] = [64, 128]
     keys = list(grid)
     # Nearest BLOCK_M to the rows each expert gets first: a per-M time budget then cuts the
     # unlikely tiles, not the likely ones (in plain product order a budget spent on BLOCK_M 16-32
