@@ -50,5 +50,5 @@ timeout 110 $NCU --launch-skip 7 --launch-count 7 python3 tools/profile_decode_n
   --cfg "$V128" > "$OUT/ncu_h128.txt" 2>&1; echo "ncu h128 rc=$?"
 timeout 70 $NCU --launch-skip 5 --launch-count 5 python3 tools/profile_decode_ncu.py --b 128 --h 16 --s 4096 \
   --cfg "$V16" > "$OUT/ncu_h16.txt" 2>&1; echo "ncu h16 rc=$?"
-grep -E "config [0-9]|_decode_stage1|Duration|DRAM Throughput|^ +Memory Throughput|Compute \(SM\) Throughput|Registers Per|Theoretical Occupancy|Achieved Occupancy|Block Limit|Dynamic Shared|spill" "$OUT/ncu_h128.txt" "$OUT/ncu_h16.txt" | cut -c1-150
+grep -iE "config [0-9]|_decode_stage1|Duration|DRAM Throughput|^ +Memory Throughput|Compute \(SM\) Throughput|Registers Per|Theoretical Occupancy|Achieved Occupancy|Block Limit|Dynamic Shared|Spill|Gbyte/s" "$OUT/ncu_h128.txt" "$OUT/ncu_h16.txt" | cut -c1-150
 el "done"
