@@ -70,6 +70,9 @@ python3 tools/bench_chunked_itl.py --json "$OUT/bench_chunked_itl.json" 2>&1 | t
 echo "=== GQA append_attention: decode vs copy bandwidth and SGLang (third_party/sglang_decode), prefill vs SDPA flash"
 python3 tools/bench_gqa_attention.py --json "$OUT/bench_gqa_attention.json" 2>&1 | tee "$OUT/bench_gqa_attention.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== GQA end to end: Qwen3-8B dims, 4 layers, append_attn, decode step at batch 64 and 4k context vs roofline"
+python3 tools/bench_e2e_decode.py --model qwen3 --layers 4 --batch 64 --context 4096 --json "$OUT/bench_e2e_qwen3.json" 2>&1 \
+  | tee "$OUT/bench_e2e_qwen3.md" || status=1
 if command -v compute-sanitizer >/dev/null; then
   echo "=== GQA append_attention under compute-sanitizer memcheck (small cases)"
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -m gpu \
