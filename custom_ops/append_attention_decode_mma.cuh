@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
   };
   auto issue = [&](int64_t first, int slot, int st) {
     if (first < hi) {
-      copy_planned_rows<T, D>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid, blockDim.x);
+      copy_planned_rows<T, D, TK, 32 * kDmWarps>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid,
+                                                   32 * kDmWarps);
     } else {
       __pipeline_commit();  // an empty group keeps wait_prior(NST - 2) meaning "the current tile landed"
     }

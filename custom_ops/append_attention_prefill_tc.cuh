@@ -112,20 +112,9 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     s_pmin[warp] = wmin;
     s_pmax[warp] = wmax;
   }
-  // Q rows roped, unscaled, in T (the scale goes onto the fp32 scores); padding rows are zeros. The
-  // positions come from shared memory and the loop is unrolled, so its global reads (q, cos / sin)
-  // overlap instead of paying one dependent load chain per element.
   extern __shared__ __align__(128) uint8_t ptc_smem[];
   const PtcLayout L(D, static_cast<int>(sizeof(T)), ROWS);
   T* qs = reinterpret_cast<T*>(ptc_smem + L.q);
-#pragma unroll 8
-  for (int e = tid; e < ROWS * D; e += 32 * W) {
-    const int r = e / D, d = e - r * D;
-    const int64_t t = s_tok[r];
-    float x = 0.0f;
-    if (t >= 0) x = roped(a, static_cast<const T*>(a.q) + t * a.q_stride + (g * group + r % group) * D, d, s_pos[r]);
-    qs[r * P + d] = from_f<T>(x);
-  }
   __syncthreads();
   int64_t pmin = INT_MAX, pmax = -1;
   for (int w = 0; w < W; ++w) {
@@ -178,6 +167,41 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     copy_planned_rows<T, D>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid, 32 * W);
   };
 
+  // Pipeline, one barrier a tile: at the top of iteration `it` tile it has landed and every warp is done
+  // with tile it - 1, whose stage then takes tile it + 1 (planned an iteration earlier); tile it + 2 is
+  // planned after the barrier from table entries read an iteration earlier. Plan slots: it % 3.
+  // The first tile's copy is issued before the Q rows are roped, so the two overlap.
+  plan(0, 0, fetch(0));
+  plan(TK, 1, fetch(TK));
+  int32_t raw_next = fetch(2 * TK);
+  __syncthreads();
+  if (nvis > 0) issue(0, 0);
+  // Q rows roped (a pair of dims per step: rope_dims / rope_pair of append_attention_common.h, as the
+  // C++ op; dims >= rot_dim pass through), unscaled, in T (the scale goes onto the fp32 scores); padding
+  // rows are zeros. Positions come from shared memory and the loop is unrolled, so the global reads of q
+  // and cos / sin overlap instead of forming one dependent chain per element.
+  {
+    constexpr int HALF = D / 2;
+    const int rot_half = static_cast<int>(a.rot_dim / 2);
+#pragma unroll 4
+    for (int e = tid; e < ROWS * HALF; e += 32 * W) {
+      const int r = e / HALF, i = e - r * HALF;
+      const int64_t t = s_tok[r];
+      int64_t d1 = a.rot_dim + 2 * (i - rot_half), d2 = d1 + 1;  // past the rotary dims
+      if (i < rot_half) rope_dims(a, i, d1, d2);
+      float x1 = 0.0f, x2 = 0.0f;
+      if (t >= 0) {
+        const T* row = static_cast<const T*>(a.q) + t * a.q_stride + (g * group + r % group) * D;
+        x1 = to_f(row[d1]);
+        x2 = to_f(row[d2]);
+        if (i < rot_half) rope_pair(a, s_pos[r], i, x1, x2);
+      }
+      qs[r * P + d1] = from_f<T>(x1);
+      qs[r * P + d2] = from_f<T>(x2);
+    }
+  }
+  __syncthreads();  // Q rows visible
+
   // ldmatrix row addresses of this lane (shared-space bytes): A (Q) rows, B (K) rows, B^T (V) rows;
   // every fragment's address is one of these plus a compile-time offset. E: bytes of an element.
   constexpr int E = static_cast<int>(sizeof(T));
@@ -201,14 +225,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   const float qk_scale = a.softmax_scale * kLog2e;
   const int col0 = (lane % 4) * 2;  // first key (S) / dim (O) column of this thread in an 8-wide block
 
-  // Pipeline, one barrier a tile: at the top of iteration `it` tile it has landed and every warp is done
-  // with tile it - 1, whose stage then takes tile it + 1 (planned an iteration earlier); tile it + 2 is
-  // planned after the barrier from table entries read an iteration earlier. Plan slots: it % 3.
-  plan(0, 0, fetch(0));
-  plan(TK, 1, fetch(TK));
-  int32_t raw_next = fetch(2 * TK);
-  __syncthreads();
-  if (nvis > 0) issue(0, 0);
+  // The pipeline described above the prologue: one barrier a tile, plan slots it % 3.
   int it = 0;
   for (int64_t first = 0; first < nvis; first += TK, ++it) {
     const int cur = it & 1, slot = it % 3;
