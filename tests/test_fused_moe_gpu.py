@@ -87,6 +87,24 @@ def test_fp8_matches_dequantized_reference(M, pattern):
     assert err < 2e-2, f"fp8 E={E} top{TOP_K} N={N} K={K} M={M} {pattern}: rel err {err:.2e} vs dequantized reference"
 
 
+@pytest.mark.parametrize("cfg", [
+    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3, QUANT_GROUP=64),
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3, QUANT_GROUP=64),
+    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=4, QUANT_GROUP=128)])
+@pytest.mark.parametrize("M", [1, 83, 2048])
+def test_fp8_quant_groups_and_configs(M, cfg):
+    """The intermediate quantized per 64 columns (gate+up BLOCK_N 64, down K tiles of 64) or 128,
+    against the dequantized reference (which quantizes it per 128: 64-wide groups are as close)."""
+    x, wg, wu, wd, ids, w = _case(M, "random", seed=M + 5)
+    qs = [quant_block_fp8_reference(t) for t in (wg, wu, wd)]
+    deq = [dequant_block_fp8(q, s) for q, s in qs]
+    got = _fused(x.to(torch.bfloat16), *[q for q, _ in qs], ids, w, config=cfg, chunk=700,
+                 fp8_scales=[s for _, s in qs])
+    ref = routed_moe_reference(x.to(torch.bfloat16).float(), *deq, ids, w, act_qdq=act_qdq_reference)
+    err = _rel(got, ref)
+    assert err < 2e-2, f"fp8 M={M} config {cfg} (700-token chunks): rel err {err:.2e} vs dequantized reference"
+
+
 def test_fp8_v3_dims():
     """V3 expert dims (N=2048, K=7168), top-4 of 8 experts (the reference dequantizes to fp32)."""
     got, ref = _fp8_case(83, "random", 8, 4, 2048, 7168, seed=1)

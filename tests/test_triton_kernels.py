@@ -81,7 +81,7 @@ def test_compact_workspace_size_at_128_seqs_128_heads(k):
         assert k.dec.partial_rows(128, 32, cfg.programs) * 128 * 512 * 4 <= 128 * 2**20
 
 
-def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed, **variant):
+def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed, max_splits=16, **variant):
     torch = k.torch
     rng = np.random.default_rng(seed)
     bt, nb = random_block_tables(rng, seq_lens, page)
@@ -92,7 +92,7 @@ def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed, **variant):
     tables = _t(k, bt)
     scale = lk ** -0.5
     cfg = k.dec.decode_config(heads, programs=target, **variant)
-    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, 16, DEV, programs=target)
+    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, max_splits, DEV, programs=target)
     k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     out = torch.full((bs, heads, lora), float("nan"), device=DEV)
     k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, scale, cfg)
@@ -108,6 +108,28 @@ def test_mla_decode_matches_reference(k, seq_lens):
     for b, n in enumerate(seq_lens):
         if n == 0:
             assert k.torch.equal(out[b], k.torch.zeros_like(out[b]))
+
+
+@pytest.mark.parametrize("seq_lens", [[1000], [5, 300, 0], [64] * 6])
+def test_split_cap_never_binds(k, seq_lens):
+    """With ``split_cap(P)`` the plan's tiles per program is cdiv(T, P) alone (the cap adds nothing),
+    no request has more splits than programs, and the workspace rows stay max_bs + P."""
+    programs, bs = 7, len(seq_lens)
+    ws = k.dec.alloc_decode_workspace(bs, 2, 16, k.dec.split_cap(programs), DEV, programs=programs)
+    k.dec.build_decode_plan(_t(k, np.array(seq_lens, dtype=np.int32)), bs, ws, block_n=16, target_items=programs)
+    tiles = [-(-n // 16) for n in seq_lens]
+    assert int(ws.tiles_per_prog[0]) == max(-(-sum(tiles) // programs), 1)
+    splits = ws.num_kv_splits[:bs]
+    assert int(splits.max()) <= programs and int(splits.sum()) <= bs + programs - 1
+    assert ws.partial_out.shape[0] == bs + programs
+
+
+def test_mla_decode_one_row_over_more_splits_than_a_merge_chunk(k):
+    # 300 tokens on 20 programs with the uncapped plan: one-tile splits (19 of 16 keys under the
+    # interpreter), merged in two chunks of 16 there
+    _, ws = _decode_case(k, [300], heads=4, lora=32, rope=16, page=16, target=20, seed=2,
+                         max_splits=k.dec.split_cap(20))
+    assert int(ws.num_kv_splits[0]) == -(-300 // k.dec.decode_config(4, programs=20).block_n)
 
 
 def test_mla_decode_many_splits_and_odd_dims(k):

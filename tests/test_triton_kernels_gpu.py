@@ -69,7 +69,7 @@ def test_decode_bf16(k, heads, variant, seq_lens):
     lens, tables = _up(k, np.array(seq_lens, dtype=np.int32)), _up(k, bt)
     scale = 192 ** -0.5
     cfg = k.dec.decode_config(heads, **variant)
-    ws = k.dec.alloc_decode_workspace(8, heads, LORA, 64, k.dev, programs=cfg.programs)
+    ws = k.dec.alloc_decode_workspace(8, heads, LORA, k.dec.split_cap(cfg.programs), k.dev, programs=cfg.programs)
     out = torch.empty(bs, heads, LORA, device=k.dev, dtype=torch.bfloat16)
 
     def run():
@@ -96,7 +96,7 @@ def test_decode_cuda_graph_replay(k, heads, variant):
     tables = _up(k, bt)
     lens = _up(k, np.array([10, 10, 10, 10], dtype=np.int32))
     cfg = k.dec.decode_config(heads, **variant)
-    ws = k.dec.alloc_decode_workspace(bs, heads, LORA, 64, k.dev, programs=cfg.programs)
+    ws = k.dec.alloc_decode_workspace(bs, heads, LORA, k.dec.split_cap(cfg.programs), k.dev, programs=cfg.programs)
     out = torch.empty(bs, heads, LORA, device=k.dev, dtype=torch.bfloat16)
 
     def step():
@@ -114,6 +114,34 @@ def test_decode_cuda_graph_replay(k, heads, variant):
         g.replay()
         torch.cuda.synchronize()
         _check_close(k, out, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, 0.07))
+
+
+@pytest.mark.parametrize("heads,variant", [(16, {"small_batch": True}), (16, {}), (128, {})],
+                         ids=["h16-small-batch", "h16", "h128"])
+def test_decode_one_long_row_over_the_whole_grid(k, heads, variant):
+    """b=1 at 16k + 17 tokens with the backend's split cap (``split_cap``): the plan spreads the row
+    over the grid (more than 64 splits at h=16 on a GPU of >= 66 SMs), and the merge of that many
+    splits (several chunks of the stage-2 loop) matches the reference, bitwise repeatably."""
+    torch = k.torch
+    seq = 16384 + 17
+    bt, nb = random_block_tables(np.random.default_rng(9), [seq], PAGE, 2)
+    cache = torch.randn(nb, PAGE, 1, LORA + ROPE, device=k.dev).to(torch.bfloat16)
+    q = torch.randn(1, heads, LORA + ROPE, device=k.dev).to(torch.bfloat16)
+    lens, tables = _up(k, np.array([seq], dtype=np.int32)), _up(k, bt)
+    cfg = k.dec.decode_config(heads, **variant)
+    ws = k.dec.alloc_decode_workspace(1, heads, LORA, k.dec.split_cap(cfg.programs), k.dev, programs=cfg.programs)
+    out = torch.empty(1, heads, LORA, device=k.dev, dtype=torch.bfloat16)
+
+    def run():
+        k.dec.build_decode_plan(lens, 1, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+        k.dec.mla_decode(q, cache, tables, lens, out, ws, LORA, 192 ** -0.5, cfg)
+
+    got = _poisoned_runs(k, run, out)
+    splits, _, _ = k.ref.decode_plan_ref(lens, cfg.block_n, cfg.programs, ws.max_kv_splits, cfg.min_tiles)
+    assert int(ws.num_kv_splits[0]) == int(splits[0])
+    if heads == 16 and cfg.programs >= 132:
+        assert int(splits[0]) > 64
+    _check_close(k, got, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, 192 ** -0.5))
 
 
 def test_write_latent_cache_bf16(k):

@@ -16,7 +16,13 @@ DP=2 outputs equal the single engine's (bf16 on a GPU: batch composition may fli
 With the default 256 requests one engine runs the whole workload as one batch (max_num_seqs 256),
 and its decode steps are bound by the weight bytes: a replica with half the batch takes nearly as
 long per step, so DP cannot pay there. ``--requests 2048`` gives each engine several batches.
+    python tools/bench_dp.py --requests 2048 --single-gpu   (1 GPU: DP=1 in process vs one replica process)
     python tools/bench_dp.py --smoke                    (CPU, tiny dims, 2 CPU replicas: the code path)
+
+Each engine's row also says where its time went, from the outputs' token times: the steps that made
+tokens, their median period, the stalls (gaps over 3x the median), the time to the first token and
+after the last one, and how long the parent took to yield an output after the engine finished it
+(for DP=2 the two replicas' stamps interleave, so its step columns are not periods of one engine).
 """
 
 from __future__ import annotations
@@ -51,12 +57,32 @@ def timed(llm, reqs: list) -> tuple[dict, list]:
     llm.generate(reqs, use_tqdm=False)
     cold = time.perf_counter() - t
     t = time.perf_counter()
-    outs = llm.generate(reqs, use_tqdm=False)
+    outs, yielded_at = [], []
+    for o in llm.stream(reqs):
+        outs.append(o)
+        yielded_at.append(time.perf_counter())
     runtime.synchronize()
     dt = time.perf_counter() - t
     toks = sum(len(o.token_ids) for o in outs)
     assert toks == sum(r.params.max_tokens for r in reqs), f"{toks} output tokens"
-    return dict(seconds=dt, output_tok_s=toks / dt, cold_seconds=cold), [list(o.token_ids) for o in outs]
+    res = dict(seconds=dt, output_tok_s=toks / dt, cold_seconds=cold, **timeline(outs, yielded_at, t))
+    return res, [list(o.token_ids) for o in outs]
+
+
+def timeline(outs: list, yielded_at: list[float], t0: float) -> dict:
+    """Where a run's time goes, from the outputs' own token times (perf_counter is CLOCK_MONOTONIC,
+    one clock for every process of the machine): each engine step stamps all its rows' tokens with
+    one time, so the distinct stamps are the steps that made tokens and their gaps the step periods.
+    Stalls are gaps over 3x the median; the delivery lag is the parent's yield minus the finish."""
+    stamps = np.unique(np.concatenate([np.asarray(o.metrics.token_times) for o in outs]))
+    gaps = np.diff(stamps) * 1e3
+    med = float(np.median(gaps)) if len(gaps) else 0.0
+    lag = (np.asarray(yielded_at) - np.asarray([o.metrics.finish_time for o in outs])) * 1e3
+    return dict(token_steps=int(len(stamps)), step_median_ms=med,
+                stall_ms=float(gaps[gaps > 3 * med].sum()) if len(gaps) else 0.0,
+                first_token_after_ms=float((stamps[0] - t0) * 1e3) if len(stamps) else 0.0,
+                after_last_token_ms=float((yielded_at[-1] - stamps[-1]) * 1e3) if len(stamps) else 0.0,
+                lag_median_ms=float(np.median(lag)), lag_max_ms=float(lag.max()))
 
 
 def main() -> None:
@@ -66,6 +92,8 @@ def main() -> None:
     ap.add_argument("--dir", default="", help="checkpoint folder (default: bench_e2e_moe's, /tmp/bench_e2e_moe_<L>L)")
     ap.add_argument("--requests", type=int, default=256,
                     help="requests (256: the MoE issue's workload, one engine batch; more: several batches)")
+    ap.add_argument("--single-gpu", action="store_true",
+                    help="one GPU: DP=1 in process against one replica process only (where the replica's time goes)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     from bench_e2e_moe import SMOKE_DIMS  # noqa: E402  (the parent only: selects the torch runtime)
@@ -85,7 +113,7 @@ def main() -> None:
         device, dtype, backend, graphs, n, P, O = "cpu", "float32", "native", False, 16, 16, 4
     else:
         device, dtype, backend, graphs, n, P, O = "gpu", "bfloat16", "triton_mla", True, args.requests, 512, 128
-        if runtime.gpu_count() < 2:
+        if runtime.gpu_count() < 2 and not args.single_gpu:
             sys.exit(f"bench_dp needs 2 GPUs; this machine has {runtime.gpu_count()}")
     block = 64
     base = {"model": str(path), "runtime": runtime.name(), "device": device, "dtype": dtype,
@@ -97,7 +125,7 @@ def main() -> None:
     res: dict = {"device": "cpu" if smoke else runtime.device_name(), "gpus": runtime.gpu_count(),
                  "layers": args.layers, "smoke": smoke, "requests": n, "prompt": P, "output": O}
     tokens = {}
-    for name, size in (("dp2", 2), ("dp1_replica", 1)):
+    for name, size in (("dp2", 2), ("dp1_replica", 1))[1 if args.single_gpu else 0:]:
         t = time.perf_counter()
         llm = DataParallelLLM(config_from_dict(dict(base, parallel={"data_parallel_size": size})))
         start = time.perf_counter() - t
@@ -110,9 +138,11 @@ def main() -> None:
     res["dp1"], tokens["dp1"] = timed(llm, reqs)
     res["dp1"]["start_s"] = start
     llm.close()
-    res["ratio_dp2_vs_dp1"] = res["dp2"]["output_tok_s"] / res["dp1"]["output_tok_s"]
-    res["ratio_dp2_vs_dp1_replica"] = res["dp2"]["output_tok_s"] / res["dp1_replica"]["output_tok_s"]
-    res["dp2_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp2"], tokens["dp1"]))
+    if "dp2" in res:
+        res["ratio_dp2_vs_dp1"] = res["dp2"]["output_tok_s"] / res["dp1"]["output_tok_s"]
+        res["ratio_dp2_vs_dp1_replica"] = res["dp2"]["output_tok_s"] / res["dp1_replica"]["output_tok_s"]
+        res["dp2_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp2"], tokens["dp1"]))
+    res["replica_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp1_replica"], tokens["dp1"]))
     print_table(res)
     if args.json:
         with open(args.json, "w") as f:
@@ -122,13 +152,21 @@ def main() -> None:
 def print_table(r: dict) -> None:
     print(f"# Data parallel, DeepSeek-V2-Lite dims, {r['layers']} layers{' (SMOKE: tiny dims, CPU)' if r['smoke'] else ''}"
           f": {r['requests']} requests x ({r['prompt']} in, {r['output']} out), {r['device']} x {r['gpus']}\n")
-    print("| engine | output tok/s | seconds | cold first run s | start s | ratio to DP=1 |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| engine | output tok/s | seconds | cold first run s | start s | ratio to DP=1 | token steps | "
+          "median step ms | stalls ms | first token after ms | after last token ms | lag median / max ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, label in (("dp1", "DP=1, LLM in process"), ("dp1_replica", "DP=1, one replica process"),
                         ("dp2", "DP=2, two replica processes")):
+        if name not in r:
+            continue
         e = r[name]
         print(f"| {label} | {e['output_tok_s']:.0f} | {e['seconds']:.2f} | {e['cold_seconds']:.2f} | {e['start_s']:.1f} | "
-              f"{e['output_tok_s'] / r['dp1']['output_tok_s']:.2f}x |")
+              f"{e['output_tok_s'] / r['dp1']['output_tok_s']:.2f}x | {e['token_steps']} | {e['step_median_ms']:.2f} | "
+              f"{e['stall_ms']:.0f} | {e['first_token_after_ms']:.0f} | {e['after_last_token_ms']:.0f} | "
+              f"{e['lag_median_ms']:.2f} / {e['lag_max_ms']:.1f} |")
+    print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
+    if "dp2" not in r:
+        return
     print(f"\nDP=2 / DP=1: {r['ratio_dp2_vs_dp1']:.2f}x (target >= 1.9x); DP=2 / one replica process: "
           f"{r['ratio_dp2_vs_dp1_replica']:.2f}x; DP=2 outputs equal to DP=1's: {r['dp2_outputs_equal_dp1']}"
           f"/{r['requests']}")

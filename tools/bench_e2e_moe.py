@@ -113,8 +113,22 @@ def run_engine(llm: LLM, n: int, prompt: int, out: int, vocab: int) -> dict:
         toks = sum(len(o.token_ids) for o in outs)
         assert toks == n * out, f"expected {n * out} output tokens, got {toks}"
         runs.append(dt)
-    return dict(requests=n, prompt=prompt, output=out, seconds=runs[1], output_tok_s=toks / runs[1],
-                cold_seconds=runs[0], cold_output_tok_s=toks / runs[0])
+    res = dict(requests=n, prompt=prompt, output=out, seconds=runs[1], output_tok_s=toks / runs[1],
+               cold_seconds=runs[0], cold_output_tok_s=toks / runs[0])
+    if llm.runner.device_kind == "gpu":
+        # Run 3: the same warm run under bench_engine_step's probe (CUDA events around each launch,
+        # timers around each step): where the whole run's wall time goes, by kind of step.
+        from bench_engine_step import StepProbe
+
+        probe = StepProbe(llm, n)
+        try:
+            t = time.perf_counter()
+            llm.generate(reqs, use_tqdm=False)
+            runtime.synchronize()
+            res["probed"] = probe.breakdown(t, time.perf_counter())
+        finally:
+            probe.close()
+    return res
 
 
 def run_hf(path: Path, device: str, dtype, n: int, batch: int, prompt: int, out: int, vocab: int) -> dict:
@@ -254,6 +268,15 @@ def print_table(r: dict) -> None:
     print(f"| (d) prefill {p['batch']} x {p['length']} | {p['step_ms']:.1f} ms ({p['tok_s']:.0f} tok/s) | roofline "
           f"{p['roofline_ms']:.1f} ms ({p['tflop']:.1f} TFLOP) | {p['fraction_of_roofline']:.0%} |")
     print(f"\nengine start (load + graphs) {r['engine_start_s']:.1f} s")
+    if "probed" in e:
+        t = e["probed"]["total"]
+        print(f"\n(a) again, probed (run 3): {t['run_s']:.3f} s; GPU busy in launches {t['gpu_s']:.3f} s, GPU idle "
+              f"between launches {t['gap_s']:.3f} s, before the first step {t['before_first_step_s'] * 1e3:.1f} ms")
+        print("| steps that launched | steps | wall s | host s | waiting for tokens s | GPU s | GPU idle before s "
+              "| blocking syncs |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for k, g in sorted(e["probed"]["groups"].items(), key=lambda kv: -kv[1]["wall_s"]):
+            print(f"| {k} | {g['steps']} | {g['wall_s']:.3f} | {g['host_s']:.3f} | {g['wait_s']:.3f} | {g['gpu_s']:.3f} "
+                  f"| {g['gap_s']:.3f} | {g['syncs']} |")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,11 @@ class StepProbe:
         launched = self._real[1](out)
         end.record()
         decode = len(out.scheduled) == self.batch and not any(s.is_prefill for s in out.scheduled)
-        self._launches.append((decode, start, end))
+        rows = len(out.scheduled)
+        kind = ("with prefill tokens" if any(s.num_new > 1 for s in out.scheduled) else
+                f"decode, batch {rows}" if rows in (1, self.batch) else
+                f"decode, batch {'2-63' if rows < 64 else '64-' + str(self.batch - 1)}")
+        self._launches.append((decode, start, end, kind))
         return launched
 
     def _step(self, finished):
@@ -95,7 +99,38 @@ class StepProbe:
                 torch.cuda.set_sync_debug_mode("default")
         syncs = sum("synchroniz" in str(w.message) for w in caught)
         launch = self._launches[n0] if len(self._launches) > n0 else None
-        self.recs.append(dict(t0=t0, host=t1 - t0 - self._wait, syncs=syncs, reads=self._reads, launch=launch))
+        self.recs.append(dict(t0=t0, host=t1 - t0 - self._wait, wait=self._wait, syncs=syncs, reads=self._reads,
+                              launch=launch))
+
+    def breakdown(self, t_start: float, t_end: float) -> dict:
+        """Where a whole ``generate`` call's wall time went (every step, by the kind of step it launched):
+        wall = the steps' periods; host = time in ``_step`` not waiting for sampled tokens; wait = time
+        blocked on them; GPU = device time of each launch (events around it); gap = device idle time
+        between one launch's end and the next one's start (the GPU waiting for the host)."""
+        runtime.synchronize()
+        groups: dict[str, dict] = {}
+        prev_end = None
+        for i, r in enumerate(self.recs):
+            nxt = self.recs[i + 1]["t0"] if i + 1 < len(self.recs) else t_end
+            kind = r["launch"][3] if r["launch"] else "no launch (last reads)"
+            g = groups.setdefault(kind, dict(steps=0, wall_s=0.0, host_s=0.0, wait_s=0.0, gpu_s=0.0, gap_s=0.0,
+                                             syncs=0))
+            g["steps"] += 1
+            g["wall_s"] += nxt - r["t0"]
+            g["host_s"] += r["host"]
+            g["wait_s"] += r["wait"]
+            g["syncs"] += r["syncs"]
+            if r["launch"]:
+                _, s, e, _ = r["launch"]
+                g["gpu_s"] += s.elapsed_time(e) / 1e3
+                if prev_end is not None:
+                    g["gap_s"] += prev_end.elapsed_time(s) / 1e3
+                prev_end = e
+        tot = {k: sum(g[k] for g in groups.values()) for k in ("steps", "wall_s", "host_s", "wait_s", "gpu_s",
+                                                               "gap_s", "syncs")}
+        tot["before_first_step_s"] = (self.recs[0]["t0"] - t_start) if self.recs else 0.0
+        tot["run_s"] = t_end - t_start
+        return {"groups": groups, "total": tot}
 
     def summary(self) -> dict:
         """Medians over the steps that launched a full decode batch and follow one (steady state)."""
@@ -105,7 +140,7 @@ class StepProbe:
             cur, prev = self.recs[i], self.recs[i - 1]
             if not (cur["launch"] and cur["launch"][0] and prev["launch"] and prev["launch"][0]):
                 continue
-            _, s, e = cur["launch"]
+            _, s, e, _ = cur["launch"]
             rows.append(dict(period=(self.recs[i + 1]["t0"] - cur["t0"]) * 1e3, host=cur["host"] * 1e3,
                              gpu=s.elapsed_time(e), gap=prev["launch"][2].elapsed_time(s), syncs=cur["syncs"],
                              reads=cur["reads"]))

@@ -10,10 +10,12 @@ split counts {1,2,4,...,64}, from ./third_party/sglang_decode (tools/fetch_sglan
       [--variants "block_n=32;block_n=64,num_stages=3"] [--json out.json]
   PYTHONPATH=. python tools/bench_mla_decode.py --preset issue14     (the issue-14 variant comparison, < 4 min)
   PYTHONPATH=. python tools/bench_mla_decode.py --preset b1          (h=16 pipeline depth / merge variants)
+  PYTHONPATH=. python tools/bench_mla_decode.py --preset targets     (the issue-14 target points; split caps at b=1)
 Writes JSON to $OUT/bench_mla_decode.json when OUT is set. Every variant gets its own row (µs, graph
 µs, TB/s, TFLOPS, registers/spills, workspace MiB, ratio to the default config and to SGLang). The default
 config is the backend's: ``decode_config(h, small_batch=True)`` at b <= decode.SMALL_BATCH (variants apply on
-top; ``small_batch=0`` selects the large-batch config).
+top; ``small_batch=0`` selects the large-batch config), with the backend's split cap
+(``decode.split_cap``; the variant key ``max_splits=N`` sets another).
 """
 
 from __future__ import annotations
@@ -52,6 +54,16 @@ PRESETS = {
     # h=16: deeper cp.async pipelines (num_stages 5 -> 2 KV tiles in flight per program, 8 with
     # block_n 16 -> 3; today's 3 stages keep one), the split merge in one step (merge_splits) and
     # stage 2 launched early through programmatic dependent launch (pdl)
+    # the issue's target points today: b=1 (and b=4) with the split cap that follows the programs
+    # (decode_plan.split_cap, the new default) against the old caps 32 (the engine's) and 64 (this
+    # bench's before), and fewer, longer splits (min_tiles=2); b >= 64 at the default only (the cap
+    # does not bind there)
+    "targets": [
+        ("16", "1", "1024,4096,16384,32768", "max_splits=32;max_splits=64;min_tiles=2"),
+        ("16", "4", "4096,16384", "max_splits=32"),
+        ("128", "1", "4096,16384", "max_splits=32"),
+        ("16,128", "64,128", "4096,16384", ""),
+    ],
     "b1": [
         ("16", "1,16,64,128", "1024,4096,16384",
          "small_batch=0;num_stages=5;num_stages=5,merge_splits=64;num_stages=5,merge_splits=64,pdl=1;"
@@ -105,8 +117,10 @@ def run_ours(case, h, cfg_override):
     b = q.shape[0]
     # the backend's choice: batches of <= SMALL_BATCH rows run the small-batch config (variants apply on top)
     over = {"small_batch": b <= decode.SMALL_BATCH, **cfg_override}
+    max_splits = over.pop("max_splits", 0)   # a workspace setting, not a launch one: the backend's cap unless given
     cfg = decode.decode_config(h, **over)
-    ws = decode.alloc_decode_workspace(b, h, LORA, 64, "cuda", programs=cfg.programs)
+    ws = decode.alloc_decode_workspace(b, h, LORA, max_splits or decode.split_cap(cfg.programs), "cuda",
+                                       programs=cfg.programs)
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
     decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     t_plan = bench(lambda: decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles))

@@ -25,6 +25,9 @@ Per mode:
   KV MiB/request   one request alone: peak blocks held summed over KV heads x bytes per head-block
   peak concurrent  most requests decoding together in one step of the throughput run (requests
                    admitted for a prefill chunk and preempted later are not counted)
+  run out tok/s    every output token of the throughput run / its wall time (prefill included)
+  by rows          decode-only steps grouped by rows: count and mean period (the ramp where fewer
+                   rows decode: requests admitted one prompt at a time finish one at a time)
 Two tables: the seed's acceptance (headwise vs uniform_mask, TTFT and TBT >= 5% better) and the
 moonshot (headwise_recycle vs uniform_mask decode throughput >= 1.4x at the same KV budget).
 
@@ -32,8 +35,11 @@ moonshot (headwise_recycle vs uniform_mask decode throughput >= 1.4x at the same
   PYTHONPATH=. python tools/bench_swa.py [--layers 4] [--context 32768] [--requests 16] [--json out.json]
 The budget is the same for every mode: uniform_mask and headwise give each KV head --num-blocks
 blocks; headwise_recycle re-splits 8 x --num-blocks into per-head ranges of one flat cache (SWA heads:
-what --requests recycled rows and one chunk use; full heads: the rest), which is why more requests
-fit (docs/head_wise_swa.md, "Per-head cache ranges").
+what scheduler.max_num_seqs recycled rows and one chunk use; full heads: the rest), which is why more
+requests fit (docs/head_wise_swa.md, "Per-head cache ranges"). max_num_seqs is --max-num-seqs,
+default --requests: at 2100 blocks a head, 8 or 12 leave the full heads room for 6 rows of 32k, 16 for
+5 and 24 for 4 (the SWA ranges then take what the full heads needed), so the request count is not
+neutral here. --json keeps every step (rows, decoding rows, prefill tokens, period ms, decode-only).
 """
 
 from __future__ import annotations
@@ -115,7 +121,7 @@ def engine(path: Path, mode: str, args) -> LLM:
         "max_model_len": args.context + args.output + 64,
         "cache": {"block_size": 64, "num_blocks": args.num_blocks, "enable_prefix_caching": False,
                   "swa_recycle": bool(m.get("recycle", False))},
-        "scheduler": {"max_num_seqs": args.requests, "max_num_batched_tokens": 8192,
+        "scheduler": {"max_num_seqs": args.max_num_seqs or args.requests, "max_num_batched_tokens": 8192,
                       "enable_chunked_prefill": True}}))
 
 
@@ -186,7 +192,9 @@ def run(llm: LLM, n: int, context: int, output: int, seed: int) -> dict:
     dec = [(rows, period, idle) for only, rows, _, _, period, _, idle in steps if only]
     peak = max([rows for rows, *_ in dec] + [0])
     full = [(rows, period) for rows, period, _ in dec if rows == peak]     # the steady batch
-    return {"seconds": end - t, "peak": max([s[2] for s in steps] + [0]),
+    return {"seconds": end - t, "peak": max([s[2] for s in steps] + [0]), "output_tokens": n * output,
+            "steps": [(rows, decoding, prefill, round(period * 1e3, 4), only)
+                      for only, rows, decoding, prefill, period, _, _ in steps],
             "preemptions": llm.scheduler.num_preemptions - preempted,
             "prompt_tokens": sum(s[3] for s in steps), "decode_steps": len(dec),
             "decode_rows": sum(r for r, *_ in dec), "decode_s": sum(p for _, p, _ in dec),
@@ -217,7 +225,19 @@ def bench_mode(path: Path, mode: str, args) -> dict:
             "idle_ms": r["decode_idle_s"] / steps * 1e3, "kv_mib_per_request": held * per_head_block / 2**20,
             "peak_concurrent": r["peak"], "elapsed_s": r["seconds"], "decode_steps": r["decode_steps"],
             "full_steps": r["full_steps"], "preemptions": r["preemptions"],
-            "prompts_computed": r["prompt_tokens"] / args.context}
+            "prompts_computed": r["prompt_tokens"] / args.context,
+            "run_out_tok_s": r["output_tokens"] / max(r["seconds"], 1e-9), "by_rows": by_rows(r["steps"]),
+            "steps": r["steps"]}
+
+
+def by_rows(steps: list) -> dict:
+    """Decode-only steps by their rows: {rows: [steps, mean period ms]}."""
+    out = {}
+    for rows, _, _, ms, only in steps:
+        if only:
+            n, total = out.get(rows, (0, 0.0))
+            out[rows] = (n + 1, total + ms)
+    return {r: [n, total / n] for r, (n, total) in sorted(out.items())}
 
 
 def gain(base: float, new: float) -> str:
@@ -231,13 +251,18 @@ def report(rows: dict, args) -> None:
           f"W {args.window}, S {args.sink}, KV budget {args.num_blocks} blocks x 8 heads x 64 tokens, "
           f"{args.requests} requests x {args.output} tokens")
     print("| mode | TTFT ms | TBT ms | decode tok/s | full-batch TBT ms | full-batch tok/s | idle ms/step | "
-          "KV MiB/request | peak concurrent | decode steps (full batch) | preemptions | prompts computed | run s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "KV MiB/request | peak concurrent | decode steps (full batch) | preemptions | prompts computed | run s | "
+          "run out tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows.values():
         print(f"| {r['mode']} | {r['ttft_ms']:.1f} | {r['tbt_ms']:.2f} | {r['decode_tok_s']:.0f} | "
               f"{r['full_tbt_ms']:.2f} | {r['full_tok_s']:.0f} | {r['idle_ms']:.3f} | "
               f"{r['kv_mib_per_request']:.1f} | {r['peak_concurrent']} | {r['decode_steps']} ({r['full_steps']}) | "
-              f"{r['preemptions']} | {r['prompts_computed']:.2f} | {r['elapsed_s']:.1f} |")
+              f"{r['preemptions']} | {r['prompts_computed']:.2f} | {r['elapsed_s']:.1f} | {r['run_out_tok_s']:.1f} |")
+    print("\nDecode-only steps by rows (steps x mean ms)")
+    for r in rows.values():
+        cells = [f"{k} rows: {n} x {ms:.2f}" for k, (n, ms) in r["by_rows"].items()]
+        print(f"| {r['mode']} | " + " | ".join(cells) + " |")
     base = rows.get("uniform_mask")
     if base and "headwise" in rows:
         h = rows["headwise"]
@@ -253,10 +278,12 @@ def report(rows: dict, args) -> None:
         print("\nMoonshot (recycling on vs uniform_mask, same KV budget; target: >= 1.4x decode tok/s)")
         print("| metric | uniform_mask | headwise_recycle | ratio |")
         print("|---|---|---|---|")
-        print(f"| decode tok/s | {base['decode_tok_s']:.0f} | {h['decode_tok_s']:.0f} | "
+        print(f"| decode tok/s (every decode-only step) | {base['decode_tok_s']:.0f} | {h['decode_tok_s']:.0f} | "
               f"{h['decode_tok_s'] / base['decode_tok_s']:.2f}x |")
         print(f"| full-batch decode tok/s | {base['full_tok_s']:.0f} | {h['full_tok_s']:.0f} | "
               f"{h['full_tok_s'] / base['full_tok_s']:.2f}x |")
+        print(f"| run out tok/s (prefill included) | {base['run_out_tok_s']:.1f} | {h['run_out_tok_s']:.1f} | "
+              f"{h['run_out_tok_s'] / base['run_out_tok_s']:.2f}x |")
         print(f"| KV MiB/request | {base['kv_mib_per_request']:.1f} | {h['kv_mib_per_request']:.1f} | "
               f"{h['kv_mib_per_request'] / base['kv_mib_per_request']:.2f}x |")
         print(f"| peak concurrent | {base['peak_concurrent']} | {h['peak_concurrent']} | "
@@ -273,6 +300,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--num-blocks", type=int, default=4200,
                     help="blocks of 64 tokens per KV head (default: 8 requests of 32k at a time when uniform)")
+    ap.add_argument("--max-num-seqs", type=int, default=0,
+                    help="scheduler.max_num_seqs (default --requests); sizes the recycled SWA heads' ranges")
     ap.add_argument("--modes", default=DEFAULT_MODES)
     ap.add_argument("--quick", action="store_true",
                     help="8 requests x 32 tokens, a budget of 4 uniform 32k requests (about 2-3 min)")

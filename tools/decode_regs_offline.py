@@ -30,7 +30,7 @@ from paddle_mla.attention.triton_mla import decode  # noqa: E402
 from paddle_mla.attention.triton_mla._util import next_pow2  # noqa: E402
 
 LORA, ROPE, PAGE = 512, 64, 64
-PTRS = ("Q", "KV", "BT", "SEQ", "NSPLIT", "CU_T", "SPLIT0", "TPP", "O", "PO", "PLSE")
+PTRS = ("Q", "KV", "BT", "SEQ", "NSPLIT", "CU_T", "SPLIT0", "TPP", "O", "PO", "PLSE", "ROW0", "NTOK")
 PTR_TYPES = {"Q": "*bf16", "KV": "*bf16", "O": "*bf16", "PO": "*fp32", "PLSE": "*fp32"}
 DIV16 = ("stride_qb", "stride_qh", "stride_kvb", "stride_kvs", "stride_bt", "stride_ob", "stride_oh",
          "stride_por", "stride_poh")
@@ -41,7 +41,7 @@ def compile_stage1(cfg, h: int):
     names = fn.arg_names
     constexprs = {"PAGE": PAGE, "LKV": LORA, "LR": ROPE, "BLOCK_B": 256, "BLOCK_KV": next_pow2(LORA),
                   "BLOCK_R": ROPE, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "DV_SPLIT": cfg.dv_split,
-                  "Q_IN_LOOP": bool(cfg.q_in_loop), "DOT_PREC": "tf32", "PDL": bool(cfg.pdl)}
+                  "Q_IN_LOOP": bool(cfg.q_in_loop), "DOT_PREC": "tf32", "PDL": bool(cfg.pdl), "QG": 1}
     sig = {}
     for n in names:
         if n in constexprs:

@@ -1,10 +1,13 @@
-"""One decode call per case, for Nsight Compute: where do the missed targets go?
+"""Decode calls for Nsight Compute: where do the missed targets go? One process, one case, one or
+more configs: every config is launched once to compile, then once more for ncu (skip the first N).
 
-    ncu --kernel-name regex:_decode_stage1 --launch-skip 1 --launch-count 1 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section LaunchStats python3 tools/profile_decode_ncu.py --b 128 --h 16 --s 4096 [--cfg dv_split=2]
+    ncu --kernel-name regex:_decode_stage1 --launch-skip N --launch-count N \\
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \\
+        --section LaunchStats python3 tools/profile_decode_ncu.py --b 128 --h 16 --s 4096 \\
+        [--cfg "dv_split=2;num_warps=8"]
 
-``--cfg`` forces a variant (the same ``decode_config`` overrides as bench_mla_decode's --variants).
+``--cfg``: ';'-separated ``decode_config`` overrides (as bench_mla_decode's --variants); today's config
+comes first, so N = 1 + the number of overrides, and ncu reports the configs in the printed order.
 """
 
 from __future__ import annotations
@@ -23,16 +26,23 @@ def main() -> None:
     ap.add_argument("--b", type=int, default=128)
     ap.add_argument("--h", type=int, default=16)
     ap.add_argument("--s", type=int, default=4096)
-    ap.add_argument("--cfg", default="", help="decode_config overrides, e.g. dv_split=2,num_warps=8")
+    ap.add_argument("--cfg", default="", help="';'-separated decode_config overrides, e.g. dv_split=2;num_warps=8")
     a = ap.parse_args()
     cache, tables, q, lens = make_case(a.b, a.h, a.s)
-    cfg = decode.decode_config(a.h, **parse_variants(a.cfg)[-1])
-    print(cfg, flush=True)
-    ws = decode.alloc_decode_workspace(a.b, a.h, LORA, 64, "cuda", programs=cfg.programs)
-    out = torch.empty(a.b, a.h, LORA, dtype=torch.bfloat16, device="cuda")
-    decode.build_decode_plan(lens, a.b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
-    for _ in range(2):   # the first launch compiles; ncu skips it
-        decode.mla_decode(q, cache, tables, lens, out, ws, LORA, 192 ** -0.5, cfg)
+    runs = []
+    for i, over in enumerate(parse_variants(a.cfg)):
+        cfg = decode.decode_config(a.h, **over)
+        print(f"config {i}: {over or 'today'} -> {cfg}", flush=True)
+        ws = decode.alloc_decode_workspace(a.b, a.h, LORA, decode.split_cap(cfg.programs), "cuda", programs=cfg.programs)
+        out = torch.empty(a.b, a.h, LORA, dtype=torch.bfloat16, device="cuda")
+        decode.build_decode_plan(lens, a.b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+        runs.append(lambda cfg=cfg, ws=ws, out=out: decode.mla_decode(q, cache, tables, lens, out, ws, LORA,
+                                                                        192 ** -0.5, cfg))
+    for fn in runs:   # compiles (ncu skips these launches)
+        fn()
+    torch.cuda.synchronize()
+    for fn in runs:   # the profiled launches, in the printed order
+        fn()
     torch.cuda.synchronize()
 
 

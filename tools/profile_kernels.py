@@ -15,6 +15,9 @@ kernel is seen by the profiler; kernel times are those of a graph replay minus l
   fp8-m1        FP8 block-scaled linears at M=1 (V3 q_a_proj 1536x7168, kv_a 576x7168, expert down
                 7168x2048) next to bf16 F.linear: the fixed costs behind issue 10's FP8 miss
   moe-m1        the fused MoE at M=1 (V2-Lite bf16, V3 fp8): align, GEMMs, sum (issue 10's M=1 miss)
+  moe-large     the fused MoE at V3 fp8 shapes, M=4096 and 16384, ours next to SGLang's sequence
+                (./third_party, tools/fetch_sglang_fused_moe.sh): every kernel of one call in launch
+                order with its mean µs (both GEMMs of a side share a name): issue 10's large-M miss
   e2e-steps     not a kernel table: issue 10's end-to-end workload (256 x 512 in, 128 out, V2-Lite
                 dims, graphs) through ``LLM.generate``, with every step's wall time grouped by kind
                 (steps with prefill tokens, decode-only steps by batch size): where the run's time goes
@@ -185,6 +188,8 @@ def run_cases(cases: list[str], layers: int, iters: int) -> dict:
         out.update(fp8_m1(iters))
     if "moe-m1" in cases:
         out.update(moe_m1(iters))
+    if "moe-large" in cases:
+        out.update(moe_large(iters))
     if "e2e-steps" in cases:
         out["e2e-steps"] = e2e_steps(layers)
     return out
@@ -222,6 +227,56 @@ def moe_m1(iters: int) -> dict:
         out[f"moe-m1 {shape.name} {'fp8' if fp8 else 'bf16'}"] = kernel_table(
             lambda: fused_moe(x, wts.w_gate, wts.w_up, wts.w_down, ids, w, ws, **scales), iters * 10)
         del wts, ws
+    return out
+
+
+def kernel_sequence(fn, iters: int) -> list[dict]:
+    """Kernels of one ``fn`` call in launch order, each with its mean µs over ``iters`` calls (a chrome
+    trace read back: key_averages would merge two launches of one kernel, e.g. the two MoE GEMMs)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    runtime.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        runtime.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    evs = sorted((e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
+                 key=lambda e: e["ts"])
+    per = len(evs) // iters
+    if per * iters != len(evs):
+        raise RuntimeError(f"{len(evs)} device events over {iters} calls: not one sequence per call")
+    return [dict(name=evs[i]["name"][:70], us=sum(evs[j * per + i]["dur"] for j in range(iters)) / iters)
+            for i in range(per)]
+
+
+def moe_large(iters: int) -> dict:
+    from fused_moe_bench_lib import SHAPES, SGLangMoE, act_quant_fn, load_sglang, make_inputs, make_weights
+
+    from paddle_mla.models.fused_moe.kernels import MoEWorkspace, fused_moe
+
+    shape, sg = SHAPES["v3"], load_sglang()[0]
+    wts = make_weights(shape, True)
+    quant = act_quant_fn()[0]
+    out = {}
+    for M in (4096, 16384):
+        ws = MoEWorkspace(M, shape.top_k, shape.E, shape.N, shape.K, torch.bfloat16, "cuda", fp8=True)
+        x, ids, w = make_inputs(shape, M)
+        out[f"moe-large ours V3 fp8 M={M}"] = kernel_sequence(
+            lambda: fused_moe(x, wts.w_gate, wts.w_up, wts.w_down, ids, w, ws, w_gate_scale=wts.s_gate,
+                              w_up_scale=wts.s_up, w_down_scale=wts.s_down, act_quant=quant), iters)
+        if sg is not None:
+            ref = SGLangMoE(sg, shape, wts, M)
+            # SGLang's sequence quantizes x itself, through the shim, with the same quantizer as ours
+            out[f"moe-large SGLang V3 fp8 M={M} {ref.config}"] = kernel_sequence(lambda: ref(x, ids, w), iters)
+            del ref
+        del ws
     return out
 
 
@@ -279,6 +334,10 @@ def print_tables(res: dict) -> None:
             print("| steps of kind | count | total s | mean ms | max ms |\n| --- | --- | --- | --- | --- |")
             for k, g in t["groups"].items():
                 print(f"| {k} | {g['steps']} | {g['total_s']:.3f} | {g['mean_ms']:.2f} | {g['max_ms']:.2f} |")
+            continue
+        if isinstance(t, list):      # moe-large: a launch-order kernel list
+            print(f"\n### {case}: {sum(k['us'] for k in t):.1f} µs of kernels per call")
+            print("; ".join(f"{k['name'][:40]} {k['us']:.1f}" for k in t))
             continue
         if not isinstance(t, dict):
             continue

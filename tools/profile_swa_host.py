@@ -8,11 +8,17 @@ Per mode (uniform_mask, headwise, headwise_recycle): steps, preemptions, prompt 
 block-table entries written, and host CPU time per decode-only step, by phase.
 
     PYTHONPATH=. python tools/profile_swa_host.py [--context 32768] [--requests 8] [--output 32] [--num-blocks 2100]
+        [--max-num-seqs N] [--steps]
+
+--steps prints each mode's schedule, run-length encoded: ``P3x9`` = 9 steps with a prefill chunk and
+3 rows decoding, ``D4x19`` = 19 decode-only steps of 4 rows. The schedule does not depend on timing,
+so it is bench_swa's on the GPU step for step (checked on the H100 run of BENCHMARKS section 21).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -43,7 +49,7 @@ def make_llm(path: Path, mode: str, args) -> LLM:
         "max_model_len": args.context + args.output + 64,
         "cache": {"block_size": 64, "num_blocks": args.num_blocks, "enable_prefix_caching": False,
                   "swa_recycle": m["recycle"]},
-        "scheduler": {"max_num_seqs": args.requests, "max_num_batched_tokens": 8192,
+        "scheduler": {"max_num_seqs": args.max_num_seqs or args.requests, "max_num_batched_tokens": 8192,
                       "enable_chunked_prefill": True, "overlap": True}}))
     profile_host_step.forward_host_part_only(llm, args.requests)
     return llm
@@ -64,7 +70,7 @@ def profile(path: Path, mode: str, args) -> dict:
     timer.wrap(llm.runner, "_gather", "inputs (tables)")
     timer.wrap(ForwardMeta, "build", "meta + upload")
     timer.wrap(llm, "_step", "rest of the step")
-    launch, stats = llm.runner.launch, {"steps": 0, "prompt": 0, "peak": 0, "decode": []}
+    launch, stats = llm.runner.launch, {"steps": 0, "prompt": 0, "peak": 0, "decode": [], "schedule": []}
     real_step = llm._step
 
     def step(finished):
@@ -82,6 +88,7 @@ def profile(path: Path, mode: str, args) -> dict:
         stats["prompt"] += sum(s.num_new for s in out.scheduled if s.is_prefill)
         stats["peak"] = max(stats["peak"], decoding)
         stats["only"] = decoding == len(out.scheduled)
+        stats["schedule"].append(("D" if stats["only"] else "P", decoding))
         return launch(out)
 
     llm._step, llm.runner.launch = step, counted
@@ -99,7 +106,8 @@ def profile(path: Path, mode: str, args) -> dict:
     return {"mode": mode, "steps": stats["steps"], "preemptions": llm.scheduler.num_preemptions,
             "prompts": stats["prompt"] / args.context, "peak": stats["peak"], "decode_steps": len(dec),
             "host_ms": float(np.median([t for t, _ in dec])) * 1e3 if dec else 0.0, "phases": phases,
-            "written": written}
+            "written": written, "schedule": " ".join(f"{k[0]}{k[1]}x{len(list(g))}"
+                                                     for k, g in itertools.groupby(stats["schedule"]))}
 
 
 def main() -> None:
@@ -110,6 +118,8 @@ def main() -> None:
     ap.add_argument("--num-blocks", type=int, default=2100)
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--sink", type=int, default=64)
+    ap.add_argument("--max-num-seqs", type=int, default=0, help="scheduler.max_num_seqs (default --requests)")
+    ap.add_argument("--steps", action="store_true", help="print each mode's schedule")
     ap.add_argument("--modes", default="uniform_mask,headwise,headwise_recycle")
     ap.add_argument("--dir", default="/tmp/paddle_mla_bench_qwen3_swa")
     args = ap.parse_args()
@@ -128,6 +138,9 @@ def main() -> None:
         print(f"| {r['mode']} | {r['steps']} | {r['preemptions']} | {r['prompts']:.2f} | {r['peak']} | "
               f"{r['decode_steps']} | {r['written']} | {r['host_ms']:.3f} | "
               + " | ".join(f"{r['phases'].get(k, 0.0):.3f}" for k in names) + " |")
+    if args.steps:
+        for r in rows:
+            print(f"{r['mode']}: {r['schedule']}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import time
 
 from fused_moe_bench_lib import SHAPES, Env, Shape, act_quant_fn, bench_us, device_name, make_inputs, make_weights
@@ -22,7 +23,8 @@ from fused_moe_bench_lib import SHAPES, Env, Shape, act_quant_fn, bench_us, devi
 import torch  # noqa: I001
 
 from paddle_mla.models.fused_moe.kernels import MoEWorkspace, fused_moe  # noqa: E402
-from paddle_mla.models.fused_moe.launch_config import CONFIG_DIR, config_file_name, default_config  # noqa: E402
+from paddle_mla.models.fused_moe.launch_config import (CONFIG_DIR, config_file_name, default_config,  # noqa: E402
+                                                      load_configs)
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -36,16 +38,17 @@ def space(kind: str, M: int, shape: Shape, fp8: bool):
     else:
         grid = dict(BLOCK_M=bms, BLOCK_N=[32, 64, 128, 256], BLOCK_K=[64, 128, 256], GROUP_M=[1, 8, 16, 32],
                     num_warps=[4, 8], num_stages=[2, 3, 4, 5])
-    if fp8:          # K tiles divide the 128-wide scale groups
+    if fp8:          # K tiles divide the 128-wide scale groups; the intermediate's groups are 64 or 128 wide
         grid["BLOCK_K"] = [128] if kind == "small" else [64, 128]
+        grid["QUANT_GROUP"] = [64, 128]
     keys = list(grid)
-    seen = set()
-    for values in itertools.product(*(grid[k] for k in keys)):
-        cfg = dict(zip(keys, values))
-        sig = tuple(cfg.values())
-        if sig not in seen:
-            seen.add(sig)
-            yield cfg
+    # Nearest BLOCK_M to the rows each expert gets first: a per-M time budget then cuts the
+    # unlikely tiles, not the likely ones (in plain product order a budget spent on BLOCK_M 16-32
+    # never reached the 64-128 tiles that large M wants: V3 fp8 M=16384 kept BLOCK_M 32).
+    ideal = math.log2(min(128, max(16, rows)))
+    combos = sorted(itertools.product(*(grid[k] for k in keys)), key=lambda v: abs(math.log2(v[0]) - ideal))
+    for values in combos:
+        yield dict(zip(keys, values))
 
 
 def main():
@@ -56,6 +59,8 @@ def main():
     ap.add_argument("--space", choices=("small", "full"), default="small")
     ap.add_argument("--budget-s", type=float, default=120.0, help="time limit per M (the best so far is kept)")
     ap.add_argument("--out", default=None, help="JSON path (default: the package's configs/ folder)")
+    ap.add_argument("--merge", action="store_true",
+                    help="start from the package's table for this shape/dtype/GPU and replace only the tuned M")
     ap.add_argument("--smoke", action="store_true", help="check this tool on CPU (TRITON_INTERPRET=1, fp16)")
     args = ap.parse_args()
     if args.smoke:
@@ -68,6 +73,8 @@ def main():
     extra = dict(w_gate_scale=wts.s_gate, w_up_scale=wts.s_up, w_down_scale=wts.s_down, act_quant=quant) if fp8 else {}
     device = device_name()
     table = {}
+    if args.merge:
+        table = {str(m): cfg for m, cfg in (load_configs(shape.E, shape.N, shape.K, args.dtype, device) or {}).items()}
     for M in ms:
         x, ids, w = make_inputs(shape, M)
 
@@ -96,6 +103,7 @@ def main():
                 best, best_us = cfg, us
         print(f"M={M}: {best_us:.1f} µs with {best} ({tried} configs tried)", flush=True)
         table[str(M)] = best
+    table = {str(m): table[str(m)] for m in sorted(map(int, table))}
     path = args.out or str(CONFIG_DIR / config_file_name(shape.E, shape.N, shape.K, args.dtype, device))
     with open(path, "w") as fh:
         json.dump(table, fh, indent=1)

@@ -118,41 +118,42 @@ class HostStep:
 
 def gather_step(state: InputState, scheduled) -> HostStep:
     """``scheduled``: the SchedulerOutput rows. Updates the block-table rows by deltas. The per-row
-    values go into Python lists and become arrays once (a numpy item write per row costs more)."""
-    slots, tokens, pending_pos, pending_slot = [], [], [], []
-    num_new, num_cached, is_prefill, samples = [], [], [], []
+    values go into Python lists and become arrays once (a numpy item write per row costs more); the
+    row loop touches only what differs per row kind (a steady decode row: one dict lookup, three
+    identity/length checks and one token read), the plain columns are list comprehensions."""
+    slots, tokens = [], []
+    add_slot, add_token = slots.append, tokens.append
     width = 1
-    rows, row, heads = state.rows, state.row, state.heads
+    rows_get, row, heads = state.rows.get, state.row, state.heads
     for s in scheduled:
         seq = s.seq
-        r = rows.get(seq)
+        r = rows_get(seq)
         if heads is None:
             blocks = seq.block_ids
             if r is None or r.blocks is not blocks or r.written != len(blocks):   # else: the row is current
                 r = row(seq, scheduled)
         elif r is None or not heads.current(r, seq):
             r = row(seq, scheduled)
-        slots.append(r.slot)
+        add_slot(r.slot)
         if r.written > width:
             width = r.written
-        c, n = s.num_cached, s.num_new
-        num_new.append(n)
-        num_cached.append(c)
-        is_prefill.append(s.is_prefill)
-        samples.append(s.samples)
-        if n == 1:               # decode: one token, by index
+        c = s.num_cached
+        if s.num_new == 1:       # decode: one token, by index
             prompt = seq.request.prompt_token_ids
-            tok = prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)]
-            tokens.append(tok)
+            add_token(prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)])
         else:
-            tokens.extend(token_slice(seq, c, c + n))
-            tok = tokens[-1]
-        if tok == PENDING:       # only ever the last token of a sequence, sampled by the running step
-            pending_pos.append(len(tokens) - 1)
-            pending_slot.append(r.slot)
+            tokens.extend(token_slice(seq, c, c + s.num_new))
     slots = np.array(slots, dtype=np.int64)
+    token_ids = np.array(tokens, dtype=np.int64)
+    num_new = np.array([s.num_new for s in scheduled], dtype=np.int32)
+    # a PENDING token is only ever the last token of a row (sampled by the step still running):
+    # found in the array, its row by the rows' token ends
+    pending_pos = np.flatnonzero(token_ids == PENDING)
+    pending_rows = np.searchsorted(np.cumsum(num_new), pending_pos, side="right")
     return HostStep(
-        token_ids=np.array(tokens, dtype=np.int64), num_new=np.array(num_new, dtype=np.int32),
-        num_cached=np.array(num_cached, dtype=np.int32), block_tables=state.tables[slots, ..., :width],
-        is_prefill=np.array(is_prefill, dtype=bool), sample_mask=np.array(samples, dtype=bool), slots=slots,
-        pending_pos=np.array(pending_pos, dtype=np.int64), pending_slot=np.array(pending_slot, dtype=np.int64))
+        token_ids=token_ids, num_new=num_new,
+        num_cached=np.array([s.num_cached for s in scheduled], dtype=np.int32),
+        block_tables=state.tables[slots, ..., :width],
+        is_prefill=np.array([s.is_prefill for s in scheduled], dtype=bool),
+        sample_mask=np.array([s.samples for s in scheduled], dtype=bool), slots=slots,
+        pending_pos=pending_pos.astype(np.int64, copy=False), pending_slot=slots[pending_rows])

@@ -234,8 +234,10 @@ class ModelRunner:
         extra: dict[str, np.ndarray] = {}
         if len(rows):
             sched = out.scheduled
-            sb = self.sampling_builder.build([sched[r].seq for r in rows], self.eos_token_ids,
-                                             self.arch.vocab_size)
+            # the rows' sequences by a host loop (list indexing by numpy scalars costs more per row)
+            seqs = [s.seq for s, m in zip(sched, batch.sample_mask) if m] if len(rows) < len(sched) \
+                else [s.seq for s in sched]
+            sb = self.sampling_builder.build(seqs, self.eos_token_ids, self.arch.vocab_size)
             extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
             extra["sample_slots"] = host.slots[rows]
         if len(host.pending_pos):

@@ -120,9 +120,11 @@ class Scheduler:
         bs = self._uniform_block_size
         absorbed_cap, absorbed = self.cfg.max_num_batched_absorbed_context, 0
         chunks = []
+        entry = ScheduledSeq
         for seq in self.running[:]:
             c = seq.num_computed_tokens
-            need = len(seq.request.prompt_token_ids) + len(seq.output_token_ids) - c
+            toks = seq.output_token_ids
+            need = len(seq.request.prompt_token_ids) + len(toks) - c
             if need > 1:
                 chunks.append((seq, need))
                 continue
@@ -133,7 +135,8 @@ class Scheduler:
             # a decode inside its last block (uniform tables) holds its blocks already: no _grow
             if not (bs and c < len(seq.block_ids) * bs) and not self._grow(seq, c + need, out):
                 continue
-            out.scheduled.append(ScheduledSeq(seq, need, c, need > 1 or not seq.output_token_ids, True))
+            # (_grow may rebind out.scheduled: no bound append) one new token: a prefill only before any output
+            out.scheduled.append(entry(seq, need, c, not toks, True))
             budget -= need
         for seq, need in chunks:
             if budget <= 0:

@@ -66,6 +66,7 @@ class Uploader:
         self._parts: list[tuple[int, np.ndarray]] = []
         self._used = 0
         self.num_commits = 0      # tests: one upload per step
+        self._views: dict = {}
         if self.gpu:
             self._grow(nbytes)
 
@@ -73,6 +74,7 @@ class Uploader:
         self.nbytes = max(nbytes, 2 * self.nbytes)
         self.slots = [_Slot(self.nbytes, True), _Slot(self.nbytes, True)]
         self.dev = torch.zeros(self.nbytes, dtype=torch.uint8, device=self.device)
+        self._views: dict = {}      # views of the old buffer are stale
 
     def add(self, a: np.ndarray):
         """The device tensor that will hold ``a`` (same dtype and shape) after ``commit``."""
@@ -109,11 +111,26 @@ class Uploader:
             dev[:used].copy_(slot.tensor[:used], non_blocking=True)
         slot.event = torch.cuda.Event()
         slot.event.record()
-        out = []
+        views, out = self._views, []
         for start, a in handles:
-            out.append(dev[start:start + max(a.nbytes, 1)].view(_TORCH_DTYPES[a.dtype])[:a.size].view(a.shape)
-                       if a.size else torch.zeros(a.shape, dtype=_TORCH_DTYPES[a.dtype], device=self.device))
+            key = (start, a.dtype, a.shape)
+            v = views.get(key)
+            if v is None:
+                v = views[key] = self._view(start, a)
+            out.append(v)
+        if len(views) > self._MAX_VIEWS:     # prefill steps vary the shapes: keep the cache bounded
+            views.clear()
         return out
+
+    # The typed views of the device buffer, by (offset, dtype, shape): a steady decode step stages
+    # the same layout every step, and making a view costs four tensor ops (several us each on the
+    # host, a dozen arrays a step). A cached view aliases the same bytes a new one would.
+    _MAX_VIEWS = 512
+
+    def _view(self, start: int, a: np.ndarray):
+        if not a.size:
+            return torch.zeros(a.shape, dtype=_TORCH_DTYPES[a.dtype], device=self.device)
+        return self.dev[start:start + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
 
 
 class PendingRead:

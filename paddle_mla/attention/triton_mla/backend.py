@@ -30,12 +30,10 @@ from paddle_mla import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.decode import (
-    SMALL_BATCH, alloc_decode_workspace, build_decode_plan, decode_config, mla_decode,
+    SMALL_BATCH, alloc_decode_workspace, build_decode_plan, decode_config, mla_decode, split_cap,
 )
 from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
 from paddle_mla.attention.triton_mla.short_extend import PseudoRows, crossover_tokens, max_pseudo_rows, split_short_rows
-
-MAX_KV_SPLITS = 32
 
 
 @register_backend("triton_mla")
@@ -57,8 +55,10 @@ class TritonMLABackend(MLABackend):
         assert (self.cfg_small.block_n, self.cfg_small.programs, self.cfg_small.min_tiles) == \
             (self.cfg.block_n, self.cfg.programs, self.cfg.min_tiles), "the small-batch config needs its own plan"
         # compact split workspace: (max_num_seqs + programs) rows of partials, not max_num_seqs x 32;
-        # allocated before the KV-cache profile, so what it does not take goes to the cache
-        self.ws = alloc_decode_workspace(max_num_seqs, H, L, MAX_KV_SPLITS, device, programs=self.cfg.programs)
+        # allocated before the KV-cache profile, so what it does not take goes to the cache. The split
+        # cap follows the programs (``split_cap``): small batches spread over the whole grid
+        self.ws = alloc_decode_workspace(max_num_seqs, H, L, split_cap(self.cfg.programs), device,
+                                         programs=self.cfg.programs)
         self.q_buf = torch.zeros(max_num_seqs, H, dims.latent_dim, dtype=dtype, device=device)
         self.o_buf = torch.zeros(max_num_seqs, H, L, dtype=dtype, device=device)
         step_tokens = max_num_batched_tokens or max(max_model_len, max_num_seqs)

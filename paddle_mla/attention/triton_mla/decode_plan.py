@@ -64,6 +64,17 @@ class DecodeWorkspace:
 MAX_DV_SPLIT = 4  # value-column slices per (request, head block, split); see decode.DecodeConfig.dv_split
 
 
+def split_cap(programs: int) -> int:
+    """The per-request split cap that never binds: ``programs + 1``.
+
+    Q >= cdiv(T, P) already bounds a request's splits by the P programs, and the compact workspace
+    has max_bs + P rows whatever the cap, so a lower cap saves no memory; it only makes short
+    batches' programs walk more tiles each (b=1, s=4k, h=16: cap 32 -> 26 splits of 5 tiles,
+    this cap -> 128 splits of 1 tile). The stage-2 merge loads the splits it has, in chunks.
+    """
+    return max(int(programs), 1) + 1
+
+
 def partial_rows(max_bs: int, max_kv_splits: int, programs: int = 0) -> int:
     """Rows of the compact partial workspace: total splits <= bs + P - 1 (module doc), and <= bs * max_splits."""
     bound = max_bs * max_kv_splits

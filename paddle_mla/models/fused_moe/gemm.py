@@ -2,10 +2,11 @@
 
 Rows of a BLOCK_M tile are pairs of one expert (see align.py). ``GATED``: A rows are tokens
 (pair // top_k), two weight tiles (gate, up) share each A tile and the epilogue writes silu(g)*u;
-``QUANT_OUT`` (w8a8 with BLOCK_N == 128) also quantizes that output per (row, 128 columns) to
-e4m3 with its fp32 scale, so the down GEMM reads FP8 without another kernel. Not gated: the down
+``QUANT_OUT`` (w8a8) also quantizes that output per (row, BLOCK_N columns: 64 or 128) to e4m3 with
+its fp32 scale, so the down GEMM reads FP8 without another kernel (its A_GROUP is that BLOCK_N). Not gated: the down
 projection, A rows are pairs, the epilogue multiplies by the routing weight. FP8 (``BLOCK_SCALED``):
-acc += dot(a_q, b_q) * a_scale[row, k/128] * b_scale[e, n/128, k/128]; BLOCK_K divides 128.
+acc += dot(a_q, b_q) * a_scale[row, k/A_GROUP] * b_scale[e, n/128, k/128]; BLOCK_K divides A_GROUP
+(128 for the layer input, 64 or 128 for the intermediate), which divides 128.
 All row offsets are int64 (M * top_k * K passes 2^31 near 37k tokens at V3 sizes).
 """
 
@@ -30,7 +31,7 @@ def grouped_gemm_kernel(
         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
         stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk, stride_csm, stride_csn,
         A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_ROUTED: tl.constexpr, BLOCK_SCALED: tl.constexpr,
-        QUANT_OUT: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr,
+        QUANT_OUT: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr, A_GROUP: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -71,7 +72,7 @@ def grouped_gemm_kernel(
             b2 = tl.load(b2_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if BLOCK_SCALED:
             kg = (kb * BLOCK_K) // GROUP
-            a_s = tl.load(as_ptrs + kg * stride_ask, mask=row_ok, other=0.0)
+            a_s = tl.load(as_ptrs + ((kb * BLOCK_K) // A_GROUP) * stride_ask, mask=row_ok, other=0.0)
             b_s = tl.load(b_scale_ptr + bs_off + kg * stride_bsk)
             acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
             if GATED:
@@ -98,7 +99,7 @@ def grouped_gemm_kernel(
     col_ok = offs_n < N
     c_ptrs = c_ptr + pair[:, None] * stride_cm + offs_n[None, :] * stride_cn
     if QUANT_OUT:
-        # one scale per (row, this BLOCK_N == GROUP wide column block): amax / 448, floored at 1e-10
+        # one scale per (row, this BLOCK_N wide column block): amax / 448, floored at 1e-10
         amax = tl.max(tl.where(col_ok[None, :], tl.abs(acc), 0.0), 1)
         scale = tl.maximum(amax / FP8_MAX, FP8_MIN_SCALE)
         q = tl.minimum(tl.maximum(acc / scale[:, None], -FP8_MAX), FP8_MAX)

@@ -5,7 +5,8 @@ Per chunk of at most ``workspace.chunk`` tokens (so the workspace is bounded wha
 No host sync and no allocation but the output tensor: the whole layer can be captured in a CUDA graph.
 FP8 (w8a8): weights float8_e4m3fn with fp32 scales [E, N/128, K/128]; ``act_quant(x)`` -> (a_q
 [M, K] e4m3, a_scale [M, K/128] fp32) quantizes the layer input per token in groups of 128; the
-gate+up GEMM quantizes its own output the same way for the down GEMM.
+gate+up GEMM quantizes its own output for the down GEMM, in groups of the config's QUANT_GROUP
+(64 or 128 columns; 64 doubles the gate+up grid where few rows leave SMs idle).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from paddle_mla.models.fused_moe.gemm import grouped_gemm_kernel, sum_topk_kerne
 from paddle_mla.models.fused_moe.launch_config import get_config
 
 FP8_GROUP = 128
+MIN_QUANT_GROUP = 64       # the narrowest per-token group of the intermediate's quantization
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -51,9 +53,20 @@ class MoEWorkspace:
         self.dtype, self.fp8 = dtype, fp8
         pairs = self.chunk * top_k
         self.align = AlignBuffers(pairs, num_experts, device)
+        # One token (decode at batch 1): its top_k experts are distinct, so align would give each
+        # pair a block of its own anyway. That plan is constant (pair j alone in block j, the rest
+        # padding; right for any ids, rows are independent), built here once per BLOCK_M, and the
+        # token's expert ids are the blocks' experts: align's five launches, which cost more than
+        # their work at M=1 (BENCHMARKS.md section 12), are skipped.
+        self.single = {}
+        for bm in (16, 32, 64, 128):
+            ids = torch.full((top_k * bm,), top_k, dtype=torch.int32, device=device)
+            ids[::bm] = torch.arange(top_k, dtype=torch.int32, device=device)
+            self.single[bm] = (ids, torch.full((1,), top_k * bm, dtype=torch.int32, device=device))
         if fp8:
             self.inter_q = torch.empty(pairs, inter, dtype=torch.float8_e4m3fn, device=device)
-            self.inter_scale = torch.empty(pairs, triton.cdiv(inter, FP8_GROUP), dtype=torch.float32, device=device)
+            self.inter_scale = torch.empty(pairs, triton.cdiv(inter, MIN_QUANT_GROUP), dtype=torch.float32,
+                                           device=device)
         else:
             self.inter_q = torch.empty(pairs, inter, dtype=dtype, device=device)
             self.inter_scale = None
@@ -65,7 +78,7 @@ class MoEWorkspace:
 
 
 def _launch_gemm(a, b, b2, c, a_scale, b_scale, b2_scale, c_scale, topk_weights, sorted_ids, expert_ids, total,
-                 num_pairs, a_row_div, gated, mul_routed, cfg):
+                 num_pairs, a_row_div, gated, mul_routed, cfg, a_group=FP8_GROUP):
     E, N, K = b.shape
     if gated and (b2.stride() != b.stride() or (b_scale is not None and b2_scale.stride() != b_scale.stride())):
         raise ValueError(f"fused_moe: gate and up weights (and scales) must share strides: {b.stride()} vs {b2.stride()}")
@@ -84,7 +97,7 @@ def _launch_gemm(a, b, b2, c, a_scale, b_scale, b2_scale, c_scale, topk_weights,
         b_scale.stride(0) if scaled else 0, b_scale.stride(1) if scaled else 0, b_scale.stride(2) if scaled else 0,
         c_scale.stride(0) if quant_out else 0, c_scale.stride(1) if quant_out else 0,
         A_ROW_DIV=a_row_div, GATED=gated, MUL_ROUTED=mul_routed, BLOCK_SCALED=scaled, QUANT_OUT=quant_out,
-        IEEE=a.dtype == torch.float32, GROUP=FP8_GROUP,
+        IEEE=a.dtype == torch.float32, GROUP=FP8_GROUP, A_GROUP=a_group,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
@@ -92,16 +105,25 @@ def _launch_gemm(a, b, b2, c, a_scale, b_scale, b2_scale, c_scale, topk_weights,
 SMEM_BUDGET = 200 * 1024    # bytes of pipelined tiles a config may use (H100/H200 allow 227 KiB per block)
 
 
+def quant_group(cfg: dict) -> int:
+    """Width of the intermediate's FP8 groups (the gate+up BLOCK_N): the config's QUANT_GROUP, 64 or 128."""
+    g = cfg.get("QUANT_GROUP", FP8_GROUP)
+    if g not in (MIN_QUANT_GROUP, FP8_GROUP):
+        raise ValueError(f"fused_moe: QUANT_GROUP must be {MIN_QUANT_GROUP} or {FP8_GROUP}, got {g}")
+    return g
+
+
 def _fit_config(cfg: dict, fp8: bool, gated: bool, elt: int) -> dict:
-    """Constraints of the kernel: FP8 K tiles divide the 128-wide scale groups; the gate+up GEMM
-    quantizes its output per 128 columns, so its BLOCK_N is 128. Then fewer pipeline stages (and
-    at last a narrower K tile) until the A and B tiles fit in shared memory (fp32 tiles, two B
-    tiles when gated): a heuristic config must not fail with OutOfResources."""
+    """Constraints of the kernel: FP8 K tiles divide the scale groups of both operands (128 for the
+    weights and the layer input, QUANT_GROUP for the intermediate the down GEMM reads); the gate+up
+    GEMM quantizes its output per BLOCK_N columns, so its BLOCK_N is QUANT_GROUP. Then fewer pipeline
+    stages (and at last a narrower K tile) until the A and B tiles fit in shared memory (fp32 tiles,
+    two B tiles when gated): a heuristic config must not fail with OutOfResources."""
     cfg = dict(cfg)
     if fp8:
-        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], FP8_GROUP)
+        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], FP8_GROUP if gated else quant_group(cfg))
         if gated:
-            cfg["BLOCK_N"] = FP8_GROUP
+            cfg["BLOCK_N"] = quant_group(cfg)
 
     def smem(c):
         return c["num_stages"] * (c["BLOCK_M"] * c["BLOCK_K"] + (2 if gated else 1) * c["BLOCK_K"] * c["BLOCK_N"]) * elt
@@ -138,7 +160,10 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
         cfg = config or get_config(m, E, N, K, top_k, dtype_name, device_name(x))
         ids, weights = ids_all[start:start + m], w_all[start:start + m]
         num_pairs = m * top_k
-        sorted_ids, expert_ids, total = moe_align(ids, workspace.align, cfg["BLOCK_M"])
+        if m == 1 and cfg["BLOCK_M"] in workspace.single:
+            (sorted_ids, total), expert_ids = workspace.single[cfg["BLOCK_M"]], ids.reshape(-1)
+        else:
+            sorted_ids, expert_ids, total = moe_align(ids, workspace.align, cfg["BLOCK_M"])
         xc = x[start:start + m]
         inter = workspace.inter_q[:num_pairs]
         inter_scale = workspace.inter_scale[:num_pairs] if fp8 else None
@@ -151,7 +176,7 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
         down = workspace.down_out[:num_pairs]
         _launch_gemm(inter, w_down, None, down, inter_scale, w_down_scale, None, None, weights, sorted_ids,
                      expert_ids, total, num_pairs, 1, gated=False, mul_routed=True,
-                     cfg=_fit_config(cfg, fp8, False, elt))
+                     cfg=_fit_config(cfg, fp8, False, elt), a_group=quant_group(cfg) if fp8 else FP8_GROUP)
         bk = min(1024, triton.next_power_of_2(K))
         sum_topk_kernel[(m, triton.cdiv(K, bk))](down, out[start:start + m], K, TOP_K=top_k, BLOCK_K=bk)
     return out

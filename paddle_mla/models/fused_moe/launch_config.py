@@ -1,8 +1,10 @@
 """Launch configs of the fused MoE GEMMs: tuned JSON data in configs/, else a heuristic.
 
 A file ``configs/E=<E>,N=<N>,K=<K>,dtype=<bf16|fp16|fp32|fp8_w8a8>,device=<GPU name>.json`` maps
-token counts M (as strings) to {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages}; the
-entry with the nearest M is used (as vLLM's configs are). N is the intermediate size (per expert,
+token counts M (as strings) to {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages} and, for
+fp8_w8a8 only, an optional QUANT_GROUP (64 or 128, default 128: the width of the per-token groups in
+which the gate+up GEMM quantizes its output, which is also that GEMM's BLOCK_N); the entry with the
+nearest M is used (as vLLM's configs are). N is the intermediate size (per expert,
 gate or up alone), K the hidden size. Written by tools/tune_fused_moe.py.
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+OPTIONAL_KEYS = ("QUANT_GROUP",)
 
 
 def config_file_name(E: int, N: int, K: int, dtype: str, device_name: str) -> str:
@@ -26,7 +29,7 @@ def load_configs(E: int, N: int, K: int, dtype: str, device_name: str) -> dict[i
     if not path.is_file():
         return None
     table = json.loads(path.read_text())
-    return {int(m): {k: int(v[k]) for k in KEYS} for m, v in table.items()}
+    return {int(m): {k: int(v[k]) for k in KEYS + OPTIONAL_KEYS if k in v} for m, v in table.items()}
 
 
 def default_config(M: int, E: int, top_k: int, dtype: str) -> dict:
