@@ -21,7 +21,12 @@ t = time.time(); ops = load_ops(); print("ops:", ops, f"({time.time() - t:.1f} s
 assert ops is not None, "custom ops did not build"
 PY
 echo "=== GPU tests"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.txt"
+# The GQA files compare against the single-threaded C++ op (most of their time): side by side in shards.
+GQA_GPU_TESTS="tests/test_append_attention_gpu.py tests/test_append_attention_prefill_gpu.py tests/test_gqa_oracle.py tests/test_append_attn_backend.py"
+python3 -m pytest -q -p no:cacheprovider -m gpu tests $(printf -- '--ignore=%s ' $GQA_GPU_TESTS) 2>&1 | tee "$OUT/gpu_tests.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+python3 tools/pytest_shards.py -n 14 --timeout 300 --log "$OUT/gqa_gpu_tests_full.txt" -- -m gpu $GQA_GPU_TESTS 2>&1 \
+  | tee "$OUT/gqa_gpu_tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== decode kernel benchmark"
 python3 tools/bench_mla_decode.py --json "$OUT/bench_mla_decode.json" 2>&1 | tee "$OUT/bench_mla_decode.md" || status=1
