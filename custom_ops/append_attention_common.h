@@ -56,13 +56,24 @@ struct AppendAttentionArgs {
   AttnDtype dtype;
 };
 
-// Block id of key/value position `pos` of request b, KV head g; -1 when the table has no block there.
-PMLA_HD inline int64_t block_of(const AppendAttentionArgs& a, int64_t b, int64_t g, int64_t pos) {
+// Index into block_tables of key/value position `pos` of request b, KV head g; -1 past the table.
+PMLA_HD inline int64_t table_index(const AppendAttentionArgs& a, int64_t b, int64_t g, int64_t pos) {
   const int64_t col = pos / a.block_size;
   if (col < 0 || col >= a.max_blocks) return -1;
   const int64_t row = a.head_wise ? (b * a.num_kv_heads + g) : b;
-  const int64_t id = a.block_tables[row * a.max_blocks + col];
+  return row * a.max_blocks + col;
+}
+
+// A table entry as a block id: -1 ("no block") and out-of-range ids are -1.
+PMLA_HD inline int64_t checked_block(const AppendAttentionArgs& a, int64_t id) {
   return (id >= 0 && id < a.num_blocks) ? id : -1;
+}
+
+// Block id of key/value position `pos` of request b, KV head g; -1 when the table has no block there.
+// (The tensor-core kernels split it: they read the entry a tile before checking and using it.)
+PMLA_HD inline int64_t block_of(const AppendAttentionArgs& a, int64_t b, int64_t g, int64_t pos) {
+  const int64_t i = table_index(a, b, g, pos);
+  return i < 0 ? -1 : checked_block(a, a.block_tables[i]);
 }
 
 // Element offset of (g, block, pos % block_size, 0) in a cache.

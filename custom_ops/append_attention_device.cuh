@@ -94,15 +94,18 @@ __device__ __forceinline__ void load_tile(const AppendAttentionArgs& a, int64_t 
 // for a masked key or a missing block) into tiles of pitch `pitch` elements, by `nthreads` threads;
 // masked rows are zero-filled, so a -1 block is never dereferenced and a NaN-poisoned slot never
 // reaches an MMA. Commits one cp.async group. Shared by the tensor-core decode and prefill kernels;
-// kD > 0 (the prefill's compile-time head_dim) turns the chunk indexing into shifts.
-template <typename T, int kD = 0>
+// kD > 0 (a compile-time head_dim) turns the chunk indexing into shifts; with compile-time rows and
+// thread count as well (kRows, kThreads > 0, which then replace `rows` and `nthreads`; kThreads a
+// multiple of the chunks per row) the copy is straight-line code from per-thread bases: it is issued
+// every tile, so its index arithmetic counts.
+template <typename T, int kD = 0, int kRows = 0, int kThreads = 0>
 __device__ __forceinline__ void copy_planned_rows(const AppendAttentionArgs& a, const int64_t* offs, int rows,
                                                   T* kd0, T* vd0, int pitch, int tid, int nthreads) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   const int per_row = kD > 0 ? kD / kVec : static_cast<int>(a.head_dim) / kVec;
   const T* kc = static_cast<const T*>(a.k_cache);
   const T* vc = static_cast<const T*>(a.v_cache);
-  for (int c = tid; c < rows * per_row; c += nthreads) {
+  auto chunk = [&](int c) {  // 16 bytes of one K row and one V row
     const int n = c / per_row, e = (c - n * per_row) * kVec;
     const int64_t off = offs[n];
     T* kd = kd0 + n * pitch + e;
@@ -114,6 +117,30 @@ __device__ __forceinline__ void copy_planned_rows(const AppendAttentionArgs& a, 
       *reinterpret_cast<uint4*>(kd) = make_uint4(0u, 0u, 0u, 0u);
       *reinterpret_cast<uint4*>(vd) = make_uint4(0u, 0u, 0u, 0u);
     }
+  };
+  if constexpr (kD > 0 && kRows > 0 && kThreads > 0 && kThreads % (kD > 0 ? kD / kVec : 1) == 0) {
+    // tid < kThreads: thread tid copies chunk tid % per_row of rows tid / per_row + k * kStep, so its
+    // source and destination bases are fixed and each row costs an offset read and two copies.
+    constexpr int kPer = kD / kVec, kStep = kThreads / kPer, kSteps = (kRows + kStep - 1) / kStep;
+    const int n0 = tid / kPer, e = (tid - n0 * kPer) * kVec;
+    const T* kce = kc + e;
+    const T* vce = vc + e;
+    T* kd = kd0 + n0 * pitch + e;
+    T* vd = vd0 + n0 * pitch + e;
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      if (kRows % kStep != 0 && n0 + k * kStep >= kRows) break;
+      const int64_t off = offs[n0 + k * kStep];
+      if (off >= 0) {
+        __pipeline_memcpy_async(kd + k * kStep * pitch, kce + off, 16);
+        __pipeline_memcpy_async(vd + k * kStep * pitch, vce + off, 16);
+      } else {
+        *reinterpret_cast<uint4*>(kd + k * kStep * pitch) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(vd + k * kStep * pitch) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  } else {
+    for (int c = tid; c < rows * per_row; c += nthreads) chunk(c);
   }
   __pipeline_commit();
 }

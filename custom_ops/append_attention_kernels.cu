@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "append_attention_cuda.h"
+#include "append_attention_decode_mma.cuh"
 #include "append_attention_decode_tc.cuh"
 #include "append_attention_device.cuh"
 #include "append_attention_prefill.cuh"
@@ -302,14 +303,49 @@ const char* launch_decode_tc(const AppendAttentionArgs& a, float* ws, int64_t ws
   return launch_merge<T>(a, splits, ws_o, ws_lse, stream);
 }
 
+// The register-O tensor-core decode (append_attention_decode_mma.cuh), NST cp.async stages.
+template <typename T, int D, int NST>
+const char* launch_decode_mma(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
+  const attn::DmLayout layout(D, static_cast<int>(sizeof(T)), NST);
+  const int splits = decode_splits(a, 1, ws_floats);
+  float* ws_o = splits > 1 ? ws : nullptr;
+  float* ws_lse = splits > 1 ? ws + a.batch * a.num_q_heads * splits * a.head_dim : nullptr;
+  auto kernel = attn::decode_mma_kernel<T, D, NST>;
+  if (const char* err = allow_smem(kernel, layout.total)) return err;
+  const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads), static_cast<unsigned>(splits));
+  kernel<<<grid, 32 * attn::kDmWarps, layout.total, stream>>>(a, splits, ws_o, ws_lse);
+  if (const char* err = launched()) return err;
+  return launch_merge<T>(a, splits, ws_o, ws_lse, stream);
+}
+
+static bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// Tensor-core decode: the register-O kernel for head_dim 64, 80, 96, 128 (2 stages: ~75 KB a block at
+// head_dim 128, three blocks an SM); the WMMA kernel above 128. Measurement switches, read per call:
+// PADDLE_MLA_GQA_TC_KERNEL=wmma (the WMMA kernel), PADDLE_MLA_GQA_TC_TILE=32 (its 32-key tile),
+// PADDLE_MLA_GQA_TC_STAGES=3 (the register-O kernel at head_dim 128 with 3 stages, two blocks an SM).
 template <typename T, int VB, int DPL>
 const char* launch_decode_any(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
     if (use_decode_tc<T>(a)) {
+      const bool tile32 = env_is("PADDLE_MLA_GQA_TC_TILE", "32");
+      if (!tile32 && !env_is("PADDLE_MLA_GQA_TC_KERNEL", "wmma")) {
+        switch (a.head_dim) {
+          case 64: return launch_decode_mma<T, 64, 2>(a, ws, ws_floats, stream);
+          case 80: return launch_decode_mma<T, 80, 2>(a, ws, ws_floats, stream);
+          case 96: return launch_decode_mma<T, 96, 2>(a, ws, ws_floats, stream);
+          case 128:
+            if (env_is("PADDLE_MLA_GQA_TC_STAGES", "3")) return launch_decode_mma<T, 128, 3>(a, ws, ws_floats, stream);
+            return launch_decode_mma<T, 128, 2>(a, ws, ws_floats, stream);
+          default: break;
+        }
+      }
       if (a.head_dim <= 64) return launch_decode_tc<T, 64, attn::TcTile<64>::keys>(a, ws, ws_floats, stream);
       if (a.head_dim <= 128) {
-        const char* tile = std::getenv("PADDLE_MLA_GQA_TC_TILE");
-        if (tile != nullptr && std::strcmp(tile, "32") == 0) return launch_decode_tc<T, 128, 32>(a, ws, ws_floats, stream);
+        if (tile32) return launch_decode_tc<T, 128, 32>(a, ws, ws_floats, stream);
         return launch_decode_tc<T, 128, attn::TcTile<128>::keys>(a, ws, ws_floats, stream);
       }
       return launch_decode_tc<T, 256, attn::TcTile<256>::keys>(a, ws, ws_floats, stream);

@@ -6,8 +6,9 @@
 // and query head g * group + r % group of one request, so the group's heads share every K/V tile. Warp w
 // owns rows 16 MF w .. 16 MF (w + 1) - 1 (MF 16-row M fragments) for the whole key loop (FA2's split: no
 // cross-warp reduction). The launcher uses W = 4, MF = 2 (128 rows; BENCHMARKS.md section 17 compares).
-// Per tile of kPtcKeys keys (cp.async, double buffered, offsets planned once per tile by one thread per
-// key with the shared helpers; masked / -1 rows are zero-filled by copy_planned_rows):
+// Per tile of kPtcKeys keys (cp.async, double buffered, one block barrier a tile; offsets planned two
+// tiles ahead by one thread per key, from block-table entries read a tile before that; masked / -1
+// rows are zero-filled by copy_planned_rows):
 //   S = Q K^T with mma.sync m16n8k16 (Q and K fragments by ldmatrix from shared memory; with MF = 1 Q
 //   stays in registers for the whole loop), fp32 accumulators in registers;
 //   mask (only tiles that need it: SWA heads, holes, the causal diagonal), online softmax in fp32 on the
@@ -27,6 +28,7 @@
 #include <type_traits>
 
 #include "append_attention_device.cuh"
+#include "append_attention_mma.cuh"
 #include "append_attention_prefill.cuh"
 
 namespace paddle_mla {
@@ -34,57 +36,10 @@ namespace attn {
 
 constexpr int kPtcKeys = 64;  // keys per tile
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 b16 matrices; lane l gives the row address (shared-space bytes) of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a b, m16n8k16, fp32 accumulate.
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats as one register of two T (lo in the low half: the lower column of a fragment).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
-
 // Shared-memory layout of one block (host and device compute it alike): Q rows, two stages of K and V
 // tiles (rows of D + 8 elements: the 8 rows of an ldmatrix fall in distinct banks), and three slots of
-// per-key plans (offset, position, hole flags): slot it % 3 is planned one tile ahead and read by the
-// mask one tile later, so no slot is rewritten while a slower warp still reads it.
+// per-key plans (offset, position, hole flags): while tile it is computed, slot it % 3 holds its mask,
+// (it + 1) % 3 the plan being copied and (it + 2) % 3 the one being written.
 struct PtcLayout {
   int pitch;
   size_t q, kv, stage, offs, kpos, dense, total;
@@ -101,13 +56,6 @@ struct PtcLayout {
   }
 };
 
-// 2^x on the SFU (ex2.approx.ftz: 2^-inf = +0), the softmax's one transcendental.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // D: head_dim (compile time: the fragment loops unroll into one basic block); W warps of MF 16-row M
 // fragments each (MF = 2: FA2's split, each K / V fragment read from shared memory feeds two MMAs; Q is
 // then re-read by ldmatrix per tile instead of held in registers, for the register budget).
@@ -121,7 +69,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   const int group = static_cast<int>(a.num_q_heads / a.num_kv_heads);
   const int queries = ROWS / group;
   const int64_t g = blockIdx.y;
-  __shared__ int64_t s_req, s_q0, s_tok[ROWS];
+  __shared__ int64_t s_req, s_q0, s_tok[ROWS], s_pos[ROWS];
   __shared__ int32_t s_pmin[W], s_pmax[W];
   if (warp == 0) {
     int64_t req, q0;
@@ -137,7 +85,9 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   const int64_t t_begin = a.cu_seqlens_q[b], n = a.cu_seqlens_q[b + 1] - t_begin;
   for (int r = tid; r < ROWS; r += blockDim.x) {
     const int64_t i = r / group, t = t_begin + q0 + i;
-    s_tok[r] = (i < queries && q0 + i < n && token_request(a, t) == b) ? t : -1;
+    const bool real = i < queries && q0 + i < n && token_request(a, t) == b;
+    s_tok[r] = real ? t : -1;
+    s_pos[r] = real ? a.positions[t] : 0;
   }
   __syncthreads();
   // This thread's rows: lane / 4 + 8 h of the warp's M fragment f; their positions (-1: padding), in
@@ -162,18 +112,9 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     s_pmin[warp] = wmin;
     s_pmax[warp] = wmax;
   }
-  // Q rows roped, unscaled, in T (the scale goes onto the fp32 scores); padding rows are zeros.
   extern __shared__ __align__(128) uint8_t ptc_smem[];
   const PtcLayout L(D, static_cast<int>(sizeof(T)), ROWS);
   T* qs = reinterpret_cast<T*>(ptc_smem + L.q);
-  for (int e = tid; e < ROWS * D; e += blockDim.x) {
-    const int r = e / D, d = e - r * D;
-    const int64_t t = s_tok[r];
-    float x = 0.0f;
-    if (t >= 0) x = roped(a, static_cast<const T*>(a.q) + t * a.q_stride + (g * group + r % group) * a.head_dim, d,
-                          a.positions[t]);
-    qs[r * P + d] = from_f<T>(x);
-  }
   __syncthreads();
   int64_t pmin = INT_MAX, pmax = -1;
   for (int w = 0; w < W; ++w) {
@@ -194,15 +135,25 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   int32_t* dense = reinterpret_cast<int32_t*>(ptc_smem + L.dense);
   auto k_stage = [&](int st) { return reinterpret_cast<T*>(ptc_smem + L.kv + 2 * st * L.stage); };
   auto v_stage = [&](int st) { return reinterpret_cast<T*>(ptc_smem + L.kv + (2 * st + 1) * L.stage); };
-  // Source offset and position of each key of the tile at virtual index `first` (-1: past the end or
-  // no block), and per 32 keys whether none is -1.
-  auto plan = [&](int64_t first, int slot) {
+  // The raw table entry of this planning thread's key in the tile at virtual index `first` (-1: none),
+  // read two tiles before plan() checks and uses it, so its latency overlaps a tile of MMAs.
+  auto fetch = [&](int64_t first) -> int32_t {
+    int32_t id = -1;
+    if (tid < TK && first + tid < nvis) {
+      const int64_t i = table_index(a, b, g, keys.position(first + tid));
+      if (i >= 0) id = a.block_tables[i];
+    }
+    return id;
+  };
+  // Source offset and position of each key of that tile (-1: past the end or no block), and per 32
+  // keys whether none is -1, into plan slot `slot`.
+  auto plan = [&](int64_t first, int slot, int32_t raw) {
     if (tid < TK) {
       const int64_t i = first + tid;
       int64_t off = -1, j = -1;
       if (i < nvis) {
         j = keys.position(i);
-        const int64_t blk = block_of(a, b, g, j);
+        const int64_t blk = checked_block(a, raw);
         if (blk >= 0) off = cache_offset(a, g, blk, j);
         if (off < 0) j = -1;
       }
@@ -215,6 +166,41 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   auto issue = [&](int slot, int st) {
     copy_planned_rows<T, D>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid, 32 * W);
   };
+
+  // Pipeline, one barrier a tile: at the top of iteration `it` tile it has landed and every warp is done
+  // with tile it - 1, whose stage then takes tile it + 1 (planned an iteration earlier); tile it + 2 is
+  // planned after the barrier from table entries read an iteration earlier. Plan slots: it % 3.
+  // The first tile's copy is issued before the Q rows are roped, so the two overlap.
+  plan(0, 0, fetch(0));
+  plan(TK, 1, fetch(TK));
+  int32_t raw_next = fetch(2 * TK);
+  __syncthreads();
+  if (nvis > 0) issue(0, 0);
+  // Q rows roped (a pair of dims per step: rope_dims / rope_pair of append_attention_common.h, as the
+  // C++ op; dims >= rot_dim pass through), unscaled, in T (the scale goes onto the fp32 scores); padding
+  // rows are zeros. Positions come from shared memory and the loop is unrolled, so the global reads of q
+  // and cos / sin overlap instead of forming one dependent chain per element.
+  {
+    constexpr int HALF = D / 2;
+    const int rot_half = static_cast<int>(a.rot_dim / 2);
+#pragma unroll 4
+    for (int e = tid; e < ROWS * HALF; e += 32 * W) {
+      const int r = e / HALF, i = e - r * HALF;
+      const int64_t t = s_tok[r];
+      int64_t d1 = a.rot_dim + 2 * (i - rot_half), d2 = d1 + 1;  // past the rotary dims
+      if (i < rot_half) rope_dims(a, i, d1, d2);
+      float x1 = 0.0f, x2 = 0.0f;
+      if (t >= 0) {
+        const T* row = static_cast<const T*>(a.q) + t * a.q_stride + (g * group + r % group) * D;
+        x1 = to_f(row[d1]);
+        x2 = to_f(row[d2]);
+        if (i < rot_half) rope_pair(a, s_pos[r], i, x1, x2);
+      }
+      qs[r * P + d1] = from_f<T>(x1);
+      qs[r * P + d2] = from_f<T>(x2);
+    }
+  }
+  __syncthreads();  // Q rows visible
 
   // ldmatrix row addresses of this lane (shared-space bytes): A (Q) rows, B (K) rows, B^T (V) rows;
   // every fragment's address is one of these plus a compile-time offset. E: bytes of an element.
@@ -239,22 +225,15 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   const float qk_scale = a.softmax_scale * kLog2e;
   const int col0 = (lane % 4) * 2;  // first key (S) / dim (O) column of this thread in an 8-wide block
 
-  plan(0, 0);
-  __syncthreads();
-  if (nvis > 0) issue(0, 0);
+  // The pipeline described above the prologue: one barrier a tile, plan slots it % 3.
   int it = 0;
   for (int64_t first = 0; first < nvis; first += TK, ++it) {
-    const int cur = it & 1, slot = it % 3, nslot = (it + 1) % 3;
-    const bool more = first + TK < nvis;
-    if (more) plan(first + TK, nslot);
-    __syncthreads();  // (A) plan visible; every warp is done with stage cur ^ 1 (the previous tile)
-    if (more) {
-      issue(nslot, cur ^ 1);
-    } else {
-      __pipeline_commit();  // an empty group keeps wait_prior(1) meaning "the current tile has landed"
-    }
-    __pipeline_wait_prior(1);
-    __syncthreads();  // (B) every thread's copies of the current tile are visible
+    const int cur = it & 1, slot = it % 3;
+    __pipeline_wait_prior(0);
+    __syncthreads();  // tile it visible to every thread; stage cur ^ 1 (tile it - 1) is free
+    if (first + TK < nvis) issue((it + 1) % 3, cur ^ 1);
+    if (first + 2 * TK < nvis) plan(first + 2 * TK, (it + 2) % 3, raw_next);
+    raw_next = fetch(first + 3 * TK);
     if (wmax < 0 || keys.position(first) > wmax) continue;  // causal: nothing here for this warp's rows
     const uint32_t kt = smem_u32(k_stage(cur)) + k_off, vt = smem_u32(v_stage(cur)) + v_off;
     float s[MF][NK][4];

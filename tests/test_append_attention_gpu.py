@@ -141,7 +141,7 @@ def test_decode_replays_in_a_cuda_graph():
         assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
 
 
-# Tensor-core decode (append_attention_decode_tc.cuh: bf16/fp16, head_dim % 16 == 0, group <= 16) over
+# Tensor-core decode (bf16/fp16, head_dim % 16 == 0, group <= 16; both kernels, see TC_ENVS) over
 # every group size it serves, head_dim 64 and 128, contexts off the 64-key tile (and block) edges, 1-3
 # splits, padding rows, uniform and head-wise tables with SWA heads (NaN-poisoned -1 blocks). Prefixes
 # stay short so that the C++ op's prefill of them (the reference side) costs well under a second a case.
@@ -149,17 +149,20 @@ TC_REQS = ((15, 1), (16, 1), (63, 1), (64, 1), (0, 0), (200, 1), (519, 1), (1, 1
 TC_TABLES = [(16, False, (0, 0, 0)), (64, True, (1, 100, 4)), (16, True, (1, 40, 16))]
 TC_CASES = [(group, d, table, "bfloat16") for group in (1, 2, 4, 8, 16) for d in (64, 128) for table in TC_TABLES]
 TC_CASES += [(8, 128, TC_TABLES[1], "float16"), (16, 64, TC_TABLES[2], "float16"), (3, 80, TC_TABLES[0], "float16")]
-# Which kernel runs: the tensor-core one (default tile), its 32-key head_dim-128 variant, the CUDA-core one.
-TC_ENVS = {"tc": {}, "tc32": {"PADDLE_MLA_GQA_TC_TILE": "32"}, "cudacore": {"PADDLE_MLA_GQA_TC": "0"}}
+# Which kernel runs: the default tensor-core one (register-O mma.sync, append_attention_decode_mma.cuh,
+# for head_dim <= 128), its 3-stage head_dim-128 variant, the WMMA kernel (append_attention_decode_tc.cuh)
+# and its 32-key head_dim-128 tile, the CUDA-core one.
+TC_ENVS = {"tc": {}, "mma3": {"PADDLE_MLA_GQA_TC_STAGES": "3"}, "wmma": {"PADDLE_MLA_GQA_TC_KERNEL": "wmma"},
+           "tc32": {"PADDLE_MLA_GQA_TC_TILE": "32"}, "cudacore": {"PADDLE_MLA_GQA_TC": "0"}}
 _TC_WANT: dict = {}
-TC_RUNS = [(c, env) for c in TC_CASES for env in TC_ENVS if env != "tc32" or c[1] == 128]
+TC_RUNS = [(c, env) for c in TC_CASES for env in TC_ENVS if env not in ("tc32", "mma3") or c[1] == 128]
 
 
 @pytest.mark.parametrize("case,env", TC_RUNS,
                          ids=["g{}d{}-bs{}{}swa{}-{}-{}".format(c[0], c[1], c[2][0], "hw" if c[2][1] else "",
                                                                 c[2][2][0], c[3], env) for c, env in TC_RUNS])
 def test_tc_decode_matches_cpu_op(case, env, monkeypatch):
-    """Both decode kernels (and the 32-key tile variant) against the C++ op."""
+    """Every decode kernel (and variant) against the C++ op."""
     for name, value in TC_ENVS[env].items():
         monkeypatch.setenv(name, value)
     group, d, table, dtype = case

@@ -2,7 +2,9 @@
 
 Decode (one new token per request, the op's split-KV path with ``decode_only``): achieved bandwidth
 (unique bytes: K + V of the context, q, the new k/v, out) against the measured device copy
-bandwidth (the tensor-core decode kernel; its 32-key tile and the CUDA-core kernel in the last columns), and time against SGLang's Triton GQA decode kernel ``decode_attention_fwd`` (grouped) on
+bandwidth (the default register-O tensor-core decode; its 3-stage variant, the WMMA kernel and the
+CUDA-core kernel in the last columns), and time against SGLang's Triton GQA decode kernel
+``decode_attention_fwd`` (grouped) on
 the same values in its token-major layout, at its best over split counts. SGLang's file comes only
 from the git-ignored ./third_party/sglang_decode (tools/fetch_sglang_kernel.sh). Our time includes
 the op's RoPE and cache write of the step's token; SGLang's does not.
@@ -11,6 +13,8 @@ flash backend on the same (non-paged) data, K/V expanded to the query heads outs
 
   PYTHONPATH=. python tools/bench_gqa_attention.py [--b 32,64] [--s 8192,16384] [--group 4,8]
       [--prefill 8192] [--json out.json]
+  ncu of one case: ncu -k regex:decode_mma --launch-skip 1 --launch-count 1 ... python tools/bench_gqa_attention.py
+      --ncu decode --b 32 --s 8192 --group 4     (--ncu prefill --prefill 8192 --group 4: regex:prefill_tc)
 Targets (issue 12): decode >= 85% of copy bandwidth and >= 1.2x SGLang; prefill >= 0.8x SDPA flash.
 """
 
@@ -36,6 +40,8 @@ from bench_mla_decode import bench, copy_bandwidth, load_sglang  # noqa: E402  (
 
 HKV, D, PAGE = 8, 128, 64
 SG_SPLITS = (1, 2, 4, 8, 16, 32)
+VARIANTS = (("mma3_graph_us", "PADDLE_MLA_GQA_TC_STAGES=3"), ("wmma_graph_us", "PADDLE_MLA_GQA_TC_KERNEL=wmma"),
+            ("cudacore_graph_us", "PADDLE_MLA_GQA_TC=0"))
 
 
 def rope_table(n, rot):
@@ -49,7 +55,7 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def decode_case(b, s, group, sg_fwd):
+def decode_case(b, s, group, sg_fwd, ncu=False):
     """b requests with s - 1 cached tokens each and one new token, 64-token pages in random order."""
     hq, pages = HKV * group, -(-s // PAGE)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -71,6 +77,10 @@ def decode_case(b, s, group, sg_fwd):
     fn = lambda: op.append_attention(q, k, v, kc, vc, tables, cu, lens, ids, pos, cs, out,  # noqa: E731
                                      softmax_scale=scale, neox=True, rot_dim=D, workspace=ws, decode_only=True)
     fn()
+    if ncu:   # one more call for the profiler (ncu --launch-skip 1), nothing timed
+        fn()
+        torch.cuda.synchronize()
+        return {}
     t = bench(fn)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -78,9 +88,9 @@ def decode_case(b, s, group, sg_fwd):
     t_graph = bench(graph.replay)
     nbytes = 2 * b * s * HKV * D * 2 + 2 * b * hq * D * 2 + 2 * b * HKV * D * 2
     row = {"b": b, "s": s, "group": group, "us": t, "graph_us": t_graph, "gbs": nbytes / (t_graph * 1e-6) / 1e9}
-    # The other decode kernels on the same data (the op reads these variables per call): the tensor-core
-    # kernel's 32-key tile, and the CUDA-core kernel.
-    for key, env in (("tc32_graph_us", "PADDLE_MLA_GQA_TC_TILE=32"), ("cudacore_graph_us", "PADDLE_MLA_GQA_TC=0")):
+    # The other decode kernels on the same data (the op reads these variables per call): the register-O
+    # kernel with 3 stages, the WMMA tensor-core kernel, and the CUDA-core kernel.
+    for key, env in VARIANTS:
         name, value = env.split("=")
         os.environ[name] = value
         try:
@@ -123,7 +133,7 @@ def rope_q(q, cs_row):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).to(q.dtype)
 
 
-def prefill_case(s, group):
+def prefill_case(s, group, ncu=False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     hq, pages = HKV * group, -(-s // PAGE)
@@ -144,6 +154,11 @@ def prefill_case(s, group):
     ws = torch.empty(op.workspace_numel(1, hq, D), dtype=torch.float32, device="cuda")
     fn = lambda: op.append_attention(q, k, v, kc, vc, tables, cu, lens, ids, pos, cs, out,  # noqa: E731
                                      softmax_scale=D ** -0.5, neox=True, rot_dim=D, workspace=ws)
+    if ncu:
+        fn()
+        fn()
+        torch.cuda.synchronize()
+        return {}
     t = bench(fn)
     qs = q.transpose(0, 1).unsqueeze(0)
     ks = k.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0).contiguous()
@@ -166,9 +181,17 @@ def main():
     ap.add_argument("--prefill", default="8192")
     ap.add_argument("--no-sglang", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--ncu", choices=("decode", "prefill"), default=None,
+                    help="two untimed calls of the first case (for ncu --launch-skip 1 --launch-count 1)")
     args = ap.parse_args()
     ints = lambda x: [int(v) for v in x.split(",") if v]  # noqa: E731
     assert op.implementation(on_gpu=True) == "custom_op", "the CUDA append_attention op did not build"
+    if args.ncu == "decode":
+        decode_case(ints(args.b)[0], ints(args.s)[0], ints(args.group)[0], None, ncu=True)
+        return
+    if args.ncu == "prefill":
+        prefill_case(ints(args.prefill)[0], ints(args.group)[0], ncu=True)
+        return
     sg_fwd, sg_src = (None, "skipped") if args.no_sglang else load_sglang()
     props = torch.cuda.get_device_properties(0)
     copy_gbs = copy_bandwidth()
@@ -178,8 +201,8 @@ def main():
           f"SGLang: {sg_src}")
     print("\n## decode (bf16, 8 KV heads, head_dim 128, 64-token pages)\n")
     print("| b | s | group | µs | graph µs | GB/s | % copy | SGLang µs (splits) | speedup | rel err "
-          "| graph µs: TC 32-key tile | CUDA-core |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| graph µs: 3 stages | WMMA | CUDA-core |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     decode_rows = []
     for b in ints(args.b):
         for s in ints(args.s):
@@ -189,8 +212,8 @@ def main():
                 sg = f"{r['sglang_us']:.0f} ({r['sglang_splits']}) | {r['speedup']:.2f}x | {r['rel_err']:.1e}" \
                     if "sglang_us" in r else "- | - | -"
                 print(f"| {b} | {s} | {group} | {r['us']:.0f} | {r['graph_us']:.0f} | {r['gbs']:.0f} | "
-                      f"{100 * r['gbs'] / copy_gbs:.0f}% | {sg} | {r['tc32_graph_us']:.0f} | "
-                      f"{r['cudacore_graph_us']:.0f} |", flush=True)
+                      f"{100 * r['gbs'] / copy_gbs:.0f}% | {sg} | {r['mma3_graph_us']:.0f} | "
+                      f"{r['wmma_graph_us']:.0f} | {r['cudacore_graph_us']:.0f} |", flush=True)
     print("\n## prefill (bf16, causal, one request)\n")
     print("| s | group | µs | TFLOPS | SDPA flash µs | SDPA TFLOPS | ours / SDPA speed | rel err |")
     print("|---|---|---|---|---|---|---|---|")

@@ -21,7 +21,12 @@ t = time.time(); ops = load_ops(); print("ops:", ops, f"({time.time() - t:.1f} s
 assert ops is not None, "custom ops did not build"
 PY
 echo "=== GPU tests"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.txt"
+# The GQA files compare against the single-threaded C++ op (most of their time): side by side in shards.
+GQA_GPU_TESTS="tests/test_append_attention_gpu.py tests/test_append_attention_prefill_gpu.py tests/test_gqa_oracle.py tests/test_append_attn_backend.py"
+python3 -m pytest -q -p no:cacheprovider -m gpu tests $(printf -- '--ignore=%s ' $GQA_GPU_TESTS) 2>&1 | tee "$OUT/gpu_tests.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+python3 tools/pytest_shards.py -n 14 --timeout 300 --log "$OUT/gqa_gpu_tests_full.txt" -- -m gpu $GQA_GPU_TESTS 2>&1 \
+  | tee "$OUT/gqa_gpu_tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== decode kernel benchmark"
 python3 tools/bench_mla_decode.py --json "$OUT/bench_mla_decode.json" 2>&1 | tee "$OUT/bench_mla_decode.md" || status=1
@@ -70,6 +75,9 @@ python3 tools/bench_chunked_itl.py --json "$OUT/bench_chunked_itl.json" 2>&1 | t
 echo "=== GQA append_attention: decode vs copy bandwidth and SGLang (third_party/sglang_decode), prefill vs SDPA flash"
 python3 tools/bench_gqa_attention.py --json "$OUT/bench_gqa_attention.json" 2>&1 | tee "$OUT/bench_gqa_attention.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== GQA end to end: Qwen3-8B dims, 4 layers, append_attn, decode step at batch 64 and 4k context vs roofline"
+python3 tools/bench_e2e_decode.py --model qwen3 --layers 4 --batch 64 --context 4096 --json "$OUT/bench_e2e_qwen3.json" 2>&1 \
+  | tee "$OUT/bench_e2e_qwen3.md" || status=1
 if command -v compute-sanitizer >/dev/null; then
   echo "=== GQA append_attention under compute-sanitizer memcheck (small cases)"
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -m gpu \
