@@ -25,6 +25,7 @@ CKPT=/tmp/bench_e2e_moe_4L
 el "phase 1: GPU tests (fused MoE, FP8) || custom-op build || the e2e checkpoint written (CPU)"
 ( timeout 130 python3 -m pytest -q -p no:cacheprovider $NX -m gpu tests/test_fused_moe_gpu.py tests/test_fp8_gpu.py \
     tests/test_moe_fp8.py > "$OUT/gpu_tests.txt" 2>&1; echo "GPU tests rc=$?" >> "$OUT/gpu_tests.txt" ) &
+P1=$!
 ( timeout 130 python3 -c "
 from paddle_mla import runtime; runtime.select('torch')
 from paddle_mla.ops.build import load_ops; print('ops:', load_ops())" 2>&1 | tail -n 2
@@ -32,7 +33,8 @@ from paddle_mla.ops.build import load_ops; print('ops:', load_ops())" 2>&1 | tai
 import sys; from pathlib import Path; sys.path.insert(0, 'tools')
 from bench_loader import V2_LITE, write_checkpoint
 write_checkpoint(Path('$CKPT'), dict(V2_LITE, num_hidden_layers=4), 5 * 10 ** 9); print('checkpoint written')" ) &
-wait
+P2=$!
+wait "$P1" "$P2"     # by pid: a bare wait (bash >= 5.1) also waits for the tee above, which never ends
 tail -n 12 "$OUT/gpu_tests.txt"
 
 el "phase 2: end-to-end (LLM x3 incl. probed, decode b64 4k, prefill 64x512, HF eager)"
