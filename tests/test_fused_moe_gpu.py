@@ -94,13 +94,17 @@ def test_fp8_matches_dequantized_reference(M, pattern):
 @pytest.mark.parametrize("M", [1, 83, 2048])
 def test_fp8_quant_groups_and_configs(M, cfg):
     """The intermediate quantized per 64 columns (gate+up BLOCK_N 64, down K tiles of 64) or 128,
-    against the dequantized reference (which quantizes it per 128: 64-wide groups are as close)."""
+    against the dequantized reference that quantizes it in the same groups (the input per 128). With
+    per-128 groups in the reference, a per-64 kernel differs by two independent e4m3 roundings of the
+    intermediate: 2.1-2.2e-2 on the H100 (2026-11-24), not a kernel error."""
     x, wg, wu, wd, ids, w = _case(M, "random", seed=M + 5)
     qs = [quant_block_fp8_reference(t) for t in (wg, wu, wd)]
     deq = [dequant_block_fp8(q, s) for q, s in qs]
     got = _fused(x.to(torch.bfloat16), *[q for q, _ in qs], ids, w, config=cfg, chunk=700,
                  fp8_scales=[s for _, s in qs])
-    ref = routed_moe_reference(x.to(torch.bfloat16).float(), *deq, ids, w, act_qdq=act_qdq_reference)
+    group = cfg["QUANT_GROUP"]
+    ref = routed_moe_reference(x.to(torch.bfloat16).float(), *deq, ids, w, act_qdq=act_qdq_reference,
+                               act_qdq_inter=lambda h: act_qdq_reference(h, group))
     err = _rel(got, ref)
     assert err < 2e-2, f"fp8 M={M} config {cfg} (700-token chunks): rel err {err:.2e} vs dequantized reference"
 

@@ -221,6 +221,7 @@ def main() -> None:
     llm = LLM(ecfg)
     res["engine_start_s"] = time.perf_counter() - t
     res["engine"] = run_engine(llm, n, P, O, cfg["vocab_size"])
+    partial(res, "engine")
     runner = llm.runner
     for cache in runner.kv_caches:
         cache.normal_(0.0, 1.0)
@@ -231,6 +232,7 @@ def main() -> None:
     res["decode"] = dict(batch=dec_b, context=ctx, step_ms=step * 1e3, routed_distinct=experts,
                          weight_gb=wb / 1e9, kv_gb=kvb / 1e9, roofline_ms=(wb + kvb) / res["copy_bw"] * 1e3,
                          fraction_of_roofline=(wb + kvb) / res["copy_bw"] / step)
+    partial(res, "decode")
     pre = step_batch(runner, pre_b, pre_len, 0, block, True, 1)
     pstep = time_steps(runner, pre, 2 if smoke else 5)
     flops = prefill_flops(cfg, pre_b, pre_len)
@@ -238,6 +240,7 @@ def main() -> None:
                           roofline_ms=flops / res["gemm_flop_s"] * 1e3,
                           fraction_of_roofline=flops / res["gemm_flop_s"] / pstep,
                           tok_s=pre_b * pre_len / pstep)
+    partial(res, "prefill")
     llm.close()
     del llm, runner
     runtime.empty_cache()
@@ -248,6 +251,11 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def partial(res: dict, key: str) -> None:
+    """Each part's numbers as soon as they exist: a run cut off by a time limit still reports them."""
+    print(f"# {key}: {json.dumps(res[key], default=str)}", file=sys.stderr, flush=True)
 
 
 def print_table(r: dict) -> None:

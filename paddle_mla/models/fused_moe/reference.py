@@ -67,12 +67,13 @@ def act_qdq_reference(x, group: int = 128):
     return deq.view(M, kp)[:, :K].to(x.dtype)
 
 
-def routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, act_qdq=None):
+def routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, act_qdq=None, act_qdq_inter=None):
     """x [T, K]; w_gate/w_up [E, N, K]; w_down [E, K, N]; topk_ids [T, top_k] int; topk_weights [T, top_k].
 
     Matmuls run in x's dtype (the weights are cast to it: fp8 callers pass dequantized weights);
     ``act_qdq`` (optional) quantizes-dequantizes the activations entering each GEMM, to mirror a
-    w8a8 kernel. Returns [T, K] in x's dtype."""
+    w8a8 kernel; ``act_qdq_inter`` replaces it for the intermediate (the down GEMM's input), which a
+    kernel may group differently (the fused kernel's QUANT_GROUP 64). Returns [T, K] in x's dtype."""
     T, top_k = topk_ids.shape
     hidden = x.shape[-1]
     if T == 0:
@@ -92,8 +93,8 @@ def routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, act_qd
         xe = xin.index_select(0, rows_of_pairs[start:end])
         wg, wu, wd = (w[int(e)].to(x.dtype) for w in (w_gate, w_up, w_down))
         h = F.silu(torch.matmul(xe, wg.transpose(0, 1))) * torch.matmul(xe, wu.transpose(0, 1))
-        if act_qdq is not None:
-            h = act_qdq(h)
+        if (act_qdq_inter or act_qdq) is not None:
+            h = (act_qdq_inter or act_qdq)(h)
         outs.append(torch.matmul(h, wd.transpose(0, 1)))
         start = end
     y = torch.cat(outs, 0).index_select(0, torch.from_numpy(inverse).to(dev))   # [T*top_k, K], pair order
