@@ -118,7 +118,7 @@ def run_engine(llm: LLM, n: int, prompt: int, out: int, vocab: int) -> dict:
     if llm.runner.device_kind == "gpu":
         # Run 3: the same warm run under bench_engine_step's probe (CUDA events around each launch,
         # timers around each step): where the whole run's wall time goes, by kind of step.
-        from bench_engine_step import StepProbe
+        from step_probe import StepProbe
 
         probe = StepProbe(llm, n)
         try:
