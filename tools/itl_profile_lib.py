@@ -70,9 +70,7 @@ def profile_config(name: str, cfg_dict: dict, args) -> dict:
         comps2, kern, by_launch, kernel_total = _profiled_run(llm, reqs(w))
     finally:
         llm.close()
-        llm = None      # the next config's engine gets the memory
-        gc.collect()
-        runtime.empty_cache()
+        llm = None      # the next config's engine gets the memory (profile_configs frees it)
     same = [r["comp"] for r in recs] == comps2
     steps = []
     for i, r in enumerate(recs):
@@ -158,6 +156,10 @@ def profile_configs(configs: list[tuple[str, dict]], args) -> None:
     for name, cfg in configs:
         print(f"[profile] {name}", flush=True)
         res.append(profile_config(name, cfg, args))
+        gc.collect()
+        runtime.empty_cache()
+        if torch.cuda.is_available():   # the next engine sizes its cache by the free memory
+            print(f"[profile] after {name}: {torch.cuda.memory_allocated() / 2**30:.2f} GiB still allocated", flush=True)
     report(res, args.top)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=float) + "\n")

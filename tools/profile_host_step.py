@@ -98,6 +98,7 @@ class PhaseTimer:
     def close(self) -> None:
         for owner, attr, real in reversed(self._undo):
             setattr(owner, attr, real)
+        self._undo = []
 
 
 def make_llm(batch: int, context: int, steps: int, overlap: bool, prefix: bool):

@@ -99,6 +99,7 @@ class StepProbe:
             setattr(owner, meth, real)
         if self.timer is not None:
             self.timer.close()
+        self.llm = self._real = None     # the records stay; the engine can be freed
 
     def _read(self, pending):
         t = time.perf_counter()
