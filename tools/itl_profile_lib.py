@@ -111,7 +111,8 @@ def report(res: list[dict], top: int) -> None:
           "wall: the steps' periods; host: time in _step less the wait for tokens; launch host: of which in "
           "runner.launch; GPU events: device time between the events around launch (kernels + idle); kernels: "
           "run 2's kernel time; extend: of which in the extend region (cached prefix + new rows expanded "
-          "through kv_b_proj, attended)")
+          "through kv_b_proj, attended), by the profiler's op tree, which may miss kernels (a lower bound; the "
+          "'launch' column attributes every kernel)")
     print("| config | kind | steps | wall | host | launch host | wait | GPU events | kernels (op tree / launch) | "
           "kernel count | extend | extend GEMMs |\n|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for r in res:

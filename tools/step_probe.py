@@ -7,7 +7,9 @@ syncs flagged by ``set_sync_debug_mode("warn")`` and the reads. With ``phases`` 
 host phases of profile_host_step.py on the wall clock (the same ``PhaseTimer``/``wrap_phases``).
 With ``profile`` every step runs inside ``record_function("step#N")``, and the attention regions
 below inside theirs, so that ``step_kernels`` can attribute each kernel of a ``torch.profiler`` run
-(CPU + CUDA activity) to the step that launched it, by the profiler's launch correlation.
+(CPU + CUDA activity) to the step that launched it: ``step_kernels_by_launch`` by each kernel's
+CUPTI correlation with its launch call (complete), ``step_kernels`` by the profiler's op tree (which
+also splits by region; on torch 2.11 it linked only 20 of 236 ms of kernels: a lower bound).
 """
 
 from __future__ import annotations
