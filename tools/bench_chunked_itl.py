@@ -12,6 +12,18 @@ once, reused). The workload: ``--prompts`` requests behind one ``--prefix``-toke
     python tools/bench_chunked_itl.py [--layers 4] [--prefix 8192] [--json out.json]   (GPU, ~2 min)
     python tools/bench_chunked_itl.py --absorbed-caps 0,2097152   (one chunked-on config per cap)
     python tools/bench_chunked_itl.py --smoke                                             (CPU code path)
+    python tools/bench_chunked_itl.py --profile [--smoke]   (where the time goes, step by step)
+
+``--profile`` runs the same configs in this process instead (chunked off, then on with the first
+cap): a warm-up as in the bench, then two measured runs of the workload. Run 1 times every step
+(tools/step_probe.py: wall period, host time less the wait for the tokens, host time of ``launch``,
+CUDA events around it, and the host phases of profile_host_step.py on the wall clock). Run 2, the
+same requests and so the same steps, runs under ``torch.profiler`` (CPU + CUDA) and gives each
+step's kernels (time, count, category, and the attention regions, among them the extend's
+expansion of the cached prefix through kv_b_proj). Printed: the time of each kind of step
+(decode only, prefill chunk, short-extend admission) for both configs, the slowest steps of the
+chunked run (which hold the ITL p99) with host vs kernel time, and the host phases of its
+admission steps.
 """
 
 from __future__ import annotations
@@ -64,6 +76,8 @@ def main() -> None:
     # larger group counts), and their Triton compiles land in repeat 1 (seconds: 2026-11-24, H100)
     ap.add_argument("--warmup", type=int, default=-1, help="warm-up requests per engine (-1: as many as --prompts)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend, short prompts")
+    ap.add_argument("--profile", action="store_true", help="per-step host vs kernel time, in this process")
+    ap.add_argument("--top", type=int, default=8, help="--profile: the slowest steps listed")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if args.smoke:
@@ -75,6 +89,12 @@ def main() -> None:
     if not (model / "config.json").exists():
         print(f"writing a random bf16 checkpoint to {model}", file=sys.stderr)
         write_checkpoint(model, cfg, 5 * 10 ** 9)
+    if args.profile:
+        from itl_profile_lib import profile_configs
+        profile_configs([(name, engine_config(str(model), chunked, args, args.smoke, cap)) for name, chunked, cap in
+                         [("chunked off", False, 0), ("chunked on", True, int(args.absorbed_caps.split(",")[0]))]],
+                        args)
+        return
     work = Path(tempfile.mkdtemp(prefix="bench_chunked_itl_"))
     caps = [int(c) for c in args.absorbed_caps.split(",")]
     paths = []

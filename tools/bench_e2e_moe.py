@@ -116,9 +116,9 @@ def run_engine(llm: LLM, n: int, prompt: int, out: int, vocab: int) -> dict:
     res = dict(requests=n, prompt=prompt, output=out, seconds=runs[1], output_tok_s=toks / runs[1],
                cold_seconds=runs[0], cold_output_tok_s=toks / runs[0])
     if llm.runner.device_kind == "gpu":
-        # Run 3: the same warm run under bench_engine_step's probe (CUDA events around each launch,
+        # Run 3: the same warm run under tools/step_probe.py's probe (CUDA events around each launch,
         # timers around each step): where the whole run's wall time goes, by kind of step.
-        from bench_engine_step import StepProbe
+        from step_probe import StepProbe
 
         probe = StepProbe(llm, n)
         try:

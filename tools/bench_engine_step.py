@@ -20,6 +20,8 @@ to /tmp) instead, for issue 10's decode-step target; its roofline counts the rou
 batch selects (``bench_e2e_moe.decode_bytes``, measured per layer in one eager step).
 
 Host time only (batch 256, about a minute): ``--batch '' --host-batch 256 --overlap on --steps 30``.
+``--phases``: also the host time of each phase of the steady decode step (median, wall clock), by
+profile_host_step.py's phase timer run on this engine (the real forward, sampler and read).
 """
 
 from __future__ import annotations
@@ -28,9 +30,6 @@ import argparse
 import json
 import os
 import sys
-import time
-import warnings
-
 import numpy as np
 
 _TOOLS = os.path.dirname(os.path.abspath(__file__))
@@ -41,9 +40,9 @@ from paddle_mla import runtime  # noqa: E402
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from bench_e2e_decode import V3, _model_tensors, copy_bandwidth, random_weights  # noqa: E402
+from step_probe import StepProbe  # noqa: E402
 
 from paddle_mla.config import config_from_dict  # noqa: E402
-from paddle_mla.engine import sampler  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
 from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
 from paddle_mla.models import parse_arch  # noqa: E402
@@ -53,103 +52,8 @@ from paddle_mla.tensor_api import torch  # noqa: E402
 PAGE = 64
 
 
-class StepProbe:
-    """Wraps ``llm._step``, ``runner.launch`` and ``sampler.read_to_host`` of one engine."""
-
-    def __init__(self, llm: LLM, batch: int):
-        self.llm, self.batch, self.recs = llm, batch, []
-        self._launches, self._wait, self._reads = [], 0.0, 0
-        self._real = (llm._step, llm.runner.launch, sampler.read_to_host)
-        llm._step, llm.runner.launch, sampler.read_to_host = self._step, self._launch, self._read
-
-    def close(self) -> None:
-        self.llm._step, self.llm.runner.launch, sampler.read_to_host = self._real
-
-    def _read(self, pending):
-        t = time.perf_counter()
-        try:
-            return self._real[2](pending)
-        finally:
-            self._wait += time.perf_counter() - t
-            self._reads += 1
-
-    def _launch(self, out):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launched = self._real[1](out)
-        end.record()
-        decode = len(out.scheduled) == self.batch and not any(s.is_prefill for s in out.scheduled)
-        rows = len(out.scheduled)
-        kind = ("with prefill tokens" if any(s.num_new > 1 for s in out.scheduled) else
-                f"decode, batch {rows}" if rows in (1, self.batch) else
-                f"decode, batch {'2-63' if rows < 64 else '64-' + str(self.batch - 1)}")
-        self._launches.append((decode, start, end, kind))
-        return launched
-
-    def _step(self, finished):
-        self._wait, self._reads, n0 = 0.0, 0, len(self._launches)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            t0 = time.perf_counter()
-            try:
-                self._real[0](finished)
-            finally:
-                t1 = time.perf_counter()
-                torch.cuda.set_sync_debug_mode("default")
-        syncs = sum("synchroniz" in str(w.message) for w in caught)
-        launch = self._launches[n0] if len(self._launches) > n0 else None
-        self.recs.append(dict(t0=t0, host=t1 - t0 - self._wait, wait=self._wait, syncs=syncs, reads=self._reads,
-                              launch=launch))
-
-    def breakdown(self, t_start: float, t_end: float) -> dict:
-        """Where a whole ``generate`` call's wall time went (every step, by the kind of step it launched):
-        wall = the steps' periods; host = time in ``_step`` not waiting for sampled tokens; wait = time
-        blocked on them; GPU = device time of each launch (events around it); gap = device idle time
-        between one launch's end and the next one's start (the GPU waiting for the host)."""
-        runtime.synchronize()
-        groups: dict[str, dict] = {}
-        prev_end = None
-        for i, r in enumerate(self.recs):
-            nxt = self.recs[i + 1]["t0"] if i + 1 < len(self.recs) else t_end
-            kind = r["launch"][3] if r["launch"] else "no launch (last reads)"
-            g = groups.setdefault(kind, dict(steps=0, wall_s=0.0, host_s=0.0, wait_s=0.0, gpu_s=0.0, gap_s=0.0,
-                                             syncs=0))
-            g["steps"] += 1
-            g["wall_s"] += nxt - r["t0"]
-            g["host_s"] += r["host"]
-            g["wait_s"] += r["wait"]
-            g["syncs"] += r["syncs"]
-            if r["launch"]:
-                _, s, e, _ = r["launch"]
-                g["gpu_s"] += s.elapsed_time(e) / 1e3
-                if prev_end is not None:
-                    g["gap_s"] += prev_end.elapsed_time(s) / 1e3
-                prev_end = e
-        tot = {k: sum(g[k] for g in groups.values()) for k in ("steps", "wall_s", "host_s", "wait_s", "gpu_s",
-                                                               "gap_s", "syncs")}
-        tot["before_first_step_s"] = (self.recs[0]["t0"] - t_start) if self.recs else 0.0
-        tot["run_s"] = t_end - t_start
-        return {"groups": groups, "total": tot}
-
-    def summary(self) -> dict:
-        """Medians over the steps that launched a full decode batch and follow one (steady state)."""
-        runtime.synchronize()
-        rows = []
-        for i in range(1, len(self.recs) - 1):
-            cur, prev = self.recs[i], self.recs[i - 1]
-            if not (cur["launch"] and cur["launch"][0] and prev["launch"] and prev["launch"][0]):
-                continue
-            _, s, e, _ = cur["launch"]
-            rows.append(dict(period=(self.recs[i + 1]["t0"] - cur["t0"]) * 1e3, host=cur["host"] * 1e3,
-                             gpu=s.elapsed_time(e), gap=prev["launch"][2].elapsed_time(s), syncs=cur["syncs"],
-                             reads=cur["reads"]))
-        if not rows:
-            raise RuntimeError("no steady decode steps were measured (raise --steps)")
-        return {k: float(np.median([r[k] for r in rows])) for k in rows[0]} | {"steps": len(rows)}
-
-
-def run_case(model, batch: int, context: int, steps: int, overlap: bool, model_dir: str = "tiny") -> dict:
+def run_case(model, batch: int, context: int, steps: int, overlap: bool, model_dir: str = "tiny",
+             phases: bool = False) -> dict:
     blocks = batch * (-(-(context + steps + 16) // PAGE)) + 8
     cfg = config_from_dict({
         "model": model_dir, "device": "gpu", "dtype": "bfloat16", "cuda_graph": True,
@@ -162,7 +66,7 @@ def run_case(model, batch: int, context: int, steps: int, overlap: bool, model_d
     vocab = llm.runner.arch.vocab_size
     reqs = [GenerationRequest(i, rng.integers(3, vocab, context - 8).tolist(),
                               SamplingParams(max_tokens=steps + 8, ignore_eos=True)) for i in range(batch)]
-    probe = StepProbe(llm, batch)
+    probe = StepProbe(llm, batch, phases=phases)
     try:
         llm.generate(reqs, use_tqdm=False)
         res = probe.summary()
@@ -208,6 +112,7 @@ def main() -> None:
     ap.add_argument("--moe", action="store_true", help="V2-Lite dims (routed MoE) from bench_e2e_moe's checkpoint")
     ap.add_argument("--overlap", choices=("both", "on", "off"), default="both",
                     help="overlapped scheduling on, off or both (a host-time check: --batch '' --overlap on)")
+    ap.add_argument("--phases", action="store_true", help="host time per phase of the steady decode step")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = runtime.device_string("gpu")
@@ -227,13 +132,18 @@ def main() -> None:
     rows = []
     for b, ctx in cases:
         for overlap in {"both": (True, False), "on": (True,), "off": (False,)}[args.overlap]:
-            r = run_case(model, b, ctx, args.steps, overlap, model_dir)
+            r = run_case(model, b, ctx, args.steps, overlap, model_dir, args.phases)
             kv_bytes = b * ctx * arch.mla.latent_dim * 2 * args.layers
             r.update(batch=b, context=ctx, overlap=overlap, roofline_ms=(weight_bytes[b] + kv_bytes) / bw * 1e3)
             r["x_roofline"] = r["period"] / r["roofline_ms"]
             rows.append(r)
             print(f"batch {b} context {ctx} overlap {overlap}: " + ", ".join(
-                f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float)), flush=True)
+                f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float) and not k.startswith("phase:")), flush=True)
+            if args.phases:
+                phases = sorted(((k[6:], v) for k, v in r.items() if k.startswith("phase:")), key=lambda kv: -kv[1])
+                print("| host phase (median ms per steady decode step, wall clock) | ms |\n| --- | ---: |\n" + "\n".join(
+                    f"| {k} | {v:.3f} |" for k, v in phases) + f"\n| sum of phase medians | {sum(v for _, v in phases):.3f} |"
+                    f"\n| host (median of per-step totals) | {r['host']:.3f} |", flush=True)
     print(f"\n{'V2-Lite dims (MoE)' if args.moe else 'dense V3 dims'}, copy bandwidth {bw / 1e12:.2f} TB/s, weight "
           f"bytes read per step {', '.join(f'b{b}: {w / 1e9:.2f} GB' for b, w in weight_bytes.items())}, "
           f"layers {args.layers}")

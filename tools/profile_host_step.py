@@ -65,7 +65,8 @@ clock = CLOCKS["cpu"]
 class PhaseTimer:
     """Self time per named phase: a phase nested in another is subtracted from its parent."""
 
-    def __init__(self):
+    def __init__(self, clock_fn=None):
+        self.clock = clock_fn           # None: the module's clock (--clock)
         self.total: dict[str, float] = {}
         self._stack: list[list] = []
         self._undo: list = []
@@ -77,11 +78,12 @@ class PhaseTimer:
         def timed(*args, **kwargs):
             frame = [0.0]                       # time of nested phases
             timer._stack.append(frame)
-            t = clock()
+            now = timer.clock or clock
+            t = now()
             try:
                 return real(*args, **kwargs)
             finally:
-                dt = clock() - t
+                dt = now() - t
                 timer._stack.pop()
                 timer.total[name] = timer.total.get(name, 0.0) + dt - frame[0]
                 if timer._stack:
@@ -96,6 +98,7 @@ class PhaseTimer:
     def close(self) -> None:
         for owner, attr, real in reversed(self._undo):
             setattr(owner, attr, real)
+        self._undo = []
 
 
 def make_llm(batch: int, context: int, steps: int, overlap: bool, prefix: bool):
@@ -154,23 +157,27 @@ def stub_sampler(vocab: int):
     return sample_step_ids
 
 
-def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, stop_frac: float, top: int,
-            use_cprofile: bool = False, stub: bool = False):
-    llm = make_llm(batch, context, steps, overlap, prefix)
-    real_sampler = sampler.sample_step_ids
-    if stub:
-        sampler.sample_step_ids = stub_sampler(llm.runner.arch.vocab_size)
-    timer = PhaseTimer()
+def wrap_phases(timer: PhaseTimer, llm, gpu: bool = False) -> None:
+    """Time the engine's host phases (module docstring). ``gpu``: the real forward runs, so its host
+    part (the model's eager op launches or the graph replay, less ``ForwardMeta.build``) is a phase of
+    its own, and the sampler's ops are host launches of device work, counted as host time."""
     timer.wrap(Scheduler, "schedule", "schedule")
     timer.wrap(Scheduler, "finish_step", "finish_step")
     timer.wrap(llm.runner, "_gather", "inputs")
     timer.wrap(ForwardMeta, "build", "meta")
+    if gpu:
+        timer.wrap(llm.runner, "_forward", "forward (model op launches / graph replay)")
+        try:     # the Python side of every Triton kernel launch (argument binding, cache lookup, launch)
+            from triton.runtime.jit import JITFunction
+            timer.wrap(JITFunction, "run", "Triton kernel launches (Python side)")
+        except ImportError:
+            pass
     if hasattr(llm.runner, "sampling_builder"):       # row parameters kept across steps
         timer.wrap(llm.runner.sampling_builder, "build", "sampling batch")
     else:                                             # the code before: rebuilt every step
         timer.wrap(model_runner, "build_sampling_batch", "sampling batch")
     timer.wrap(sampler, "device_arrays", "sampling batch")
-    timer.wrap(sampler, "sample_step_ids", "sampler ops")
+    timer.wrap(sampler, "sample_step_ids", "sampler op launches" if gpu else "sampler ops")
     timer.wrap(model_runner.LaunchedStep, "result", "read/unpack")
     timer.wrap(llm, "_apply", "outputs")
     timer.wrap(llm, "_stopped", "stop checks")
@@ -178,6 +185,16 @@ def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, s
         timer.wrap(llm, "_stop_string_hits", "stop checks")
     timer.wrap(llm.runner, "launch", "launch (rest)")
     timer.wrap(llm, "_step", "other (step)")
+
+
+def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, stop_frac: float, top: int,
+            use_cprofile: bool = False, stub: bool = False):
+    llm = make_llm(batch, context, steps, overlap, prefix)
+    real_sampler = sampler.sample_step_ids
+    if stub:
+        sampler.sample_step_ids = stub_sampler(llm.runner.arch.vocab_size)
+    timer = PhaseTimer()
+    wrap_phases(timer, llm)
     step_times, step_phases, prof = [], [], cProfile.Profile()
     real_step = llm._step
 
