@@ -64,15 +64,23 @@ class DecodeWorkspace:
 MAX_DV_SPLIT = 4  # value-column slices per (request, head block, split); see decode.DecodeConfig.dv_split
 
 
-def split_cap(programs: int) -> int:
-    """The per-request split cap that never binds: ``programs + 1``.
+# most splits per request: at b=1 more splits only add partials to write and merge (h=16: 32 KB
+# of fp32 partials per split against 36 KB of KV per 32-key tile). H100, graph replay, b=1, h=16
+# (BENCHMARKS.md section 22): s=4k 24.7 -> 21.8 µs and s=16k 43.8 -> 35.6 µs against the uncapped
+# programs + 1; 64 is also the small-batch config's one-step merge (decode_config merge_splits)
+MAX_SPLITS_PER_REQUEST = 64
 
-    Q >= cdiv(T, P) already bounds a request's splits by the P programs, and the compact workspace
-    has max_bs + P rows whatever the cap, so a lower cap saves no memory; it only makes short
-    batches' programs walk more tiles each (b=1, s=4k, h=16: cap 32 -> 26 splits of 5 tiles,
-    this cap -> 128 splits of 1 tile). The stage-2 merge loads the splits it has, in chunks.
+
+def split_cap(programs: int) -> int:
+    """The per-request split cap: ``programs + 1`` (Q >= cdiv(T, P) already bounds a request's splits
+    by the P programs) up to ``MAX_SPLITS_PER_REQUEST``.
+
+    The compact workspace has max_bs + P rows whatever the cap, so the cap is a speed choice only:
+    the old cap of 32 made b=1 programs walk 5 tiles each at s=4k (h=16: 26 splits, 25.7 µs);
+    no cap gives 128 one-tile splits there (24.7 µs) and 256 at s=16k, whose partials cost more
+    than the parallelism gains; 64 gives 43 (21.8 µs). At b >= 4 and h=128 it does not bind.
     """
-    return max(int(programs), 1) + 1
+    return min(max(int(programs), 1) + 1, MAX_SPLITS_PER_REQUEST)
 
 
 def partial_rows(max_bs: int, max_kv_splits: int, programs: int = 0) -> int:
