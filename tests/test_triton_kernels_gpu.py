@@ -120,7 +120,7 @@ def test_decode_cuda_graph_replay(k, heads, variant):
                          ids=["h16-small-batch", "h16", "h128"])
 def test_decode_one_long_row_over_the_whole_grid(k, heads, variant):
     """b=1 at 16k + 17 tokens with the backend's split cap (``split_cap``): the plan spreads the row
-    over up to 64 splits (the cap binds at h=16 on a GPU of >= 66 SMs: 57 splits of 9 tiles), and the
+    over up to 65 splits (the cap binds at h=16 on a GPU of >= 66 SMs: 57 splits of 9 tiles), and the
     merge of that many splits (several chunks of the default config's stage-2 loop, one step in the
     small-batch config) matches the reference, bitwise repeatably."""
     torch = k.torch
@@ -140,7 +140,7 @@ def test_decode_one_long_row_over_the_whole_grid(k, heads, variant):
     got = _poisoned_runs(k, run, out)
     splits, _, _ = k.ref.decode_plan_ref(lens, cfg.block_n, cfg.programs, ws.max_kv_splits, cfg.min_tiles)
     assert int(ws.num_kv_splits[0]) == int(splits[0])
-    assert int(splits[0]) <= k.dec.split_cap(cfg.programs) <= 64
+    assert int(splits[0]) <= k.dec.split_cap(cfg.programs) <= 65
     if cfg.programs >= 66:
         assert int(splits[0]) > 16   # more than one merge chunk of the default config
     _check_close(k, got, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, 192 ** -0.5))

@@ -55,7 +55,7 @@ PRESETS = {
     # block_n 16 -> 3; today's 3 stages keep one), the split merge in one step (merge_splits) and
     # stage 2 launched early through programmatic dependent launch (pdl)
     # the target points today: b=1 (and b=4) with the backend's split cap (decode_plan.split_cap:
-    # the programs, up to 64 per request) against the old caps 32 (the engine's before) and none
+    # min(programs, 64) + 1) against the old caps 32 (the engine's before) and none
     # (512: programs + 1, the default of 2279a37), and fewer, longer splits (min_tiles=2); b >= 64 at
     # the default only (the cap does not bind there)
     "targets": [

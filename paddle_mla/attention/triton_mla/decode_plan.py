@@ -64,23 +64,25 @@ class DecodeWorkspace:
 MAX_DV_SPLIT = 4  # value-column slices per (request, head block, split); see decode.DecodeConfig.dv_split
 
 
-# most splits per request: at b=1 more splits only add partials to write and merge (h=16: 32 KB
-# of fp32 partials per split against 36 KB of KV per 32-key tile). H100, graph replay, b=1, h=16
-# (BENCHMARKS.md section 22): s=4k 24.7 -> 21.8 µs and s=16k 43.8 -> 35.6 µs against the uncapped
-# programs + 1; 64 is also the small-batch config's one-step merge (decode_config merge_splits)
-MAX_SPLITS_PER_REQUEST = 64
+# most full split windows per request: with Q >= cdiv(tiles, max_splits - 1) a request has at most
+# this many splits of Q tiles plus one straddling split. At b=1 more splits only add partials to
+# write and merge (h=16: 32 KB of fp32 partials per split against 36 KB of KV per 32-key tile);
+# H100, graph replay, b=1, h=16 (BENCHMARKS.md section 22): s=4k 24.9 -> 20.6 µs and s=16k
+# 43.7 -> 35.6 µs (57 splits) against no cap; 64 is also the small-batch config's one-step merge
+MAX_SPLIT_WINDOWS = 64
 
 
 def split_cap(programs: int) -> int:
-    """The per-request split cap: ``programs + 1`` (Q >= cdiv(T, P) already bounds a request's splits
-    by the P programs) up to ``MAX_SPLITS_PER_REQUEST``.
+    """The per-request split cap: ``min(programs, MAX_SPLIT_WINDOWS) + 1``.
 
-    The compact workspace has max_bs + P rows whatever the cap, so the cap is a speed choice only:
-    the old cap of 32 made b=1 programs walk 5 tiles each at s=4k (h=16: 26 splits, 25.7 µs);
-    no cap gives 128 one-tile splits there (24.7 µs) and 256 at s=16k, whose partials cost more
-    than the parallelism gains; 64 gives 43 (21.8 µs). At b >= 4 and h=128 it does not bind.
+    ``programs + 1`` never binds (Q >= cdiv(T, P) already bounds a request's splits by the P
+    programs); 64 windows bind only where one request would spread over more than 64 programs,
+    i.e. b=1 (or a few rows) at h=16 with s >= 4k. The compact workspace has max_bs + P rows
+    whatever the cap, so the cap is a speed choice: the old cap of 32 made b=1 programs walk 5
+    tiles each at s=4k (26 splits, 25.7 µs), no cap gives 128 one-tile splits there (24.9 µs) and
+    256 at s=16k, 64 windows give 64 two-tile splits (20.6 µs).
     """
-    return min(max(int(programs), 1) + 1, MAX_SPLITS_PER_REQUEST)
+    return min(max(int(programs), 1), MAX_SPLIT_WINDOWS) + 1
 
 
 def partial_rows(max_bs: int, max_kv_splits: int, programs: int = 0) -> int:
