@@ -67,8 +67,8 @@ MAX_DV_SPLIT = 4  # value-column slices per (request, head block, split); see de
 # most full split windows per request: with Q >= cdiv(tiles, max_splits - 1) a request has at most
 # this many splits of Q tiles plus one straddling split. At b=1 more splits only add partials to
 # write and merge (h=16: 32 KB of fp32 partials per split against 36 KB of KV per 32-key tile);
-# H100, graph replay, b=1, h=16 (BENCHMARKS.md section 22): s=4k 24.9 -> 20.6 µs and s=16k
-# 43.7 -> 35.6 µs (57 splits) against no cap; 64 is also the small-batch config's one-step merge
+# H100, graph replay, b=1, h=16 (BENCHMARKS.md section 22): s=4k 25.0 -> 20.9 µs and s=16k
+# 44.1 -> 34.7 µs against no cap; 64 is also the small-batch config's one-step merge
 MAX_SPLIT_WINDOWS = 64
 
 
@@ -79,8 +79,8 @@ def split_cap(programs: int) -> int:
     programs); 64 windows bind only where one request would spread over more than 64 programs,
     i.e. b=1 (or a few rows) at h=16 with s >= 4k. The compact workspace has max_bs + P rows
     whatever the cap, so the cap is a speed choice: the old cap of 32 made b=1 programs walk 5
-    tiles each at s=4k (26 splits, 25.7 µs), no cap gives 128 one-tile splits there (24.9 µs) and
-    256 at s=16k, 64 windows give 64 two-tile splits (20.6 µs).
+    tiles each at s=4k (26 splits, 25.7 µs), no cap gives 128 one-tile splits there (25.0 µs) and
+    256 at s=16k, 64 windows give 64 two-tile splits (20.9 µs).
     """
     return min(max(int(programs), 1), MAX_SPLIT_WINDOWS) + 1
 
