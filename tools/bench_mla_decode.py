@@ -54,14 +54,14 @@ PRESETS = {
     # h=16: deeper cp.async pipelines (num_stages 5 -> 2 KV tiles in flight per program, 8 with
     # block_n 16 -> 3; today's 3 stages keep one), the split merge in one step (merge_splits) and
     # stage 2 launched early through programmatic dependent launch (pdl)
-    # the target points today: b=1 (and b=4) with the split cap that follows the programs
-    # (decode_plan.split_cap, the new default) against the old caps 32 (the engine's) and 64 (this
-    # bench's before), and fewer, longer splits (min_tiles=2); b >= 64 at the default only (the cap
-    # does not bind there)
+    # the target points today: b=1 (and b=4) with the backend's split cap (decode_plan.split_cap:
+    # min(programs, 64) + 1) against the old caps 32 (the engine's before) and none
+    # (512: programs + 1, the default of 2279a37), and fewer, longer splits (min_tiles=2); b >= 64 at
+    # the default only (the cap does not bind there)
     "targets": [
-        ("16", "1", "1024,4096,16384,32768", "max_splits=32;max_splits=64;min_tiles=2"),
-        ("16", "4", "4096,16384", "max_splits=32"),
-        ("128", "1", "4096,16384", "max_splits=32"),
+        ("16", "1", "1024,4096,16384,32768", "max_splits=32;max_splits=512;min_tiles=2"),
+        ("16", "4", "4096,16384", "max_splits=32;max_splits=512"),
+        ("128", "1", "4096,16384", "max_splits=32;max_splits=512"),
         ("16,128", "64,128", "4096,16384", ""),
     ],
     "b1": [

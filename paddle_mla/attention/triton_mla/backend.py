@@ -56,7 +56,7 @@ class TritonMLABackend(MLABackend):
             (self.cfg.block_n, self.cfg.programs, self.cfg.min_tiles), "the small-batch config needs its own plan"
         # compact split workspace: (max_num_seqs + programs) rows of partials, not max_num_seqs x 32;
         # allocated before the KV-cache profile, so what it does not take goes to the cache. The split
-        # cap follows the programs (``split_cap``): small batches spread over the whole grid
+        # cap (``split_cap``): the programs, up to 64 split windows per request
         self.ws = alloc_decode_workspace(max_num_seqs, H, L, split_cap(self.cfg.programs), device,
                                          programs=self.cfg.programs)
         self.q_buf = torch.zeros(max_num_seqs, H, dims.latent_dim, dtype=dtype, device=device)

@@ -64,15 +64,25 @@ class DecodeWorkspace:
 MAX_DV_SPLIT = 4  # value-column slices per (request, head block, split); see decode.DecodeConfig.dv_split
 
 
-def split_cap(programs: int) -> int:
-    """The per-request split cap that never binds: ``programs + 1``.
+# most full split windows per request: with Q >= cdiv(tiles, max_splits - 1) a request has at most
+# this many splits of Q tiles plus one straddling split. At b=1 more splits only add partials to
+# write and merge (h=16: 32 KB of fp32 partials per split against 36 KB of KV per 32-key tile);
+# H100, graph replay, b=1, h=16 (BENCHMARKS.md section 24): s=4k 25.0 -> 20.9 µs and s=16k
+# 44.1 -> 34.7 µs against no cap; 64 is also the small-batch config's one-step merge
+MAX_SPLIT_WINDOWS = 64
 
-    Q >= cdiv(T, P) already bounds a request's splits by the P programs, and the compact workspace
-    has max_bs + P rows whatever the cap, so a lower cap saves no memory; it only makes short
-    batches' programs walk more tiles each (b=1, s=4k, h=16: cap 32 -> 26 splits of 5 tiles,
-    this cap -> 128 splits of 1 tile). The stage-2 merge loads the splits it has, in chunks.
+
+def split_cap(programs: int) -> int:
+    """The per-request split cap: ``min(programs, MAX_SPLIT_WINDOWS) + 1``.
+
+    ``programs + 1`` never binds (Q >= cdiv(T, P) already bounds a request's splits by the P
+    programs); 64 windows bind only where one request would spread over more than 64 programs,
+    i.e. b=1 (or a few rows) at h=16 with s >= 4k. The compact workspace has max_bs + P rows
+    whatever the cap, so the cap is a speed choice: the old cap of 32 made b=1 programs walk 5
+    tiles each at s=4k (26 splits, 25.7 µs), no cap gives 128 one-tile splits there (25.0 µs) and
+    256 at s=16k, 64 windows give 64 two-tile splits (20.9 µs).
     """
-    return max(int(programs), 1) + 1
+    return min(max(int(programs), 1), MAX_SPLIT_WINDOWS) + 1
 
 
 def partial_rows(max_bs: int, max_kv_splits: int, programs: int = 0) -> int:
