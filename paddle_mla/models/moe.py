@@ -1,10 +1,12 @@
 """DeepSeek MoE layer: the checkpoint's routing rule, then routed experts (+ shared experts).
 
-Only the selected (token, expert) pairs are computed. Two implementations of the same algorithm:
-  - ``triton``: the fused MoE (models/fused_moe/kernels.py), no host sync, CUDA-graph safe; the
-    workspace is sized once (``MoEExec.reserve``, from scheduler.max_num_batched_tokens);
-  - ``reference``: plain tensors, pairs grouped by expert on the host (fused_moe/reference.py);
-    what CPU and the ``native`` path run, and the oracle of the kernels.
+Two implementations of the same sum:
+  - ``triton``: the fused MoE (models/fused_moe/kernels.py): only the selected (token, expert) pairs
+    are computed, no host sync, CUDA-graph safe; the workspace is sized once (``MoEExec.reserve``,
+    from scheduler.max_num_batched_tokens);
+  - ``reference``: plain tensors, every expert over every token, masked by the routing
+    (fused_moe/reference.py): no sync either, E / top_k times the FLOPs; what CPU runs, and the
+    oracle of the kernels.
 FP8 experts (``Fp8Weight``, kept by the loader when quantization keeps FP8): the triton path runs
 them w8a8 (128x128 weight blocks, activations quantized per token in groups of 128); anything else
 (the reference, other block sizes) gets them dequantized once, at construction (``MoE.__init__``).
@@ -43,10 +45,10 @@ def select_moe_impl(device_kind: str) -> str:
             raise RuntimeError(f"PADDLE_MLA_MOE=triton cannot run on {device_kind}: {why}")
         return "triton"
     if want == "reference":
-        return "reference"   # tests and benchmarks only: on a GPU it reads the routing back to the host
+        return "reference"   # tests and benchmarks only: on a GPU it computes every expert for every token
     if device_kind == "gpu" and not ok:
         raise RuntimeError(f"the routed MoE on a GPU needs the Triton kernels ({why}); the plain-tensor "
-                           "reference would read the routing back to the host every layer")
+                           "reference would compute every expert for every token")
     return "triton" if device_kind == "gpu" else "reference"
 
 

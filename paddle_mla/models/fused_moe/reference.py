@@ -1,16 +1,11 @@
-"""Plain-tensor routed MoE: only the selected (token, expert) pairs are computed.
-
-Pairs are sorted by expert on the host and each expert's rows are gathered, run through its
-gate/up/down projections and scattered back (by an inverse permutation), weighted and summed over
-top-k in fp32, as transformers' DeepSeek MoE does with ``index_add_``. The engine runs it on CPU
-tensors only, where the routing ids are already on the host; ``select_moe_impl`` never picks it on a
-GPU (``PADDLE_MLA_MOE=reference`` does, for tests: there it is the Triton kernels' oracle and syncs). Portable: runs under Paddle's torch proxy (index_select, matmul,
-cat, no sort with two results).
+"""Plain-tensor MoE, the oracle of the fused kernels and what CPU runs: every expert over every token,
+kept where the token chose it, weighted and summed in fp32 (transformers' DeepSeek MoE sums the same
+terms with ``index_add_``). No host read of the routing and no shape that depends on it, so it never
+syncs, on any device; the price is E / top_k times the routed FLOPs, which is why a GPU step runs the
+fused kernels (``select_moe_impl``). Portable: runs under Paddle's torch proxy.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from paddle_mla import runtime as _runtime
 
@@ -74,29 +69,20 @@ def routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, act_qd
     ``act_qdq`` (optional) quantizes-dequantizes the activations entering each GEMM, to mirror a
     w8a8 kernel; ``act_qdq_inter`` replaces it for the intermediate (the down GEMM's input), which a
     kernel may group differently (the fused kernel's QUANT_GROUP 64). Returns [T, K] in x's dtype."""
-    T, top_k = topk_ids.shape
-    hidden = x.shape[-1]
+    T = topk_ids.shape[0]
     if T == 0:
         return x
-    # a host read of the routing: this reference runs on CPU (where it is no sync) and on a GPU only
-    # when PADDLE_MLA_MOE=reference forces it for tests; select_moe_impl never picks it for a GPU step
-    flat = topk_ids.reshape(-1).cpu().numpy().astype(np.int64)
-    order = np.argsort(flat, kind="stable")                      # pairs grouped by expert
-    counts = np.bincount(flat, minlength=w_gate.shape[0])
-    inverse = np.argsort(order, kind="stable")                   # sorted position of each pair
-    dev = x.device
-    rows_of_pairs = torch.from_numpy(order // top_k).to(dev)    # token of each sorted pair
     xin = act_qdq(x) if act_qdq is not None else x
-    outs, start = [], 0
-    for e in np.flatnonzero(counts):
-        end = start + int(counts[e])
-        xe = xin.index_select(0, rows_of_pairs[start:end])
-        wg, wu, wd = (w[int(e)].to(x.dtype) for w in (w_gate, w_up, w_down))
-        h = F.silu(torch.matmul(xe, wg.transpose(0, 1))) * torch.matmul(xe, wu.transpose(0, 1))
-        if (act_qdq_inter or act_qdq) is not None:
-            h = (act_qdq_inter or act_qdq)(h)
-        outs.append(torch.matmul(h, wd.transpose(0, 1)))
-        start = end
-    y = torch.cat(outs, 0).index_select(0, torch.from_numpy(inverse).to(dev))   # [T*top_k, K], pair order
-    y = y.to(torch.float32).view(T, top_k, hidden) * topk_weights.to(torch.float32).unsqueeze(-1)
-    return y.sum(1).to(x.dtype)
+    qdq_inter = act_qdq_inter or act_qdq
+    y = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
+    for e in range(w_gate.shape[0]):
+        chosen = topk_ids == e                                          # [T, top_k]
+        weight = (topk_weights.to(torch.float32) * chosen.to(torch.float32)).sum(1, keepdim=True)
+        wg, wu, wd = (w[e].to(x.dtype) for w in (w_gate, w_up, w_down))
+        h = F.silu(torch.matmul(xin, wg.transpose(0, 1))) * torch.matmul(xin, wu.transpose(0, 1))
+        if qdq_inter is not None:
+            h = qdq_inter(h)      # per row: the routed rows see what the kernel's rows see
+        out = torch.matmul(h, wd.transpose(0, 1)).to(torch.float32)
+        # where, not a product: a token that did not choose e may overflow there (0 x inf is NaN)
+        y = y + torch.where(chosen.any(1, keepdim=True), out * weight, torch.zeros_like(out))
+    return y.to(x.dtype)
