@@ -105,6 +105,16 @@ struct KeyRanges {
   PMLA_HD int64_t position(int64_t i) const { return i < hi0 - lo0 ? lo0 + i : lo1 + (i - (hi0 - lo0)); }
 };
 
+// The raw table entry of virtual key i of `keys` (request b, KV head g), unchecked (checked_block()
+// validates it where it is used); -1 when i >= end or past the table. The tensor-core kernels read it
+// a tile or two before they use it, so its latency overlaps a tile of MMAs.
+PMLA_HD inline int32_t raw_table_entry(const AppendAttentionArgs& a, int64_t b, int64_t g, const KeyRanges& keys,
+                                       int64_t i, int64_t end) {
+  if (i >= end) return -1;
+  const int64_t t = table_index(a, b, g, keys.position(i));
+  return t >= 0 ? a.block_tables[t] : -1;
+}
+
 PMLA_HD inline KeyRanges key_ranges(const AppendAttentionArgs& a, int64_t g, int64_t p) {
   if (!is_swa_head(a, g) || a.swa_mask) return {0, p + 1, 0, 0};  // swa_mask: the caller masks (key_visible)
   const int64_t sink_hi = a.sink < p + 1 ? a.sink : p + 1;

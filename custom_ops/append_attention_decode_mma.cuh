@@ -87,15 +87,10 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
     const int r = e / D, d = e - r * D;
     qs[r * P + d] = from_f<T>(r < group ? roped(a, qrow0 + r * D, d, p) : 0.0f);
   }
-  // The raw table entry of this planning thread's key in the tile at virtual index `first` (-1: none),
-  // read a tile before plan() checks and uses it, so its latency overlaps a tile of MMAs.
+  // The raw table entry of this planning thread's key in the tile at virtual index `first`, read
+  // a tile before plan() checks and uses it.
   auto fetch = [&](int64_t first) -> int32_t {
-    int32_t id = -1;
-    if (tid < TK && first + tid < hi) {
-      const int64_t i = table_index(a, b, g, keys.position(first + tid));
-      if (i >= 0) id = a.block_tables[i];
-    }
-    return id;
+    return tid < TK ? raw_table_entry(a, b, g, keys, first + tid, hi) : -1;
   };
   // Offsets of the keys of that tile (-1: masked) and their validity bits, into plan slot `slot`.
   auto plan = [&](int64_t first, int slot, int32_t raw) {

@@ -289,33 +289,33 @@ bool use_decode_tc(const AppendAttentionArgs& a) {
   return a.num_q_heads / a.num_kv_heads <= attn::kTcRows && tensor_cores_ok<T>(a, 256, "PADDLE_MLA_GQA_TC");
 }
 
-template <typename T, int DMAX, int TK>
-const char* launch_decode_tc(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
-  const attn::TcLayout<TK> layout(static_cast<int>(a.head_dim), static_cast<int>(sizeof(T)));
+// A tensor-core decode kernel over (request, KV head, split), then the merge of its splits.
+template <typename T, typename K>
+const char* launch_split_decode(const AppendAttentionArgs& a, K kernel, int threads, size_t smem, float* ws,
+                                int64_t ws_floats, cudaStream_t stream) {
   const int splits = decode_splits(a, 1, ws_floats);
   float* ws_o = splits > 1 ? ws : nullptr;
   float* ws_lse = splits > 1 ? ws + a.batch * a.num_q_heads * splits * a.head_dim : nullptr;
-  auto kernel = attn::decode_tc_kernel<T, DMAX, TK>;
-  if (const char* err = allow_smem(kernel, layout.total)) return err;
+  if (const char* err = allow_smem(kernel, smem)) return err;
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads), static_cast<unsigned>(splits));
-  kernel<<<grid, 32 * attn::kTcWarps, layout.total, stream>>>(a, splits, ws_o, ws_lse);
+  kernel<<<grid, threads, smem, stream>>>(a, splits, ws_o, ws_lse);
   if (const char* err = launched()) return err;
   return launch_merge<T>(a, splits, ws_o, ws_lse, stream);
+}
+
+template <typename T, int DMAX, int TK>
+const char* launch_decode_tc(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
+  const attn::TcLayout<TK> layout(static_cast<int>(a.head_dim), static_cast<int>(sizeof(T)));
+  return launch_split_decode<T>(a, attn::decode_tc_kernel<T, DMAX, TK>, 32 * attn::kTcWarps, layout.total, ws,
+                                ws_floats, stream);
 }
 
 // The register-O tensor-core decode (append_attention_decode_mma.cuh), NST cp.async stages.
 template <typename T, int D, int NST>
 const char* launch_decode_mma(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
   const attn::DmLayout layout(D, static_cast<int>(sizeof(T)), NST);
-  const int splits = decode_splits(a, 1, ws_floats);
-  float* ws_o = splits > 1 ? ws : nullptr;
-  float* ws_lse = splits > 1 ? ws + a.batch * a.num_q_heads * splits * a.head_dim : nullptr;
-  auto kernel = attn::decode_mma_kernel<T, D, NST>;
-  if (const char* err = allow_smem(kernel, layout.total)) return err;
-  const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads), static_cast<unsigned>(splits));
-  kernel<<<grid, 32 * attn::kDmWarps, layout.total, stream>>>(a, splits, ws_o, ws_lse);
-  if (const char* err = launched()) return err;
-  return launch_merge<T>(a, splits, ws_o, ws_lse, stream);
+  return launch_split_decode<T>(a, attn::decode_mma_kernel<T, D, NST>, 32 * attn::kDmWarps, layout.total, ws,
+                                ws_floats, stream);
 }
 
 static bool env_is(const char* name, const char* value) {

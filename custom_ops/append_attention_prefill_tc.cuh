@@ -135,15 +135,10 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   int32_t* dense = reinterpret_cast<int32_t*>(ptc_smem + L.dense);
   auto k_stage = [&](int st) { return reinterpret_cast<T*>(ptc_smem + L.kv + 2 * st * L.stage); };
   auto v_stage = [&](int st) { return reinterpret_cast<T*>(ptc_smem + L.kv + (2 * st + 1) * L.stage); };
-  // The raw table entry of this planning thread's key in the tile at virtual index `first` (-1: none),
-  // read two tiles before plan() checks and uses it, so its latency overlaps a tile of MMAs.
+  // The raw table entry of this planning thread's key in the tile at virtual index `first`, read
+  // two tiles before plan() checks and uses it.
   auto fetch = [&](int64_t first) -> int32_t {
-    int32_t id = -1;
-    if (tid < TK && first + tid < nvis) {
-      const int64_t i = table_index(a, b, g, keys.position(first + tid));
-      if (i >= 0) id = a.block_tables[i];
-    }
-    return id;
+    return tid < TK ? raw_table_entry(a, b, g, keys, first + tid, nvis) : -1;
   };
   // Source offset and position of each key of that tile (-1: past the end or no block), and per 32
   // keys whether none is -1, into plan slot `slot`.
