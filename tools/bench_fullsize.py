@@ -11,19 +11,20 @@ One engine, then:
   2. decode steps (``forward_step`` + greedy sample + its one host read, as the engine runs them;
      random block tables over a cache of random values) at ``--batches`` x ``--contexts``;
   3. prefill steps: ``--prefills`` (e.g. 8x1024 = 8 prompts of 1024 tokens in one step);
-  4. ``--e2e N``: ``paddle-mla bench``'s measurement (``run_once``) of N random 1k-in / 1k-out
-     requests: output tok/s, TTFT, TPOT;
+  4. ``--e2e N``: ``paddle-mla bench``'s measurement (``run_once``) of N random requests for each
+     ``--e2e-shapes`` (input x output tokens, default 1024x1024): output tok/s, TTFT, TPOT;
   5. the roofline, and an EXTRAPOLATION to ``--to-layers`` (61) layers on ``--to-tp`` (8) GPUs.
 Roofline of a decode step per GPU: (the FP8/bf16 weight bytes it reads: every non-expert weight of
 its shard, and of its routed experts' shards the fraction a batch of B picks at uniform routing,
-1 - (1 - k/E)^B, + the latent cache of the batch, which every rank reads whole) / the copy bandwidth
-measured here. The issue's simpler figure, all weight bytes / (GPUs x bandwidth), is printed too.
+1 - (1 - k/E)^B, + the latent cache of the batch, which every rank reads whole; under ``dsa`` only the
+top-k rows of it, plus the whole indexer key cache) / the copy bandwidth measured here. The issue's simpler figure, all weight bytes / (GPUs x bandwidth), is printed too.
 EXTRAPOLATED step = the roofline at 61 layers / 8 GPUs divided by the efficiency measured here
 (roofline / measured at ``--layers`` on ``--tp`` GPUs). It assumes that efficiency carries over
 (all-reduces over 8 GPUs cost more than over 2; nothing of it was run).
 
     PYTHONPATH=. NCCL_NVLS_ENABLE=0 python tools/bench_fullsize.py [--layers 19] [--tp 2] [--arch v3]
-        [--batches 1,16,64] [--contexts 1024,8192] [--prefills 8x1024,1x8192] [--e2e 64] [--json out.json]
+        [--batches 1,16,64] [--contexts 1024,8192] [--prefills 8x1024,1x8192] [--e2e 64]
+        [--e2e-shapes 1024x1024,8192x1024] [--json out.json]
     PYTHONPATH=. python tools/bench_fullsize.py --smoke      (CPU, tiny dims, gloo: the code path)
 """
 
@@ -108,7 +109,12 @@ def roofline_s(cfg: dict, tp: int, batch: int, context: int, bw: float) -> tuple
     dense, experts = rank_bytes(cfg, tp)
     k, e = cfg["num_experts_per_tok"], cfg["n_routed_experts"]
     touched = 1.0 - (1.0 - k / e) ** batch
-    kv = batch * context * cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2
+    latent = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    if "index_topk" in cfg:   # dsa: the top-k latent rows, and every indexer key (bf16, as the cache holds them)
+        per_row = min(context, cfg["index_topk"]) * latent * 2 + context * cfg["index_head_dim"] * 2
+    else:
+        per_row = context * latent * 2
+    kv = batch * cfg["num_hidden_layers"] * per_row
     total_dense, total_experts = rank_bytes(cfg, 1)
     return (dense + experts * touched + kv) / bw, (total_dense + total_experts) / (tp * bw)
 
@@ -141,8 +147,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--contexts", default="1024,8192")
     ap.add_argument("--prefills", default="8x1024,1x8192")
-    ap.add_argument("--e2e", type=int, default=0, help="requests of 1k in / 1k out through paddle-mla bench's code")
-    ap.add_argument("--e2e-len", type=int, default=1024)
+    ap.add_argument("--e2e", type=int, default=0, help="requests per --e2e-shapes run, through paddle-mla bench's code")
+    ap.add_argument("--e2e-shapes", default="1024x1024", help="input x output tokens, comma-separated")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--to-layers", type=int, default=61)
     ap.add_argument("--to-tp", type=int, default=8)
@@ -164,7 +170,8 @@ def main() -> None:
     device = runtime.device_string("gpu" if gpu else "cpu")
     bw = copy_bandwidth(device) if gpu else 1e11
     runtime.empty_cache()      # the copy's 2 GiB go back before the engine sizes its cache
-    longest = max(contexts + [ln for _, ln in prefills] + [2 * args.e2e_len]) + BLOCK
+    shapes = [tuple(map(int, s.split("x"))) for s in args.e2e_shapes.split(",") if s]
+    longest = max(contexts + [ln for _, ln in prefills] + [i + o for i, o in shapes]) + BLOCK
     tokens = max([8192] + [n * ln for n, ln in prefills])
     backend = ("dsa" if args.arch == "v32" else "triton_mla") if gpu else "native"
     t = time.perf_counter()
@@ -211,14 +218,16 @@ def main() -> None:
         s = time_steps(runner, prefill_batch(out["num_blocks"], n, ln, cfg["vocab_size"]), max(2, args.iters // 3))
         out["prefill"].append(dict(requests=n, length=ln, step_ms=s * 1e3))
         print(f"| {n} x {ln} | {n * ln} | {s * 1e3:.1f} | {n * ln / s:,.0f} |", flush=True)
-    if args.e2e:
-        w = make_workload("random", {"num_prompts": args.e2e, "input_len": args.e2e_len, "output_len": args.e2e_len})
+    out["e2e"] = []
+    for n_in, n_out in shapes if args.e2e else []:
+        w = make_workload("random", {"num_prompts": args.e2e, "input_len": n_in, "output_len": n_out})
         reqs = build_requests(w, llm.tokenizer, GenerationRequest, SamplingParams, llm.max_model_len)
         r = run_once(llm, reqs, 0)
         sm = summarize([r])
-        out["e2e"] = dict(requests=args.e2e, elapsed_s=r.elapsed_s, output_tok_s=r.output_tokens_per_s,
-                          ttft_ms_p50=sm["ttft_ms_p50"], tpot_ms_p50=sm["tpot_ms_p50"])
-        print(f"\npaddle-mla bench's run_once, {args.e2e} x {args.e2e_len}-in / {args.e2e_len}-out: "
+        out["e2e"].append(dict(requests=args.e2e, input_len=n_in, output_len=n_out, elapsed_s=r.elapsed_s,
+                               output_tok_s=r.output_tokens_per_s, ttft_ms_p50=sm["ttft_ms_p50"],
+                               tpot_ms_p50=sm["tpot_ms_p50"]))
+        print(f"\npaddle-mla bench's run_once, {args.e2e} x {n_in}-in / {n_out}-out: "
               f"{r.output_tokens_per_s:,.0f} output tok/s, TTFT p50 {sm['ttft_ms_p50']:.0f} ms, "
               f"TPOT p50 {sm['tpot_ms_p50']:.1f} ms, {r.elapsed_s:.1f} s", flush=True)
     # before close(): the 2026-11-24 run was stopped by its time limit while the engine closed, and
