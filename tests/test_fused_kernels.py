@@ -83,3 +83,35 @@ def test_rope_kernel_matches_plain_rope(mods, dtype_name, interleave, heads):
     assert got.shape == x.shape and got.is_contiguous() and got.dtype == dtype
     tol = 2 * _ulp(dtype_name) * float(want.abs().max()) + 1e-6
     assert float((got.float() - want.float()).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 4, 16, 8), (3, 3, 32, 8), (2, 20, 128, 64), (1, 64, 128, 64)])  # T, H, D, rope
+def test_indexer_kernel_matches_plain(mods, dtype_name, shape):
+    """The DSA indexer's fused RoPE (q, in place) + LayerNorm/RoPE (k) against the plain form
+    ``Indexer.project`` runs on CPU; (3, 3, 32, 8) has a rest of 24 dims (not a power of two)."""
+    _, kern = mods
+    import torch.nn.functional as F
+
+    from paddle_mla.models.indexer import rope_half_split
+    from paddle_mla.tensor_api import torch
+
+    T, H, D, R = shape
+    dtype = getattr(torch, dtype_name)
+    rng = np.random.default_rng(D + H)
+
+    def rand(*s, scale=2.0, shift=0.0):
+        return torch.from_numpy(rng.standard_normal(s).astype(np.float32) * scale + shift).to(DEV).to(dtype)
+
+    q, k = rand(T, H, D), rand(T, D, shift=0.7)
+    nw, nb = rand(D, scale=0.3, shift=1.0), rand(D, scale=0.1)
+    ang = torch.from_numpy(rng.uniform(-3, 3, (T, R // 2)).astype(np.float32)).to(DEV)
+    cos, sin = ang.cos(), ang.sin()
+    want_q = rope_half_split(q.cpu().float(), cos.cpu(), sin.cpu(), R)
+    kn = F.layer_norm(k.cpu().float(), [D], nw.cpu().float(), nb.cpu().float(), 1e-6).to(dtype).float()
+    want_k = rope_half_split(kn, cos.cpu(), sin.cpu(), R)
+    got_q, got_k = kern.indexer_qk_call(q, k, cos, sin, R, nw, nb, 1e-6)
+    assert got_q.data_ptr() == q.data_ptr() and got_k.shape == k.shape and got_k.dtype == dtype
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        tol = 2 * _ulp(dtype_name) * float(want.abs().max()) + 1e-6
+        assert float((got.cpu().float() - want).abs().max()) <= tol

@@ -15,6 +15,7 @@ top-k block), each with its time.
 Anchor: FlashMLA sparse decode, 410 TFLOPS on H800 (FP8, b=128, h=128, top-k 2048).
 
     python tools/bench_dsa.py [--quick] [--e2e] [--json out.json]
+    python tools/bench_dsa.py --e2e-only --e2e-batches 1,16,64      (the decode steps only)
 ``--cpu-smoke`` (with TRITON_INTERPRET=1) runs every path once at toy shapes on the CPU: a check of
 the script itself, not a measurement.
 """
@@ -266,9 +267,15 @@ def print_indexer_ab(r: dict) -> None:
               f"{r['fraction_of_copy'][f'pair {n}']:.1%} | {c['exact']} | {c['sample_misses']} | {c['paths']} |")
 
 
-def bench_e2e(layers: int, batch: int, context: int, graphs: bool) -> dict:
+E2E_MODELS = {"v3_dense": ("triton_mla", {}),
+              "v32_dsa": ("dsa", dict(model_type="deepseek_v32", index_topk=2048, index_n_heads=64, index_head_dim=128))}
+
+
+def e2e_runner(name: str, layers: int, batch: int, context: int, graphs: bool):
+    """(runner, decode StepBatch): the V3-dims model of ``name`` in ``E2E_MODELS`` (random bf16 weights),
+    ``batch`` decode rows at ``context`` over a cache of random values."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_e2e_decode import V3, random_weights, time_steps
+    from bench_e2e_decode import V3, random_weights
 
     from paddle_mla.attention.forward_meta import StepBatch
     from paddle_mla.config import config_from_dict
@@ -276,38 +283,51 @@ def bench_e2e(layers: int, batch: int, context: int, graphs: bool) -> dict:
     from paddle_mla.models import parse_arch
     from paddle_mla.models.deepseek import CausalLM
 
+    backend, extra = E2E_MODELS[name]
+    cfg = dict(V3, num_hidden_layers=layers, **extra)
+    w = random_weights(cfg, layers, DEV, torch.bfloat16)
+    for i in range(layers if extra else 0):
+        p = f"model.layers.{i}.self_attn.indexer."
+        w[p + "wq_b.weight"] = torch.randn(64 * 128, cfg["q_lora_rank"], device=DEV).to(torch.bfloat16) * 0.02
+        w[p + "wk.weight"] = torch.randn(128, cfg["hidden_size"], device=DEV).to(torch.bfloat16) * 0.02
+        w[p + "k_norm.weight"] = torch.ones(128, device=DEV, dtype=torch.bfloat16)
+        w[p + "k_norm.bias"] = torch.zeros(128, device=DEV, dtype=torch.bfloat16)
+        w[p + "weights_proj.weight"] = torch.randn(64, cfg["hidden_size"], device=DEV).to(torch.bfloat16) * 0.02
+    model = CausalLM(parse_arch(cfg), w, DEV, torch.bfloat16)
+    per_seq = -(-context // PAGE)
+    ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": backend},
+                             "cuda_graph": graphs, "cache": {"block_size": PAGE, "num_blocks": batch * per_seq + 1},
+                             "scheduler": {"max_num_seqs": batch, "enable_chunked_prefill": True},
+                             "max_model_len": context + 64})
+    runner = ModelRunner(ecfg, model=model)
+    for c in runner.kv_caches + list(getattr(runner, "index_caches", [])):
+        c.normal_(0.0, 1.0)
+    perm = np.random.default_rng(0).permutation(runner.limits.num_blocks)[: batch * per_seq]
+    step = StepBatch(token_ids=np.arange(batch, dtype=np.int64) + 5, num_new=np.ones(batch, np.int32),
+                     num_cached=np.full(batch, context - 1, np.int32),
+                     block_tables=perm.reshape(batch, per_seq).astype(np.int32),
+                     is_prefill=np.zeros(batch, bool), sample_mask=np.ones(batch, bool))
+    return runner, step
+
+
+def bench_e2e(layers: int, batch: int, context: int, graphs: bool) -> dict:
+    from bench_e2e_decode import time_steps
+
     out = {}
-    for name, backend, extra in (("v3_dense", "triton_mla", {}),
-                                 ("v32_dsa", "dsa", dict(model_type="deepseek_v32", index_topk=2048,
-                                                         index_n_heads=64, index_head_dim=128))):
-        cfg = dict(V3, num_hidden_layers=layers, **extra)
-        w = random_weights(cfg, layers, DEV, torch.bfloat16)
-        for i in range(layers if extra else 0):
-            p = f"model.layers.{i}.self_attn.indexer."
-            w[p + "wq_b.weight"] = torch.randn(64 * 128, cfg["q_lora_rank"], device=DEV).to(torch.bfloat16) * 0.02
-            w[p + "wk.weight"] = torch.randn(128, cfg["hidden_size"], device=DEV).to(torch.bfloat16) * 0.02
-            w[p + "k_norm.weight"] = torch.ones(128, device=DEV, dtype=torch.bfloat16)
-            w[p + "k_norm.bias"] = torch.zeros(128, device=DEV, dtype=torch.bfloat16)
-            w[p + "weights_proj.weight"] = torch.randn(64, cfg["hidden_size"], device=DEV).to(torch.bfloat16) * 0.02
-        model = CausalLM(parse_arch(cfg), w, DEV, torch.bfloat16)
-        per_seq = -(-context // PAGE)
-        ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": backend},
-                                 "cuda_graph": graphs, "cache": {"block_size": PAGE, "num_blocks": batch * per_seq + 1},
-                                 "scheduler": {"max_num_seqs": batch, "enable_chunked_prefill": True},
-                                 "max_model_len": context + 64})
-        runner = ModelRunner(ecfg, model=model)
-        for c in runner.kv_caches + list(getattr(runner, "index_caches", [])):
-            c.normal_(0.0, 1.0)
-        perm = np.random.default_rng(0).permutation(runner.limits.num_blocks)[: batch * per_seq]
-        step = StepBatch(token_ids=np.arange(batch, dtype=np.int64) + 5, num_new=np.ones(batch, np.int32),
-                         num_cached=np.full(batch, context - 1, np.int32),
-                         block_tables=perm.reshape(batch, per_seq).astype(np.int32),
-                         is_prefill=np.zeros(batch, bool), sample_mask=np.ones(batch, bool))
+    for name in E2E_MODELS:
+        runner, step = e2e_runner(name, layers, batch, context, graphs)
         out[name + "_step_ms"] = time_steps(runner, step, 10) * 1e3
-        del runner, model, w
+        del runner, step
         torch.cuda.empty_cache()
     out.update(layers=layers, batch=batch, context=context, cuda_graphs=graphs, ratio=out["v32_dsa_step_ms"] / out["v3_dense_step_ms"])
     return out
+
+
+def print_e2e(rows: list[dict]) -> None:
+    for e in rows:
+        print(f"- e2e {e['layers']} layers b={e['batch']} ctx {e['context']}: V3.2 dsa {e['v32_dsa_step_ms']:.2f} ms "
+              f"vs V3 dense {e['v3_dense_step_ms']:.2f} ms: {e['ratio']:.2f}x (target at b=64 <= 0.5x; "
+              f"CUDA graphs {'on' if e['cuda_graphs'] else 'off'})", flush=True)
 
 
 def main() -> None:
@@ -316,6 +336,10 @@ def main() -> None:
     ap.add_argument("--e2e", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="kernel config variants (sparse MLA, score, top-k)")
     ap.add_argument("--no-graphs", action="store_true", help="e2e without CUDA graphs on either model")
+    ap.add_argument("--e2e-batches", default="64", help="e2e decode batch sizes, e.g. 1,16,64")
+    ap.add_argument("--e2e-only", action="store_true", help="only the e2e steps (implies --e2e)")
+    ap.add_argument("--e2e-plain-indexer", action="store_true",
+                    help="with --e2e-only: also the dsa step with the indexer's plain-tensor RoPE/LayerNorm (A/B of its fused kernel)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--indexer-ab", action="store_true",
@@ -333,13 +357,35 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(r, f, indent=1)
         return
+    graphs = not args.no_graphs and DEV != "cpu"
+    e2e = [bench_e2e(4 if DEV != "cpu" else 1, int(eb), ctx, graphs) for eb in args.e2e_batches.split(",")] \
+        if args.e2e or args.e2e_only else []
+    if args.e2e_only:
+        print_e2e(e2e)
+        if args.e2e_plain_indexer:
+            from bench_e2e_decode import time_steps
+
+            from paddle_mla.models import indexer
+
+            indexer.indexer_rope_norm = lambda *a, **k: None     # the plain form, as on CPU
+            for eb, r in zip(args.e2e_batches.split(","), e2e):
+                runner, step = e2e_runner("v32_dsa", 4, int(eb), ctx, graphs)
+                r["v32_dsa_plain_indexer_step_ms"] = time_steps(runner, step, 10) * 1e3
+                print(f"- b={eb}: dsa with the plain indexer RoPE/LayerNorm {r['v32_dsa_plain_indexer_step_ms']:.2f} ms, "
+                      f"fused {r['v32_dsa_step_ms']:.2f} ms", flush=True)
+                del runner, step
+                torch.cuda.empty_cache()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"e2e": e2e}, f, indent=1)
+        return
     bw = copy_bandwidth()
     res = {"device": torch.cuda.get_device_name() if DEV != "cpu" else "cpu (smoke)", "copy_bw_gbs": bw / 1e9,
            "key_windows": bench_key_windows(tokens),
            "sparse_decode": bench_sparse_decode(b, h, topk, ctx, args.sweep),
            "index_decode": bench_index_decode(b, ctx, 64 if DEV != "cpu" else 16, 128, topk, bw, args.sweep)}
-    if args.e2e:
-        res["e2e"] = bench_e2e(4 if DEV != "cpu" else 1, b, ctx, not args.no_graphs and DEV != "cpu")
+    if e2e:
+        res["e2e"] = e2e
     print(f"## DSA on {res['device']} (copy bandwidth {bw / 1e9:.0f} GB/s)")
     kw, sd, ix = res["key_windows"], res["sparse_decode"], res["index_decode"]
     print(f"- [ks, ke) at {kw['tokens']} tokens: kernel {kw['kernel_us']:.1f} us, Python loop {kw['loop_us']:.0f} us, "
@@ -356,11 +402,7 @@ def main() -> None:
           f"= {sd['gathered_bytes'] / bw * 1e6:.0f} us at copy bandwidth")
     for v in sd["variants"] + ix["variants"]:
         print("  variant", json.dumps(v))
-    if "e2e" in res:
-        e = res["e2e"]
-        print(f"- e2e {e['layers']} layers b={e['batch']} ctx {e['context']}: V3.2 dsa {e['v32_dsa_step_ms']:.2f} ms "
-              f"vs V3 dense {e['v3_dense_step_ms']:.2f} ms: {e['ratio']:.2f}x (target <= 0.5x; "
-              f"CUDA graphs {'on' if e['cuda_graphs'] else 'off'})")
+    print_e2e(e2e)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

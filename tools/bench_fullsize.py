@@ -153,6 +153,8 @@ def main() -> None:
     ap.add_argument("--to-layers", type=int, default=61)
     ap.add_argument("--to-tp", type=int, default=8)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--profile", action="store_true",
+                    help="also a kernel table (torch.profiler) of each decode step: where the step's time goes")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, gloo, native backend: the code path")
     args = ap.parse_args()
@@ -200,7 +202,9 @@ def main() -> None:
     if prof is not None:
         print("rank-0 memory GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in out["memory_gib"].items())
               + f"; nvidia-smi used per GPU: {', '.join(f'{g:.1f}' for g in out['gpu_used_gib'])}")
-    for cache in runner.kv_caches:
+    # random values in the indexer key caches too: all-zero keys tie every score, and the top-k's
+    # sampled threshold then misses on every row (the exact fallback: ~150 us a layer at 32k)
+    for cache in runner.kv_caches + list(getattr(runner, "index_caches", [])):
         cache.normal_(0.0, 1.0)
     print("\n| batch | context | step ms | tok/s | roofline ms (per GPU) | of roofline |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -213,6 +217,8 @@ def main() -> None:
             roof, _ = roofline_s(cfg, args.tp, b, ctx, bw)
             out["decode"].append(dict(batch=b, context=ctx, step_ms=s * 1e3, roofline_ms=roof * 1e3))
             print(f"| {b} | {ctx} | {s * 1e3:.2f} | {b / s:,.0f} | {roof * 1e3:.2f} | {roof / s:.0%} |", flush=True)
+            if args.profile and gpu:   # CUDA activity only
+                out["decode"][-1]["kernels"] = profile_step(runner, decode_batch(out["num_blocks"], b, ctx))
     print("\n| prefill | tokens | step ms | tok/s |\n| --- | ---: | ---: | ---: |")
     for n, ln in prefills:
         s = time_steps(runner, prefill_batch(out["num_blocks"], n, ln, cfg["vocab_size"]), max(2, args.iters // 3))
@@ -236,6 +242,16 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     llm.close()
+
+
+def profile_step(runner, batch) -> dict:
+    """profile_kernels' kernel table of one decode step as the engine runs it (graph replays included)."""
+    from profile_kernels import kernel_table, make_step
+
+    t = kernel_table(make_step(runner, batch), 5)
+    print(f"  kernels: {t['device_ms']:.3f} ms a step; " + "; ".join(f"{c} {ms:.3f}" for c, ms in t["categories"].items()))
+    print("  top: " + "; ".join(f"{k['name'][:50]} x{k['calls']} {k['ms']:.3f}" for k in t["top_kernels"]), flush=True)
+    return t
 
 
 def extrapolate(out: dict, cfg: dict, args, bw: float) -> None:

@@ -18,6 +18,8 @@ kernel is seen by the profiler; kernel times are those of a graph replay minus l
   moe-large     the fused MoE at V3 fp8 shapes, M=4096 and 16384, ours next to SGLang's sequence
                 (./third_party, tools/fetch_sglang_fused_moe.sh): every kernel of one call in launch
                 order with its mean µs (both GEMMs of a side share a name): issue 10's large-M miss
+  dsa-b1        one layer of DeepSeek-V3.2 dims (dsa) and of V3 (triton_mla), one decode row at 32k:
+                every kernel of one step in launch order with its mean µs (the b=1 cost of the indexer)
   e2e-steps     not a kernel table: issue 10's end-to-end workload (256 x 512 in, 128 out, V2-Lite
                 dims, graphs) through ``LLM.generate``, with every step's wall time grouped by kind
                 (steps with prefill tokens, decode-only steps by batch size): where the run's time goes
@@ -190,6 +192,14 @@ def run_cases(cases: list[str], layers: int, iters: int) -> dict:
         out.update(moe_m1(iters))
     if "moe-large" in cases:
         out.update(moe_large(iters))
+    if "dsa-b1" in cases:
+        from bench_dsa import E2E_MODELS, e2e_runner
+
+        for name in E2E_MODELS:
+            r, batch = e2e_runner(name, 1, 1, 32768, False)
+            out[f"dsa-b1 {name}"] = kernel_sequence(make_step(r, batch), iters)
+            del r
+            runtime.empty_cache()
     if "e2e-steps" in cases:
         out["e2e-steps"] = e2e_steps(layers)
     return out
@@ -339,7 +349,7 @@ def print_tables(res: dict) -> None:
                 print(f"| {k} | {g['steps']} | {g['total_s']:.3f} | {g['mean_ms']:.2f} | {g['max_ms']:.2f} |")
             continue
         if isinstance(t, list):      # moe-large: a launch-order kernel list
-            print(f"\n### {case}: {sum(k['us'] for k in t):.1f} µs of kernels per call")
+            print(f"\n### {case}: {sum(k['us'] for k in t):.1f} µs of kernels per call, {len(t)} kernels")
             print("; ".join(f"{k['name'][:40]} {k['us']:.1f}" for k in t))
             continue
         if not isinstance(t, dict):

@@ -75,3 +75,56 @@ def rope_kernel_call(x, cos, sin, interleave: bool):
         _rope_kernel[(T, triton.cdiv(H, block_h))](x3, cos, sin, out, H, x3.stride(0), x3.stride(1), cos.stride(0),
                                                      HALF=D // 2, BLOCK_H=block_h, INTERLEAVE=interleave)
     return out.squeeze(1) if squeeze else out
+
+
+@triton.jit
+def _indexer_qk_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, nw_ptr, nb_ptr, kout_ptr, H, stride_ct, eps,
+                       D: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program (t, hb): half-split RoPE in place on the first 2*HALF dims of q's heads of block hb;
+    program (t, 0) also writes LayerNorm(k[t]) (rounded to the model dtype) with the same RoPE."""
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    i = tl.arange(0, HALF)
+    c = tl.load(cos_ptr + t * stride_ct + i)
+    s = tl.load(sin_ptr + t * stride_ct + i)
+    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = (h < H)[:, None]
+    row = q_ptr + (t * H + h[:, None]) * D
+    x1 = tl.load(row + i[None, :], mask=hm, other=0.0).to(tl.float32)
+    x2 = tl.load(row + HALF + i[None, :], mask=hm, other=0.0).to(tl.float32)
+    tl.store(row + i[None, :], (x1 * c[None, :] - x2 * s[None, :]).to(q_ptr.dtype.element_ty), mask=hm)
+    tl.store(row + HALF + i[None, :], (x2 * c[None, :] + x1 * s[None, :]).to(q_ptr.dtype.element_ty), mask=hm)
+    if hb == 0:
+        kd = tl.arange(0, D)
+        kx = tl.load(k_ptr + t * D + kd).to(tl.float32)
+        mean = tl.sum(kx, axis=0) / D
+        var = tl.sum((kx - mean) * (kx - mean), axis=0) / D
+        rstd = 1.0 / tl.sqrt(var + eps)
+        ty = kout_ptr.dtype.element_ty
+        # LayerNorm of the three pieces (rope firsts, rope seconds, the rest), each rounded as
+        # F.layer_norm's output is, then the rope on the first two from the rounded values
+        y1 = ((tl.load(k_ptr + t * D + i).to(tl.float32) - mean) * rstd * tl.load(nw_ptr + i).to(tl.float32)
+              + tl.load(nb_ptr + i).to(tl.float32)).to(ty).to(tl.float32)
+        y2 = ((tl.load(k_ptr + t * D + HALF + i).to(tl.float32) - mean) * rstd
+              * tl.load(nw_ptr + HALF + i).to(tl.float32) + tl.load(nb_ptr + HALF + i).to(tl.float32)).to(ty).to(tl.float32)
+        tl.store(kout_ptr + t * D + i, (y1 * c - y2 * s).to(ty))
+        tl.store(kout_ptr + t * D + HALF + i, (y2 * c + y1 * s).to(ty))
+        if REST > 0:
+            r = 2 * HALF + tl.arange(0, REST)
+            rm = r < D
+            y3 = ((tl.load(k_ptr + t * D + r, mask=rm, other=0.0).to(tl.float32) - mean) * rstd
+                  * tl.load(nw_ptr + r, mask=rm, other=0.0).to(tl.float32) + tl.load(nb_ptr + r, mask=rm, other=0.0).to(tl.float32))
+            tl.store(kout_ptr + t * D + r, y3.to(ty), mask=rm)
+
+
+def indexer_qk_call(q, k, cos, sin, rope_dim: int, norm_w, norm_b, eps: float):
+    """q [T, H, D] contiguous (roped in place), k [T, D] contiguous -> (q, LayerNorm(k) roped)."""
+    T, H, D = q.shape
+    kout = torch.empty_like(k)
+    if T:
+        block_h = min(16, next_pow2(H))
+        rest = D - rope_dim
+        _indexer_qk_kernel[(T, triton.cdiv(H, block_h))](
+            q, k, cos, sin, norm_w, norm_b, kout, H, cos.stride(0), float(eps), D=D, HALF=rope_dim // 2,
+            REST=next_pow2(rest) if rest else 0, BLOCK_H=block_h)
+    return q, kout

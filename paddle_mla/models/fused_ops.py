@@ -68,3 +68,18 @@ def rope_rotate(x, cos, sin, interleave: bool):
     from paddle_mla.models.fused_kernels import rope_kernel_call
 
     return rope_kernel_call(x, cos, sin, interleave)
+
+
+def indexer_rope_norm(q, k, cos, sin, rope_dim: int, norm_w, norm_b, eps: float):
+    """The DSA indexer's RoPE on q [T, H, D] (in place) and LayerNorm + RoPE on k [T, D] (half-split,
+    on the first ``rope_dim`` dims) as one kernel, or None where the plain form must run. In plain
+    tensors that is ~19 kernels a layer, which at one decode row cost more than their bytes."""
+    d = q.shape[-1]
+    if not (q.is_cuda and q.dim() == 3 and q.is_contiguous() and k.is_contiguous() and k.shape[-1] == d
+            and d & (d - 1) == 0 and rope_dim % 2 == 0 and (rope_dim // 2) & (rope_dim // 2 - 1) == 0
+            and 0 < rope_dim <= d and cos.dtype == torch.float32 and cos.stride(-1) == 1
+            and cos.stride() == sin.stride() and norm_w.is_contiguous() and norm_b.is_contiguous() and _triton_ok()):
+        return None
+    from paddle_mla.models.fused_kernels import indexer_qk_call
+
+    return indexer_qk_call(q, k, cos, sin, rope_dim, norm_w, norm_b, eps)

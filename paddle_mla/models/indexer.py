@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla.models.arch import ModelArch
+from paddle_mla.models.fused_ops import indexer_rope_norm
 
 
 def rope_half_split(x, cos, sin, rope_dim: int):
@@ -52,9 +53,14 @@ class Indexer:
         s = self.spec
         T = x.shape[0]
         q = F.linear(q_resid, self.wq_b).view(T, s.n_heads, s.head_dim)
-        k = F.layer_norm(F.linear(x, self.wk), [s.head_dim], self.k_norm_w, self.k_norm_b, 1e-6)
-        q = rope_half_split(q, cos, sin, self.rope_dim)
-        k = rope_half_split(k, cos, sin, self.rope_dim)
+        k = F.linear(x, self.wk)
+        fused = indexer_rope_norm(q, k, cos, sin, self.rope_dim, self.k_norm_w, self.k_norm_b, 1e-6)
+        if fused is not None:
+            q, k = fused
+        else:
+            k = F.layer_norm(k, [s.head_dim], self.k_norm_w, self.k_norm_b, 1e-6)
+            q = rope_half_split(q, cos, sin, self.rope_dim)
+            k = rope_half_split(k, cos, sin, self.rope_dim)
         w = F.linear(x.to(torch.float32), self.weights_proj) * self.weight_scale
         return q.contiguous(), k.contiguous(), w
 
