@@ -1,7 +1,8 @@
 """The ``dsa`` backend (Triton kernels) against ``native`` on the tiny deepseek_v32 model (no
 transformers needed): identical greedy tokens and close logits through batched prefill, chunked
 prefill mixed with decodes, a cached prefix and preemption; prompts longer than index_topk (16), so
-attention is sparse. Float32: the interpreter on CPU, or a GPU (run with TRITON_F32_DEFAULT=ieee)."""
+attention is sparse. ``chunked_dense_first`` gives the backend the model's top-k, as the engine does:
+its first step (every context 13 <= 16) runs dense through triton_mla's kernels, the later ones sparse. Float32: the interpreter on CPU, or a GPU (run with TRITON_F32_DEFAULT=ieee)."""
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ RUNS = {
     "chunked": dict(block_size=16, chunk=13, seed=2),
     "prefix": dict(block_size=64, prefix_tokens=20, seed=3),
     "preempt": dict(block_size=16, chunk=32, preempt_at=4, seed=4),
+    "chunked_dense_first": dict(block_size=16, chunk=13, seed=2, dsa_kwargs={"index_topk": 16}),
 }
 
 
@@ -36,9 +38,11 @@ def model(tmp_path_factory):
 
 @pytest.mark.parametrize("run", sorted(RUNS))
 def test_dsa_matches_native(model, run):
-    kw = RUNS[run]
+    kw = dict(RUNS[run])
+    dsa_kwargs = kw.pop("dsa_kwargs", None)
+    assert dsa_kwargs is None or dsa_kwargs["index_topk"] == model.arch.indexer.topk
     native = run_greedy(model, PROMPTS, NEW, device=DEV, backend="native", **kw)
-    dsa = run_greedy(model, PROMPTS, NEW, device=DEV, backend="dsa", **kw)
+    dsa = run_greedy(model, PROMPTS, NEW, device=DEV, backend="dsa", backend_kwargs=dsa_kwargs, **kw)
     for r in range(len(PROMPTS)):
         assert dsa.tokens[r] == native.tokens[r], f"prompt {r}"
         np.testing.assert_allclose(dsa.first_logits[r], native.first_logits[r], atol=2e-4, rtol=0)

@@ -155,6 +155,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--profile", action="store_true",
                     help="also a kernel table (torch.profiler) of each decode step: where the step's time goes")
+    ap.add_argument("--dsa-sparse-only", action="store_true",
+                    help="v32: every step sparse, as before dsa ran short prefills dense (A/B of that rule)")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, gloo, native backend: the code path")
     args = ap.parse_args()
@@ -176,6 +178,10 @@ def main() -> None:
     longest = max(contexts + [ln for _, ln in prefills] + [i + o for i, o in shapes]) + BLOCK
     tokens = max([8192] + [n * ln for n, ln in prefills])
     backend = ("dsa" if args.arch == "v32" else "triton_mla") if gpu else "native"
+    if args.dsa_sparse_only:
+        from paddle_mla.attention.dsa.backend import DSABackend
+
+        DSABackend._dense_step = lambda self, meta: False
     t = time.perf_counter()
     llm = LLM(config_from_dict({
         "model": str(path), "load_format": "dummy", "runtime": "torch", "device": "gpu" if gpu else "cpu",

@@ -114,7 +114,7 @@ class ModelRunner:
                                       max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-                                      **swa_kwargs)
+                                      **swa_kwargs, **({"index_topk": arch.indexer.topk} if backend_name == "dsa" else {}))
         self.model.set_backend(self.backend)
         self.eos_token_ids = frozenset(arch.eos_token_ids)   # masked by min_tokens; the LLM adds the tokenizer's
         self.key_windows = None

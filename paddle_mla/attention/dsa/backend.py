@@ -9,6 +9,12 @@ Per layer:
    table, absorb W_UK into the queries, run sparse MLA over the selected slots (split over the
    top-k axis + merge) and apply W_UV. Prefill and decode tokens take the same path: a token with
    no more than ``index_topk`` keys selects all of them, which is dense causal attention.
+A step with prefill tokens whose every row's context fits ``index_topk`` (every prompt of at most
+2048 tokens under V3.2's top-k, in its first step) is therefore dense attention: it skips the
+scoring and top-k (its indexer keys are still written) and runs ``triton_mla``'s kernels, whose
+non-absorbed prefill does 192 + 128 dims of work per head and key against the sparse kernel's
+576 + 512 (BENCHMARKS section 20: the sparse prefill is the costly part of a V3.2 prefill).
+Decode-only steps always take the sparse path: one path, so the CUDA graphs hold for every context.
 Decode workspaces are sized on the first call for ``max_num_seqs`` rows and ``max_model_len``
 columns, so decode steps are captured as CUDA graphs. Prefill steps score their rows in chunks
 through one buffer of at most 256 MiB made at the first prefill (the memory profile's), so an
@@ -25,10 +31,11 @@ _runtime.require_selected(__name__)
 import torch
 
 from paddle_mla import runtime
-from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
+from paddle_mla.attention.backend import MLADims, register_backend
 from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots
 from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select
 from paddle_mla.attention.dsa.sparse_mla import partial_rows, sparse_config, sparse_mla
+from paddle_mla.attention.triton_mla.backend import TritonMLABackend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 
 
@@ -37,13 +44,19 @@ PREFILL_TOPK_ROWS = 1024            # rows per chunk, at most (the top-k candida
 
 
 @register_backend("dsa")
-class DSABackend(MLABackend):
+class DSABackend(TritonMLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
-                 max_num_batched_tokens: int = 0):
-        super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
+                 max_num_batched_tokens: int = 0, index_topk: int = 0):
+        """``index_topk``: the model's top-k; steps with prefill tokens whose contexts all fit it run
+        dense (``triton_mla``). 0: every step sparse."""
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
         if not ok:
             raise RuntimeError(f"attention.backend 'dsa' cannot run here: {why}; use backend 'native'")
+        # dense steps send every extend row through the extend kernels (their contexts are short):
+        # no absorbed short extends, so the scheduler's absorbed-context cap stays off for dsa, as before
+        super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens,
+                         short_extend_tokens=0)
+        self.dense_max_context = index_topk
         self._decode_ws = None
         self._prefill = None
         self.sparse_cfg = sparse_config(dims.num_heads)
@@ -76,6 +89,13 @@ class DSABackend(MLABackend):
                                  topk_scratch=self._topk_scratch(rows, topk))
         return {k: v for k, v in self._prefill.items() if k != "topk"}
 
+    def _dense_step(self, meta) -> bool:
+        return 0 < meta.max_seqlen_k <= self.dense_max_context and not meta.is_decode_only
+
+    def prepare(self, meta) -> None:
+        if self._dense_step(meta):
+            super().prepare(meta)
+
     def _topk_scratch(self, rows: int, topk: int):
         return torch.zeros(topk_scratch_shape(rows, topk), dtype=torch.int32, device=self.device)
 
@@ -92,6 +112,10 @@ class DSABackend(MLABackend):
         }
 
     def index_topk(self, q, k, w, index_cache, meta, topk: int):
+        """The top-k request positions per new token, or None in a dense step (keys written only)."""
+        if self._dense_step(meta):
+            write_latent_cache(k, index_cache, meta.slot_mapping)
+            return None
         T = q.shape[0]
         decode = meta.is_decode_only
         if not decode and (meta.index_ks is None or meta.index_ke is None):
@@ -118,6 +142,8 @@ class DSABackend(MLABackend):
         return ws["pos"][:T]
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
+        if topk_pos is None and self._dense_step(meta):
+            return super().forward(q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
         if topk_pos is None:
             raise ValueError("attention.backend 'dsa' runs deepseek_v32 checkpoints only (no top-k given); "
                              "use triton_mla for other MLA models")
