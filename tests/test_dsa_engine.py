@@ -68,12 +68,27 @@ def test_prefix_chunked_preempt_keep_tokens(model_dir, baseline, variant):
 
 
 @pytest.mark.triton
-def test_dsa_engine_matches_native(model_dir, baseline):
+def test_dsa_engine_matches_native(model_dir, baseline, monkeypatch):
+    """Also counts the steps by how dsa ran them: all sparse, all dense (every extend row's context fits
+    the top-k, no decode rows) and split (decode rows sparse, a dense tail); chunked prefill makes all three."""
+    from paddle_mla.attention.dsa.backend import DSABackend
+
+    kinds = []
+    prepare = DSABackend.prepare
+
+    def spy(self, meta):
+        prepare(self, meta)
+        if not meta.is_decode_only:
+            start = meta.attn.get("dsa_dense_from")
+            kinds.append("sparse" if start is None else "split" if start else "dense")
+
+    monkeypatch.setattr(DSABackend, "prepare", spy)
     reqs, expected = baseline
     reqs, expected = reqs[:3], expected[:3]
     for over in ({}, ALL):
         llm = make_llm(model_dir, attention={"backend": "dsa"}, **over)
         assert [o.token_ids for o in llm.generate(reqs, use_tqdm=False)] == expected
+    assert {"sparse", "dense", "split"} <= set(kinds), kinds
 
 
 def test_v32_under_triton_mla_is_a_config_error(model_dir):

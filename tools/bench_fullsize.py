@@ -149,6 +149,8 @@ def main() -> None:
     ap.add_argument("--prefills", default="8x1024,1x8192")
     ap.add_argument("--e2e", type=int, default=0, help="requests per --e2e-shapes run, through paddle-mla bench's code")
     ap.add_argument("--e2e-shapes", default="1024x1024", help="input x output tokens, comma-separated")
+    ap.add_argument("--e2e-repeat", type=int, default=1,
+                    help="runs of each e2e workload; the last is reported (2: the first compiles what it meets)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--to-layers", type=int, default=61)
     ap.add_argument("--to-tp", type=int, default=8)
@@ -156,7 +158,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="also a kernel table (torch.profiler) of each decode step: where the step's time goes")
     ap.add_argument("--dsa-sparse-only", action="store_true",
-                    help="v32: every step sparse, as before dsa ran short prefills dense (A/B of that rule)")
+                    help="v32: every step sparse, as before dsa ran the extend rows that fit the top-k dense (A/B of that rule)")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, gloo, native backend: the code path")
     args = ap.parse_args()
@@ -178,10 +180,8 @@ def main() -> None:
     longest = max(contexts + [ln for _, ln in prefills] + [i + o for i, o in shapes]) + BLOCK
     tokens = max([8192] + [n * ln for n, ln in prefills])
     backend = ("dsa" if args.arch == "v32" else "triton_mla") if gpu else "native"
-    if args.dsa_sparse_only:
-        from paddle_mla.attention.dsa.backend import DSABackend
-
-        DSABackend._dense_step = lambda self, meta: False
+    if args.dsa_sparse_only and (args.arch != "v32" or args.tp != 1):
+        ap.error("--dsa-sparse-only: --arch v32 at --tp 1 (it sets rank 0's backend only)")
     t = time.perf_counter()
     llm = LLM(config_from_dict({
         "model": str(path), "load_format": "dummy", "runtime": "torch", "device": "gpu" if gpu else "cpu",
@@ -194,6 +194,8 @@ def main() -> None:
         "parallel": {"tensor_parallel_size": args.tp}}))
     start_s = time.perf_counter() - t
     runner = llm.runner
+    if args.dsa_sparse_only:
+        runner.backend.dense_max_context = 0
     prof = runner.memory_profile
     out = dict(arch=args.arch, layers=args.layers, tp=args.tp, device=runtime.device_name() if gpu else "cpu",
                copy_bw_gbs=bw / 1e9, load_s=runner.load_s, engine_start_s=start_s,
@@ -234,7 +236,8 @@ def main() -> None:
     for n_in, n_out in shapes if args.e2e else []:
         w = make_workload("random", {"num_prompts": args.e2e, "input_len": n_in, "output_len": n_out})
         reqs = build_requests(w, llm.tokenizer, GenerationRequest, SamplingParams, llm.max_model_len)
-        r = run_once(llm, reqs, 0)
+        for _ in range(args.e2e_repeat):
+            r = run_once(llm, reqs, 0)
         sm = summarize([r])
         out["e2e"].append(dict(requests=args.e2e, input_len=n_in, output_len=n_out, elapsed_s=r.elapsed_s,
                                output_tok_s=r.output_tokens_per_s, ttft_ms_p50=sm["ttft_ms_p50"],

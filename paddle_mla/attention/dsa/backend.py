@@ -9,12 +9,13 @@ Per layer:
    table, absorb W_UK into the queries, run sparse MLA over the selected slots (split over the
    top-k axis + merge) and apply W_UV. Prefill and decode tokens take the same path: a token with
    no more than ``index_topk`` keys selects all of them, which is dense causal attention.
-A step with prefill tokens whose every row's context fits ``index_topk`` (every prompt of at most
-2048 tokens under V3.2's top-k, in its first step) is therefore dense attention: it skips the
-scoring and top-k (its indexer keys are still written) and runs ``triton_mla``'s kernels, whose
-non-absorbed prefill does 192 + 128 dims of work per head and key against the sparse kernel's
-576 + 512 (BENCHMARKS section 20: the sparse prefill is the costly part of a V3.2 prefill).
-Decode-only steps always take the sparse path: one path, so the CUDA graphs hold for every context.
+So in a step with prefill tokens whose extend rows (those after the leading decode rows) all have
+contexts that fit ``index_topk`` (every prompt of at most 2048 tokens under V3.2's top-k, and its
+chunks up to there), those rows are dense attention: they skip the scoring and top-k (their indexer
+keys are still written) and run ``triton_mla``'s extend kernels, whose non-absorbed prefill does
+192 + 128 dims of work per head and key against the sparse kernel's 576 + 512 (BENCHMARKS section 20:
+the sparse prefill is the costly part of a V3.2 prefill). The step's decode rows stay sparse, and
+decode-only steps always are: one path, so the CUDA graphs hold for every context.
 Decode workspaces are sized on the first call for ``max_num_seqs`` rows and ``max_model_len``
 columns, so decode steps are captured as CUDA graphs. Prefill steps score their rows in chunks
 through one buffer of at most 256 MiB made at the first prefill (the memory profile's), so an
@@ -37,6 +38,7 @@ from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select
 from paddle_mla.attention.dsa.sparse_mla import partial_rows, sparse_config, sparse_mla
 from paddle_mla.attention.triton_mla.backend import TritonMLABackend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
+from paddle_mla.attention.triton_mla.extend import plan_extend
 
 
 PREFILL_SCORE_BYTES = 256 << 20   # prefill indexer scores per chunk of rows (fp32 [rows, longest context])
@@ -89,12 +91,19 @@ class DSABackend(TritonMLABackend):
                                  topk_scratch=self._topk_scratch(rows, topk))
         return {k: v for k, v in self._prefill.items() if k != "topk"}
 
-    def _dense_step(self, meta) -> bool:
-        return 0 < meta.max_seqlen_k <= self.dense_max_context and not meta.is_decode_only
+    def _dense_rows(self, meta) -> int | None:
+        """The first row of a dense tail (the extend rows after the leading decode rows), or None."""
+        return meta.attn.get("dsa_dense_from") if not meta.is_decode_only else None
 
     def prepare(self, meta) -> None:
-        if self._dense_step(meta):
-            super().prepare(meta)
+        """Once per step, from host arrays: whether the extend rows run dense, and their plan."""
+        if meta.is_decode_only or not self.dense_max_context:
+            return
+        nd = meta.num_decode_reqs
+        ext = meta.seq_lens_k[nd:meta.num_reqs]
+        if ext.size and int(ext.max()) <= self.dense_max_context:
+            meta.attn["dsa_dense_from"] = nd
+            meta.attn["extend_plan"] = plan_extend(meta, nd)
 
     def _topk_scratch(self, rows: int, topk: int):
         return torch.zeros(topk_scratch_shape(rows, topk), dtype=torch.int32, device=self.device)
@@ -112,11 +121,15 @@ class DSABackend(TritonMLABackend):
         }
 
     def index_topk(self, q, k, w, index_cache, meta, topk: int):
-        """The top-k request positions per new token, or None in a dense step (keys written only)."""
-        if self._dense_step(meta):
-            write_latent_cache(k, index_cache, meta.slot_mapping)
-            return None
+        """The top-k request positions per new token of the sparse rows (all, or the leading decode
+        rows of a step with a dense tail), or None when no row is sparse; every key is written."""
         T = q.shape[0]
+        dense_from = self._dense_rows(meta)
+        if dense_from is not None:
+            T = meta.num_decode_tokens      # the leading decode rows: one token each
+            if T == 0:
+                write_latent_cache(k, index_cache, meta.slot_mapping)
+                return None
         decode = meta.is_decode_only
         if not decode and (meta.index_ks is None or meta.index_ke is None):
             raise ValueError("dsa: a step with prefill tokens needs meta.index_ks/index_ke "
@@ -142,15 +155,26 @@ class DSABackend(TritonMLABackend):
         return ws["pos"][:T]
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
-        if topk_pos is None and self._dense_step(meta):
-            return super().forward(q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
-        if topk_pos is None:
+        dense_from = self._dense_rows(meta)
+        if topk_pos is None and dense_from is None:
             raise ValueError("attention.backend 'dsa' runs deepseek_v32 checkpoints only (no top-k given); "
                              "use triton_mla for other MLA models")
-        d = self.dims
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
+        if dense_from is None:
+            return self._sparse(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, topk_pos)
+        self.extend.run(meta.attn["extend_plan"], q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
+        out = self.extend.out[:q_nope.shape[0]]
+        n = meta.num_decode_tokens
+        if n:
+            out[:n].copy_(self._sparse(q_nope[:n], q_pe[:n], w_kc, w_vc, kv_cache, meta, topk_pos))
+        return out
+
+    def _sparse(self, q_nope, q_pe, w_kc, w_vc, kv_cache, meta, topk_pos):
+        """Sparse MLA of the first ``len(q_nope)`` tokens over their top-k (the latents are written)."""
+        d = self.dims
         ws = meta.attn["dsa_ws"]
-        slots = positions_to_slots(topk_pos, meta.batch_id_per_token, meta.block_tables, self.block_size, ws["slots"])
+        bids = meta.batch_id_per_token[:q_nope.shape[0]]
+        slots = positions_to_slots(topk_pos, bids, meta.block_tables, self.block_size, ws["slots"])
         q_lat = torch.bmm(q_nope.transpose(0, 1), w_kc).transpose(0, 1)            # [T, H, C]
         o_lat = sparse_mla(q_lat.contiguous(), q_pe, kv_cache, slots, d.softmax_scale, ws["part_o"],
                            ws["part_lse"], ws["o_lat"], self.sparse_cfg)
