@@ -9,11 +9,15 @@ import random
 
 import pytest
 
+from paddle_mla import runtime
 from paddle_mla.config import config_from_dict
 from paddle_mla.engine.llm import LLM
 from paddle_mla.engine.request import GenerationRequest, SamplingParams
 
 BLOCK = 8
+# these run dsa on the CPU device: the Triton interpreter, also on a machine with a GPU
+CPU_TRITON = pytest.mark.skipif(not runtime.supports_triton_on("cpu")[0],
+                                reason=runtime.supports_triton_on("cpu")[1] or "Triton on CPU")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +71,7 @@ def test_prefix_chunked_preempt_keep_tokens(model_dir, baseline, variant):
         assert st.num_preemptions > 0
 
 
-@pytest.mark.triton
+@CPU_TRITON
 def test_dsa_engine_matches_native(model_dir, baseline, monkeypatch):
     """Also counts the steps by how dsa ran them: all sparse, all dense (every extend row's context fits
     the top-k, no decode rows) and split (decode rows sparse, a dense tail); chunked prefill makes all three."""
@@ -108,7 +112,7 @@ def test_backend_auto_picks_dsa_for_a_v32_checkpoint_on_a_gpu(model_dir):
     assert make_llm(model_dir).runner.backend.name == "native"     # auto on this CPU box
 
 
-@pytest.mark.triton
+@CPU_TRITON
 def test_dsa_workspaces_once_per_step_not_per_layer(model_dir, baseline, monkeypatch):
     """A step with prefill tokens allocates its indexer workspace in its first layer only; decode steps
     reuse the start-up one."""
@@ -127,7 +131,7 @@ def test_dsa_workspaces_once_per_step_not_per_layer(model_dir, baseline, monkeyp
     assert len(allocs) == prefill_steps + 1      # + the decode workspace, once
 
 
-@pytest.mark.triton
+@CPU_TRITON
 def test_dsa_prefill_scores_in_row_chunks(model_dir, baseline, monkeypatch):
     """Prefill rows scored a few at a time through a small buffer (as 8k-token chunks against a 128k
     context are): the same tokens as the plain run."""
