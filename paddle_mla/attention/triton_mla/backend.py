@@ -65,12 +65,13 @@ class TritonMLABackend(MLABackend):
         chunk = extend_chunk_tokens or default_chunk_tokens(step_tokens)
         self.extend = ExtendWorkspace(dims, step_tokens, chunk, device, dtype)
         self.short_max_q = crossover_tokens(dims) if short_extend_tokens < 0 else short_extend_tokens
+        # no workspace when no row may run absorbed (short_extend_tokens 0; dsa's dense steps)
         self.pseudo = PseudoRows(dims, max_pseudo_rows(dims, step_tokens), -(-max_model_len // block_size),
-                                 device, dtype, max_seqs=max_num_seqs)
+                                 device, dtype, max_seqs=max_num_seqs) if self.short_max_q else None
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
             print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
                   f"partial rows x {H} heads x {L}; config {self.cfg}), pseudo-row workspace "
-                  f"{self.pseudo.ws.nbytes / 2**20:.1f} MiB", file=sys.stderr, flush=True)
+                  f"{self.pseudo.ws.nbytes / 2**20 if self.pseudo else 0:.1f} MiB", file=sys.stderr, flush=True)
 
     def _num_decode_rows(self, meta) -> int:
         return meta.num_reqs if meta.is_decode_only else min(meta.num_decode_reqs, self.max_num_seqs)
@@ -82,7 +83,8 @@ class TritonMLABackend(MLABackend):
                               self.cfg.min_tiles)
         if not meta.is_decode_only:
             p = self.pseudo
-            split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, p.max_rows, p.qg, p.max_groups)
+            split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, p.max_rows, p.qg, p.max_groups) \
+                if p else split_short_rows(meta.seq_lens_q, nd, 0, 0)
             meta.attn["short_split"] = split
             meta.attn["extend_plan"] = plan_extend(meta, split.lead_end, split.tail_begin)
             if split.rows:
