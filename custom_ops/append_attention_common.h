@@ -115,6 +115,20 @@ PMLA_HD inline int32_t raw_table_entry(const AppendAttentionArgs& a, int64_t b, 
   return t >= 0 ? a.block_tables[t] : -1;
 }
 
+// Split `split` of `splits` of a decode row's `nvis` visible keys: [lo, hi), whole tiles of `tile`
+// keys each (empty when the row has fewer tiles than splits). Every decode kernel splits this way,
+// so the merge reads the same windows whichever kernel wrote them.
+struct SplitWindow {
+  int64_t lo, hi;
+};
+PMLA_HD inline SplitWindow split_window(int64_t nvis, int64_t splits, int64_t split, int64_t tile) {
+  int64_t per_split = (nvis + splits - 1) / splits;
+  per_split = (per_split + tile - 1) / tile * tile;
+  const int64_t lo = split * per_split;
+  const int64_t end = lo + per_split;
+  return {lo, nvis < end ? nvis : end};
+}
+
 PMLA_HD inline KeyRanges key_ranges(const AppendAttentionArgs& a, int64_t g, int64_t p) {
   if (!is_swa_head(a, g) || a.swa_mask) return {0, p + 1, 0, 0};  // swa_mask: the caller masks (key_visible)
   const int64_t sink_hi = a.sink < p + 1 ? a.sink : p + 1;

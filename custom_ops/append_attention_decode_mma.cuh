@@ -59,9 +59,8 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
   const int64_t p = a.positions[t0];
   const KeyRanges keys = key_ranges(a, g, p);
   const int64_t nvis = keys.count();
-  int64_t per_split = (nvis + splits - 1) / splits;
-  per_split = (per_split + TK - 1) / TK * TK;
-  const int64_t lo = split * per_split, hi = min(nvis, lo + per_split);
+  const SplitWindow win = split_window(nvis, splits, split, TK);
+  const int64_t lo = win.lo, hi = win.hi;
   const int64_t head_row = b * a.num_q_heads + g * group;  // first (request, query head) row
   T* out = static_cast<T*>(a.out) + (t0 * a.num_q_heads + g * group) * D;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;

@@ -77,9 +77,8 @@ __global__ void decode_kernel(AppendAttentionArgs a, DecodeGeometry geo, float* 
   const int64_t p = a.positions[t0];
   const KeyRanges keys = key_ranges(a, g, p);
   const int64_t nvis = keys.count(), split = blockIdx.z;
-  int64_t per_split = (nvis + geo.splits - 1) / geo.splits;
-  per_split = (per_split + kTileKeys - 1) / kTileKeys * kTileKeys;
-  const int64_t lo = split * per_split, hi = min(nvis, lo + per_split);
+  const SplitWindow win = split_window(nvis, geo.splits, split, kTileKeys);
+  const int64_t lo = win.lo, hi = win.hi;
   const int64_t head_row = b * a.num_q_heads + g * group + h0;  // first (request, query head) row
   if (lo >= hi) {  // nothing to see in this split (every split, when an SWA head has no window)
     if (geo.splits > 1) {
