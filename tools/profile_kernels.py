@@ -77,17 +77,23 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def kernel_table(step, iters: int) -> dict:
-    """Per-category device ms per step, and the 12 costliest kernels, over ``iters`` eager steps."""
+def profiled(fn, iters: int, warmup: int):
+    """A ``torch.profiler`` run (CUDA activity only) of ``iters`` calls of ``fn`` after ``warmup`` calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
-        step()
+    for _ in range(warmup):
+        fn()
     runtime.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
-            step()
+            fn()
         runtime.synchronize()
+    return prof
+
+
+def kernel_table(step, iters: int) -> dict:
+    """Per-category device ms per step, and the 12 costliest kernels, over ``iters`` eager steps."""
+    prof = profiled(step, iters, 3)
     cats: dict[str, float] = {}
     kernels = []
     for ev in prof.key_averages():
@@ -245,15 +251,7 @@ def kernel_sequence(fn, iters: int) -> list[dict]:
     trace read back: key_averages would merge two launches of one kernel, e.g. the two MoE GEMMs)."""
     import tempfile
 
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(2):
-        fn()
-    runtime.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        runtime.synchronize()
+    prof = profiled(fn, iters, 2)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.load(open(f.name))
