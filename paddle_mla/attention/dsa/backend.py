@@ -92,8 +92,9 @@ class DSABackend(TritonMLABackend):
         return {k: v for k, v in self._prefill.items() if k != "topk"}
 
     def _dense_rows(self, meta) -> int | None:
-        """The first row of a dense tail (the extend rows after the leading decode rows), or None."""
-        return meta.attn.get("dsa_dense_from") if not meta.is_decode_only else None
+        """The first row of a dense tail (the extend rows after the leading decode rows), or None
+        (``prepare`` sets it, never in a decode-only step)."""
+        return meta.attn.get("dsa_dense_from")
 
     def prepare(self, meta) -> None:
         """Once per step, from host arrays: whether the extend rows run dense, and their plan."""
