@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's paddle_mla, when not installed
 
-from paddle_mla.batch_io import OutputWriter, iter_input  # noqa: E402
+from paddle_mla.batch.io import OutputWriter, iter_input  # noqa: E402
 from paddle_mla.integrations.ray_data import LLMPredictor  # noqa: E402
 
 

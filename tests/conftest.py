@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select()
 

@@ -40,7 +40,7 @@ from bench_loader import V2_LITE, write_checkpoint  # noqa: E402  (numpy only: r
 
 
 def requests(n: int, prompt: int, out: int, vocab: int, seed: int = 0) -> list:
-    from paddle_mla.engine.request import GenerationRequest, SamplingParams
+    from paddle_mla.sched.request import GenerationRequest, SamplingParams
 
     rng = np.random.default_rng(seed)
     params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
@@ -51,7 +51,7 @@ def requests(n: int, prompt: int, out: int, vocab: int, seed: int = 0) -> list:
 def timed(llm, reqs: list) -> tuple[dict, list]:
     """Run the workload twice: the first (cold) run meets every kernel shape once (Triton compiles
     each, seconds apiece, in every replica process); the second, timed, is the steady state."""
-    from paddle_mla import runtime
+    from paddle_mla.platform import runtime
 
     t = time.perf_counter()
     llm.generate(reqs, use_tqdm=False)
@@ -98,10 +98,10 @@ def main() -> None:
     args = ap.parse_args()
     from bench_e2e_moe import SMOKE_DIMS  # noqa: E402  (the parent only: selects the torch runtime)
 
-    from paddle_mla import runtime
-    from paddle_mla.config import config_from_dict
+    from paddle_mla.platform import runtime
+    from paddle_mla.config.schema import config_from_dict
     from paddle_mla.engine.llm import LLM
-    from paddle_mla.parallel.data_parallel import DataParallelLLM
+    from paddle_mla.integrations.data_parallel import DataParallelLLM
 
     smoke = args.smoke
     cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_DIMS if smoke else {}))

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select("torch")
 
@@ -278,8 +278,8 @@ def e2e_runner(name: str, layers: int, batch: int, context: int, graphs: bool):
     from bench_e2e_decode import V3, random_weights
 
     from paddle_mla.attention.forward_meta import StepBatch
-    from paddle_mla.config import config_from_dict
-    from paddle_mla.engine.model_runner import ModelRunner
+    from paddle_mla.config.schema import config_from_dict
+    from paddle_mla.worker.model_runner import ModelRunner
     from paddle_mla.models import parse_arch
     from paddle_mla.models.deepseek import CausalLM
 

@@ -23,17 +23,17 @@ import time
 
 import numpy as np
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from paddle_mla.attention.forward_meta import StepBatch  # noqa: E402
-from paddle_mla.config import config_from_dict  # noqa: E402
-from paddle_mla.engine import sampler  # noqa: E402
-from paddle_mla.engine.model_runner import ModelRunner  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
+from paddle_mla.worker import sampler  # noqa: E402
+from paddle_mla.worker.model_runner import ModelRunner  # noqa: E402
 from paddle_mla.models import parse_arch  # noqa: E402
 from paddle_mla.models.deepseek import CausalLM  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 BACKENDS = {"deepseek_v3": "triton_mla", "qwen3": "append_attn"}
 

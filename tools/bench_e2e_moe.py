@@ -31,13 +31,13 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from bench_e2e_decode import copy_bandwidth, time_steps  # noqa: E402  (selects the runtime: torch by default)
 from bench_loader import V2_LITE, write_checkpoint  # noqa: E402
 
-from paddle_mla import runtime  # noqa: E402
+from paddle_mla.platform import runtime  # noqa: E402
 from paddle_mla.attention.forward_meta import StepBatch  # noqa: E402
-from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
-from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
 from paddle_mla.models import moe as moe_mod  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 SMOKE_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                   num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,

@@ -35,19 +35,19 @@ import numpy as np
 _TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(_TOOLS), _TOOLS]   # this checkout, and bench_e2e_decode next to it
 
-from paddle_mla import runtime  # noqa: E402
+from paddle_mla.platform import runtime  # noqa: E402
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from bench_e2e_decode import V3, _model_tensors, copy_bandwidth, random_weights  # noqa: E402
 from step_probe import StepProbe  # noqa: E402
 
-from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
-from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
 from paddle_mla.models import parse_arch  # noqa: E402
 from paddle_mla.models.deepseek import CausalLM  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 PAGE = 64
 
@@ -81,7 +81,7 @@ def moe_model(layers: int, batches: list[int], context: int):
     from bench_e2e_moe import decode_bytes, routed_distinct, step_batch
     from profile_kernels import moe_checkpoint
 
-    from paddle_mla.engine.model_runner import ModelRunner
+    from paddle_mla.worker.model_runner import ModelRunner
 
     path = str(moe_checkpoint(layers))
     b = max(batches)

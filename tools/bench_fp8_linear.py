@@ -22,7 +22,7 @@ import datetime
 import json
 import os
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select("torch")  # CUDA graphs and events: the benchmark runs on PyTorch
 

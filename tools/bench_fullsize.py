@@ -50,20 +50,20 @@ from bench_e2e_decode import copy_bandwidth, time_steps  # noqa: E402
 from bench_e2e_moe import SMOKE_DIMS  # noqa: E402
 from bench_tp import BLOCK, decode_batch  # noqa: E402
 
-from paddle_mla import runtime  # noqa: E402
+from paddle_mla.platform import runtime  # noqa: E402
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from paddle_mla.attention.forward_meta import StepBatch  # noqa: E402
-from paddle_mla.bench.runner import run_once, summarize  # noqa: E402
-from paddle_mla.bench.workloads import build_requests, make_workload  # noqa: E402
-from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.cli.bench.runner import run_once, summarize  # noqa: E402
+from paddle_mla.cli.bench.workloads import build_requests, make_workload  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
-from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
 from paddle_mla.models.arch import parse_arch  # noqa: E402
 from paddle_mla.models.dummy_weights import checkpoint_layout  # noqa: E402
-from paddle_mla.parallel.sharding import checkpoint_shard  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.models.sharding import checkpoint_shard  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 GIB = 2 ** 30
 V3 = dict(   # DeepSeek-V3's published config.json (the keys the engine reads)

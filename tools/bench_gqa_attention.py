@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select("torch")  # CUDA events, triton.testing and SDPA: the benchmark runs on PyTorch
 

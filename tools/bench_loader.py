@@ -129,9 +129,9 @@ def time_raw_read(files) -> float:
 
 _LOAD = r"""
 import json, sys, time
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 runtime.select()
-from paddle_mla.tensor_api import torch
+from paddle_mla.platform.tensor_api import torch
 from paddle_mla.models.loader import load_model
 
 def status(key):

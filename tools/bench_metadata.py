@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select()
 

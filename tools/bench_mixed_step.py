@@ -32,14 +32,14 @@ sys.path[:0] = [os.path.dirname(_TOOLS), _TOOLS]   # this checkout, and bench_e2
 
 from bench_e2e_decode import V3, random_weights  # noqa: E402  (selects the runtime)
 
-from paddle_mla import runtime  # noqa: E402
+from paddle_mla.platform import runtime  # noqa: E402
 from paddle_mla.attention.forward_meta import StepBatch  # noqa: E402
-from paddle_mla.config import config_from_dict  # noqa: E402
-from paddle_mla.engine import sampler  # noqa: E402
-from paddle_mla.engine.model_runner import ModelRunner  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
+from paddle_mla.worker import sampler  # noqa: E402
+from paddle_mla.worker.model_runner import ModelRunner  # noqa: E402
 from paddle_mla.models import parse_arch  # noqa: E402
 from paddle_mla.models.deepseek import CausalLM  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 SMOKE = dict(V3, vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
              num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,

@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select("torch")  # triton.testing and CUDA events: the benchmark runs on PyTorch
 

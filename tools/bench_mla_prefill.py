@@ -27,7 +27,7 @@ import json
 import os
 import sys
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select("torch")
 

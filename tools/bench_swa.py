@@ -52,14 +52,14 @@ from pathlib import Path
 
 import numpy as np
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
-from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
-from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 QWEN3_8B = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096,
                 intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8, head_dim=128,

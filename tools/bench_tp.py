@@ -46,14 +46,14 @@ from bench_e2e_decode import time_steps  # noqa: E402  (greedy step with its one
 from bench_e2e_moe import SMOKE_DIMS  # noqa: E402
 from bench_loader import V2_LITE, write_checkpoint  # noqa: E402
 
-from paddle_mla import runtime  # noqa: E402
+from paddle_mla.platform import runtime  # noqa: E402
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from paddle_mla.attention.forward_meta import StepBatch  # noqa: E402
-from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 BLOCK = 64
 

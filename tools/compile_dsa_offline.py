@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select("torch")
 os.environ.pop("TRITON_INTERPRET", None)

@@ -17,7 +17,7 @@ import re
 import subprocess
 import tempfile
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select("torch")
 os.environ.pop("TRITON_INTERPRET", None)

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 runtime.select("torch")
 

@@ -14,7 +14,7 @@ python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -n 2
 echo "=== custom ops (CUDA build)"
 python3 - <<'PY' 2>&1 | tee "$OUT/ops_build.txt" || status=1
 import time
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 runtime.select("torch")
 from paddle_mla.ops.build import load_ops
 t = time.time(); ops = load_ops(); print("ops:", ops, f"({time.time() - t:.1f} s)")
@@ -22,7 +22,7 @@ assert ops is not None, "custom ops did not build"
 PY
 echo "=== GPU tests"
 # The GQA files compare against the single-threaded C++ op (most of their time): side by side in shards.
-GQA_GPU_TESTS="tests/test_append_attention_gpu.py tests/test_append_attention_prefill_gpu.py tests/test_gqa_oracle.py tests/test_append_attn_backend.py"
+GQA_GPU_TESTS="tests/kernels/test_append_attention_gpu.py tests/kernels/test_append_attention_prefill_gpu.py tests/models/test_gqa_oracle.py tests/attention/test_append_attn_backend.py"
 python3 -m pytest -q -p no:cacheprovider -m gpu tests $(printf -- '--ignore=%s ' $GQA_GPU_TESTS) 2>&1 | tee "$OUT/gpu_tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 python3 tools/pytest_shards.py -n 14 --timeout 300 --log "$OUT/gqa_gpu_tests_full.txt" -- -m gpu $GQA_GPU_TESTS 2>&1 \
@@ -41,7 +41,7 @@ echo "=== end-to-end decode benchmark"
 python3 tools/bench_e2e_decode.py --layers 4 --batch 1,16,64 --context 4096 --json "$OUT/bench_e2e.json" 2>&1 \
   | tee "$OUT/bench_e2e.md" || status=1
 echo "=== split mixed batches: kernel/backend/engine tests on the GPU, then mixed step vs decode-only + 1.2 x chunk-only"
-TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/test_triton_mixed_batch.py 2>&1 \
+TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_mixed_batch.py 2>&1 \
   | tee "$OUT/mixed_batch_tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 python3 tools/bench_mixed_step.py --json "$OUT/bench_mixed_step.json" 2>&1 | tee "$OUT/bench_mixed_step.md"
@@ -64,8 +64,8 @@ echo "=== end-to-end MoE (V2-Lite dims, 4 layers): LLM throughput vs HF eager, d
 python3 tools/bench_e2e_moe.py $QUICK --json "$OUT/bench_e2e_moe.json" 2>&1 | tee "$OUT/bench_e2e_moe.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== DSA (deepseek_v32): fp32 dsa vs native and kernels with ieee fp32 dots"
-TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/test_dsa_equivalence.py tests/test_dsa_kernels.py \
-  tests/test_dsa_key_window.py 2>&1 | tee "$OUT/dsa_tests.txt"
+TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/attention/test_dsa_equivalence.py tests/kernels/test_dsa_kernels.py \
+  tests/kernels/test_dsa_key_window.py 2>&1 | tee "$OUT/dsa_tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== DSA benchmarks (quick: context 8k; full: python3 tools/bench_dsa.py --e2e)"
 python3 tools/bench_dsa.py --quick --e2e --json "$OUT/bench_dsa.json" 2>&1 | tee "$OUT/bench_dsa.md" || status=1
@@ -81,7 +81,7 @@ python3 tools/bench_e2e_decode.py --model qwen3 --layers 4 --batch 64 --context 
 if command -v compute-sanitizer >/dev/null; then
   echo "=== GQA append_attention under compute-sanitizer memcheck (small cases)"
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_append_attention_gpu.py tests/test_append_attention_prefill_gpu.py -k "reference or padding or splits or g2d64" \
+    tests/kernels/test_append_attention_gpu.py tests/kernels/test_append_attention_prefill_gpu.py -k "reference or padding or splits or g2d64" \
     2>&1 | tail -n 30 | tee "$OUT/gqa_memcheck.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi

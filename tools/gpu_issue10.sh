@@ -23,11 +23,11 @@ cap() {   # min(cap $1, time left - reserve $2), at least 5 s
 CKPT=/tmp/bench_e2e_moe_4L
 
 el "phase 1: GPU tests (fused MoE, FP8) || custom-op build || the e2e checkpoint written (CPU)"
-( timeout 130 python3 -m pytest -q -p no:cacheprovider $NX -m gpu tests/test_fused_moe_gpu.py tests/test_fp8_gpu.py \
-    tests/test_moe_fp8.py > "$OUT/gpu_tests.txt" 2>&1; echo "GPU tests rc=$?" >> "$OUT/gpu_tests.txt" ) &
+( timeout 130 python3 -m pytest -q -p no:cacheprovider $NX -m gpu tests/kernels/test_fused_moe_gpu.py tests/kernels/test_fp8_gpu.py \
+    tests/kernels/test_moe_fp8.py > "$OUT/gpu_tests.txt" 2>&1; echo "GPU tests rc=$?" >> "$OUT/gpu_tests.txt" ) &
 P1=$!
 ( timeout 130 python3 -c "
-from paddle_mla import runtime; runtime.select('torch')
+from paddle_mla.platform import runtime; runtime.select('torch')
 from paddle_mla.ops.build import load_ops; print('ops:', load_ops())" 2>&1 | tail -n 2
   timeout 130 python3 -c "
 import sys; from pathlib import Path; sys.path.insert(0, 'tools')

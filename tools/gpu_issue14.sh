@@ -19,13 +19,13 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 T0=$(date +%s); el() { echo "# [$(( $(date +%s) - T0 )) s] $*"; }
 
 el "phase 1: tests (bf16 GPU file; fp32 kernel files with ieee dots) + workspace + compile warm-ups, in parallel (no timing)"
-( timeout 170 python3 -m pytest -q -p no:cacheprovider $NX tests/test_triton_kernels_gpu.py > "$OUT/tests_bf16.txt" 2>&1
+( timeout 170 python3 -m pytest -q -p no:cacheprovider $NX tests/kernels/test_triton_kernels_gpu.py > "$OUT/tests_bf16.txt" 2>&1
   echo "bf16 GPU tests rc=$?" >> "$OUT/tests_bf16.txt" ) &
-( TRITON_F32_DEFAULT=ieee timeout 170 python3 -m pytest -q -p no:cacheprovider -n 3 tests/test_triton_kernels.py \
-    tests/test_triton_mixed_batch.py > "$OUT/tests_fp32.txt" 2>&1
+( TRITON_F32_DEFAULT=ieee timeout 170 python3 -m pytest -q -p no:cacheprovider -n 3 tests/kernels/test_triton_kernels.py \
+    tests/kernels/test_triton_mixed_batch.py > "$OUT/tests_fp32.txt" 2>&1
   echo "fp32 tests rc=$?" >> "$OUT/tests_fp32.txt" ) &
 ( timeout 100 python3 - <<'PY' 2>&1
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 runtime.select("torch")
 import torch
 from paddle_mla.attention.backend import MLADims

@@ -4,7 +4,7 @@
 #         ran 2026-11-24, BENCHMARKS 20);
 #   tp    tools/bench_tp.py --gpu-memory-utilization 0.2: both issue-15 TP targets (step ratio, memory);
 #   dp    tools/bench_dp.py: DP=2 vs DP=1 at 256 (the MoE issue's workload) and 2048 requests;
-#   test  tests/test_tensor_parallel_gpu.py (TP=2 fp32 == TP=1).
+#   test  tests/parallel/test_tensor_parallel_gpu.py (TP=2 fp32 == TP=1).
 # The CUDA custom ops are built first (nvcc, ~35 s on a bare machine). Each step runs under its own
 # time limit (T_FULL / T_TP / T_DP / T_TEST seconds), so one that overruns leaves the others' results.
 # The 2026-11-24 run gave bench_tp 140 s: too short for its TP=2 row (BENCHMARKS 19).
@@ -32,7 +32,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 if [ -z "${SMOKE:-}" ]; then
   stamp "custom ops build"
   python3 -c "
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 runtime.select('torch')
 from paddle_mla.ops.build import load_ops
 print('ops:', load_ops())" 2>&1 | tail -n 2 | tee "$OUT/ops_build.txt"
@@ -53,8 +53,8 @@ if has dp; then
   done
 fi
 if has test; then
-  stamp "tests/test_tensor_parallel_gpu.py"
+  stamp "tests/parallel/test_tensor_parallel_gpu.py"
   TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-240}" python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/test_tensor_parallel_gpu.py 2>&1 | tee "$OUT/tp_test.txt"
+    tests/parallel/test_tensor_parallel_gpu.py 2>&1 | tee "$OUT/tp_test.txt"
 fi
 stamp "done"

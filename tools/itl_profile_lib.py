@@ -16,13 +16,13 @@ import numpy as np
 
 from step_probe import EXTEND, StepProbe, step_kernels, step_kernels_by_launch, step_kind
 
-from paddle_mla import runtime
-from paddle_mla.bench.runner import run_once
-from paddle_mla.bench.workloads import build_requests, make_workload
-from paddle_mla.config import config_from_dict
+from paddle_mla.platform import runtime
+from paddle_mla.cli.bench.runner import run_once
+from paddle_mla.cli.bench.workloads import build_requests, make_workload
+from paddle_mla.config.schema import config_from_dict
 from paddle_mla.engine.llm import LLM
-from paddle_mla.engine.request import GenerationRequest, SamplingParams
-from paddle_mla.tensor_api import torch
+from paddle_mla.sched.request import GenerationRequest, SamplingParams
+from paddle_mla.platform.tensor_api import torch
 
 KINDS = ("prefill chunk (+ decodes)", "admission: short extends (+ decodes)", "decode only", "no launch (last reads)")
 

@@ -43,16 +43,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddle_mla import runtime  # noqa: E402
+from paddle_mla.platform import runtime  # noqa: E402
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from paddle_mla.attention.forward_meta import ForwardMeta  # noqa: E402
-from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine import llm as llm_mod, model_runner, sampler  # noqa: E402
-from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
-from paddle_mla.engine.scheduler import Scheduler  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.sched.scheduler import Scheduler  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 DEVICE_PHASES = ("sampler ops",)
 TARGET_MS = 0.5       # issue 9: host time per decode step at batch 256

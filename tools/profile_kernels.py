@@ -45,13 +45,13 @@ sys.path[:0] = [os.path.dirname(_TOOLS), _TOOLS]
 from bench_e2e_decode import V3, random_weights  # noqa: E402  (selects the runtime: torch by default)
 from bench_mixed_step import batches, short_batch  # noqa: E402
 
-from paddle_mla import runtime  # noqa: E402
-from paddle_mla.config import config_from_dict  # noqa: E402
-from paddle_mla.engine import sampler  # noqa: E402
-from paddle_mla.engine.model_runner import ModelRunner  # noqa: E402
+from paddle_mla.platform import runtime  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
+from paddle_mla.worker import sampler  # noqa: E402
+from paddle_mla.worker.model_runner import ModelRunner  # noqa: E402
 from paddle_mla.models import parse_arch  # noqa: E402
 from paddle_mla.models.deepseek import CausalLM  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 # first match wins; names are those of our Triton kernels and of cuBLAS / PyTorch kernels
 CATEGORIES = [
@@ -296,7 +296,7 @@ def e2e_steps(layers: int) -> dict:
     from bench_loader import V2_LITE
 
     from paddle_mla.engine.llm import LLM
-    from paddle_mla.engine.request import GenerationRequest, SamplingParams
+    from paddle_mla.sched.request import GenerationRequest, SamplingParams
 
     llm = LLM(config_from_dict({
         "model": str(moe_checkpoint(layers)), "device": "gpu", "dtype": "bfloat16", "attention": {"backend": "triton_mla"},

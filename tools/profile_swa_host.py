@@ -33,11 +33,11 @@ from profile_host_step import PhaseTimer  # noqa: E402
 
 import profile_host_step  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta  # noqa: E402
-from paddle_mla.config import config_from_dict  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
-from paddle_mla.engine.request import GenerationRequest, SamplingParams  # noqa: E402
-from paddle_mla.engine.scheduler import Scheduler  # noqa: E402
-from paddle_mla.tensor_api import torch  # noqa: E402
+from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
+from paddle_mla.sched.scheduler import Scheduler  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 
 def make_llm(path: Path, mode: str, args) -> LLM:

@@ -22,9 +22,9 @@ import numpy as np
 from profile_host_step import PhaseTimer, wrap_phases
 from profile_kernels import categorize
 
-from paddle_mla import runtime
-from paddle_mla.engine import sampler
-from paddle_mla.tensor_api import torch
+from paddle_mla.platform import runtime
+from paddle_mla.worker import sampler
+from paddle_mla.platform.tensor_api import torch
 
 SHORT_MAX = 128     # a prefill row with at most this many new tokens over a cached context: a short extend
 # (module, class, method, label): the attention regions a profiled step reports apart

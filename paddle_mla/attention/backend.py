@@ -5,7 +5,7 @@ for DeepSeek models (latent cache), ``GQABackend`` for qwen3 / ernie4_5 / llama 
 caches). The model runner calls ``prepare(meta)`` once per step (backend metadata goes into
 ``meta.attn``); every layer then calls ``forward``. One registry holds both kinds, keyed by
 (name, family): ``native`` has one of each. Capabilities are declared in
-``paddle_mla.backend_caps`` so configs are validated before anything is loaded.
+``paddle_mla.config.backends`` so configs are validated before anything is loaded.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from paddle_mla.backend_caps import BACKEND_CAPS, BackendCaps
+from paddle_mla.config.backends import BACKEND_CAPS, BackendCaps
 
 
 @dataclass
@@ -157,7 +157,7 @@ def register_backend(name: str):
 def create_backend(name: str, family: str = "mla", **kwargs: Any):
     """The ``family`` (mla | gqa) backend called ``name``, built with ``kwargs`` (its constructor's)."""
     if name == "auto":
-        from paddle_mla.backend_caps import GQA_MODEL_TYPES, resolve_backend
+        from paddle_mla.config.backends import GQA_MODEL_TYPES, resolve_backend
 
         any_gqa = GQA_MODEL_TYPES[0] if family == "gqa" else None    # auto depends only on the family here
         name = resolve_backend(name, "cpu" if kwargs.get("device") == "cpu" else "gpu", any_gqa)

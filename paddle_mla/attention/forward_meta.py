@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
@@ -78,7 +78,7 @@ class ForwardMeta:
         (``engine.staging.Uploader``; a throwaway one when None) carries the step's arrays and
         ``extra`` (device tensors in ``meta.extra``) in one copy."""
         if uploader is None:
-            from paddle_mla.engine.staging import Uploader
+            from paddle_mla.platform.staging import Uploader
 
             uploader = Uploader(device)
         num_new = batch.num_new.astype(np.int32, copy=False)

@@ -18,15 +18,25 @@ scheduler's ``SeqBlocks`` interface (seq_blocks.py) and gives the runner the hea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from paddle_mla.cache.block_pool import BlockPool, extend_chain
 from paddle_mla.cache.swa import HeadWiseSwa, swa_needed_blocks, usable_hit
 
-if TYPE_CHECKING:
-    from paddle_mla.engine.request import Sequence
+
+class SeqState(Protocol):
+    """What the pool reads and writes on a scheduled sequence (the scheduler's ``Sequence``)."""
+
+    block_ids: list[int]
+    block_keys: list
+    num_computed_tokens: int
+    num_registered_blocks: int
+    swa_block_ids: list
+    swa_dead_below: list
+
+    def token_ids(self) -> list[int]: ...
 
 
 class HeadWisePool:
@@ -68,11 +78,11 @@ class HeadWisePool:
     def _note_peak(self) -> None:
         self.peak_head_blocks = max(self.peak_head_blocks, self.head_blocks_used())
 
-    def rows(self, seq: Sequence) -> list[list[int]]:
+    def rows(self, seq: SeqState) -> list[list[int]]:
         """``seq``'s row for each pool, in ``self.pools`` order."""
         return ([seq.block_ids] if self.full else []) + seq.swa_block_ids
 
-    def num_logical_blocks(self, seq: Sequence) -> int:
+    def num_logical_blocks(self, seq: SeqState) -> int:
         return len(seq.block_ids) if self.full else len(seq.swa_block_ids[0]) if seq.swa_block_ids else 0
 
     # -- engine-wide numbers (what LLM reports for a BlockPool) -------------------------------------
@@ -104,11 +114,11 @@ class HeadWisePool:
         return all([p.reset_prefix_cache() for p in self.pools])
 
     # -- SeqBlocks ------------------------------------------------------------------------------
-    def can_hold(self, seq: Sequence, num_tokens: int) -> bool:
+    def can_hold(self, seq: SeqState, num_tokens: int) -> bool:
         need = self.blocks_for(num_tokens) - self.num_logical_blocks(seq)
         return need <= 0 or all(need <= p.num_free for p in self.pools)
 
-    def prompt_need(self, seq: Sequence, num_tokens: int, chunk: int) -> tuple[int, ...]:
+    def prompt_need(self, seq: SeqState, num_tokens: int, chunk: int) -> tuple[int, ...]:
         """Per pool (``self.pools`` order): blocks ``seq`` must still take before its first
         ``num_tokens`` tokens are computed. Full heads, and SWA heads without recycling, hold every
         logical block. A recycled SWA row computing a chunk of n <= ``chunk`` tokens at c holds
@@ -135,10 +145,10 @@ class HeadWisePool:
         row's window blocks can be registered or evicted anywhere), so never stale."""
         return self._changes + sum(p.version for p in self.pools)
 
-    def give_up(self, seq: Sequence, num_tokens: int) -> None:
+    def give_up(self, seq: SeqState, num_tokens: int) -> None:
         self.free(seq)
 
-    def hold(self, seq: Sequence, num_tokens: int) -> None:
+    def hold(self, seq: SeqState, num_tokens: int) -> None:
         need = self.blocks_for(num_tokens) - self.num_logical_blocks(seq)
         if need <= 0:
             return
@@ -151,7 +161,7 @@ class HeadWisePool:
             row.extend(pool.allocate(need))
         self._note_peak()
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: SeqState) -> None:
         for pool, row in zip(self.pools, self.rows(seq)):
             pool.release([b for b in row if b >= 0])
         seq.block_ids = []
@@ -159,7 +169,7 @@ class HeadWisePool:
         seq.num_registered_blocks = 0
         seq.swa_dead_below = 0
 
-    def match_prefix(self, seq: Sequence, token_ids: list[int]) -> int:
+    def match_prefix(self, seq: SeqState, token_ids: list[int]) -> int:
         """Full heads take the cached chain as BlockPool does; the hit then shrinks to the longest
         one for which every SWA head still holds its sink blocks and the window before it; SWA
         rows take only those blocks (-1 elsewhere). At least one token is left to compute."""
@@ -191,7 +201,7 @@ class HeadWisePool:
         self._note_peak()
         return k * bs
 
-    def after_step(self, seq: Sequence) -> None:
+    def after_step(self, seq: SeqState) -> None:
         """Register newly full blocks in every head (before recycling, so a recycled block stays
         findable until its pool reuses it), then recycle."""
         c = seq.num_computed_tokens
@@ -205,7 +215,7 @@ class HeadWisePool:
         if self.spec.recycle:
             self.recycle(seq)
 
-    def recycle(self, seq: Sequence) -> None:
+    def recycle(self, seq: SeqState) -> None:
         """Give back each SWA head's blocks that lie wholly outside [0, S) and wholly before the
         window of every query at a position >= num_computed_tokens. Those blocks hold only
         computed positions, so none is still being written."""
@@ -241,7 +251,7 @@ class HeadWisePool:
                 "lower max_tokens")
 
     # -- what the model runner uploads ---------------------------------------------------------------
-    def block_tables(self, seqs: list[Sequence], width: int) -> np.ndarray:
+    def block_tables(self, seqs: list[SeqState], width: int) -> np.ndarray:
         """int32 ``[len(seqs), num_kv_heads, width]``: each KV head's row of each sequence, with
         local block ids (global ids in the flat cache when ranges differ: ``bases``) and -1 for no
         block (the head-wise table of GQA_CONTRACT)."""

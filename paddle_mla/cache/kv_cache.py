@@ -4,7 +4,7 @@ the bytes a block holds differ (``kv_width``)."""
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
@@ -38,7 +38,7 @@ def auto_num_blocks(device_kind: str, per_block: int, max_num_seqs: int, max_mod
     """CPU: blocks that fit the fixed budget, never more than the engine could ever use. (On a GPU
     the cache is sized by a profile run: ``engine.memory_profile``.)"""
     if device_kind != "cpu":
-        raise ValueError("a GPU KV cache is sized by the profile run (paddle_mla.engine.memory_profile)")
+        raise ValueError("a GPU KV cache is sized by the profile run (paddle_mla.worker.memory_profile)")
     useful = usable_num_blocks(max_num_seqs, max_model_len, block_size)
     budget = CPU_AUTO_CACHE_BYTES
     fit = budget // per_block

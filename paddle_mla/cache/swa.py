@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from paddle_mla.config import ConfigError, swa_heads
+from paddle_mla.config.schema import ConfigError, swa_heads
 
 if TYPE_CHECKING:
-    from paddle_mla.config import EngineConfig
+    from paddle_mla.config.schema import EngineConfig
 
 
 @dataclass(frozen=True)

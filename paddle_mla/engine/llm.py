@@ -15,13 +15,13 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 from paddle_mla.cache.head_pool import make_block_pool
-from paddle_mla.config import EngineConfig, load_config
-from paddle_mla.engine.request import (CompletionOutput, EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
+from paddle_mla.config.schema import EngineConfig, load_config
+from paddle_mla.sched.request import (CompletionOutput, EngineStats, GenerationRequest, RequestMetrics, RequestOutput,
                                        SamplingParams, Sequence, Status)
-from paddle_mla.engine.input_state import PENDING, has_pending
-from paddle_mla.engine.scheduler import Scheduler, SchedulerOutput
+from paddle_mla.worker.input_state import PENDING, has_pending
+from paddle_mla.sched.scheduler import Scheduler, SchedulerOutput
 from paddle_mla.engine.stop_strings import StopStringMatcher
 
 
@@ -56,7 +56,7 @@ class LLM:
         if not isinstance(config, EngineConfig):
             config = load_config(config, overrides)
         runtime.select(config.runtime)
-        from paddle_mla.run_info import describe_run
+        from paddle_mla.engine.run_info import describe_run
 
         # auto device/backend resolved and the resolved backend checked before any weight loads
         # (ConfigError, ModelPathError, RuntimeError)
@@ -64,7 +64,7 @@ class LLM:
         self.config = config
         from paddle_mla.models import ensure_tiny_model
         from paddle_mla.parallel.launcher import build_runner
-        from paddle_mla.tokenizer import load_tokenizer
+        from paddle_mla.engine.tokenizer import load_tokenizer
 
         model_dir = str(ensure_tiny_model()) if config.model == "tiny" else config.model
         self.model_dir = model_dir

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from paddle_mla.config import EngineConfig, load_config
+from paddle_mla.config.schema import EngineConfig, load_config
 
 REQUEST_COLUMNS = ("id", "prompt", "prompt_token_ids", "messages")
 
@@ -110,17 +110,17 @@ class LLMPredictor:
         if cfg.parallel.data_parallel_size != 1:
             raise ValueError("under Ray Data, data parallelism is map_batches(concurrency=M): keep "
                              "parallel.data_parallel_size 1 in the actor's config")
-        from paddle_mla import runtime
+        from paddle_mla.platform import runtime
 
         runtime.select(None if cfg.runtime == "auto" else cfg.runtime)
         from paddle_mla.engine.llm import LLM
-        from paddle_mla.engine.request import GenerationRequest
+        from paddle_mla.sched.request import GenerationRequest
 
         self.llm = LLM(cfg)
         self._request_cls = GenerationRequest
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        from paddle_mla.batch_run import run_batch
+        from paddle_mla.batch.run import run_batch
 
         size = len(next(iter(batch.values()))) if batch else 0
         lines = [int(n) for n in batch["line"]] if "line" in batch else list(range(1, size + 1))

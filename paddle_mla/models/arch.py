@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paddle_mla.attention.backend import GQADims, MLADims
-from paddle_mla.backend_caps import GQA_MODEL_TYPES
+from paddle_mla.config.backends import GQA_MODEL_TYPES
 
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 SUPPORTED_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES

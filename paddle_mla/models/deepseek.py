@@ -4,7 +4,7 @@ Plain classes holding tensors; the semantics follow transformers' DeepseekV2/V3 
 (RMSNorm in fp32 then cast, router in fp32, logits in fp32).
 
 Tensor parallel (``tp``, a ``paddle_mla.parallel.group.TPGroup``): the loader gives each rank its
-shards (``paddle_mla.parallel.sharding``) and an ``arch`` with its share of the heads; here the
+shards (``paddle_mla.models.sharding``) and an ``arch`` with its share of the heads; here the
 row-parallel outputs (o_proj, each MLP / MoE block) are all-reduced once, the embedding is looked
 up vocab-parallel and the logits are gathered to the full vocabulary on every rank.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

@@ -5,7 +5,7 @@ published DeepSeek checkpoint of those dimensions holds (names, shapes, safetens
 and when the config has an FP8 ``quantization_config``, e4m3 linear weights of the layers with their
 ``_scale_inv`` block scales, as DeepSeek-V3 is published). ``DummyLoader`` is the streaming loader
 (``paddle_mla.models.loader``) reading that layout instead of files: the same plan, the same
-tensor-parallel shards (``paddle_mla.parallel.sharding``), the same FP8 keep / dequantize choices
+tensor-parallel shards (``paddle_mla.models.sharding``), the same FP8 keep / dequantize choices
 and expert stacking; only the one place where bytes come from a file (``_raw``) makes them on the
 device instead, already in the target dtype and already this rank's shard. No weights travel and
 nothing is written.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
 import torch
 import torch.nn.functional as F
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 from paddle_mla.attention.triton_mla._util import device_index, next_pow2, num_sms
 from paddle_mla.models.fp8_kernels import (
     FP8_MAX,

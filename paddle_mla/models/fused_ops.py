@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

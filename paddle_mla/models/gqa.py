@@ -7,7 +7,7 @@ code: RMSNorm in fp32 then cast, per-head q/k RMSNorm before rope (qwen3), rope 
 optional biases (ernie4_5 use_bias, llama attention_bias / mlp_bias), logits in fp32.
 
 Tensor parallel (``tp``): the loader gives each rank its KV heads and their q heads, its MLP / expert
-widths and vocabulary rows (``paddle_mla.parallel.sharding``) and an ``arch`` with its head counts;
+widths and vocabulary rows (``paddle_mla.models.sharding``) and an ``arch`` with its head counts;
 the per-head q/k norms need no collective; o_proj and each MLP / MoE block are all-reduced once,
 with their output biases added on rank 0 only; embedding and logits as in ``CausalLM``.
 """

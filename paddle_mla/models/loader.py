@@ -14,7 +14,7 @@ tensor as they arrive. FP8 block-scaled weights are kept as ``Fp8Weight`` (e4m3 
 scales) when ``keep_fp8`` or dequantized to the model dtype on the device.
 
 Tensor parallel (``tp_rank`` / ``tp_size``): each rank reads only its slice of the sharded tensors
-(``paddle_mla.parallel.sharding``): a row slice is read as just its bytes; a column slice is read
+(``paddle_mla.models.sharding``): a row slice is read as just its bytes; a column slice is read
 whole into the thread's reusable buffer and only the slice is kept. FP8 weights keep their block
 scales' matching slice (dequantized whole, then sliced, when a slice is not block-aligned).
 """
@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
@@ -43,7 +43,7 @@ from paddle_mla.models.deepseek import CausalLM
 from paddle_mla.models.fp8 import Fp8Weight, dequant_blocks, fp8_kernels_available
 from paddle_mla.models.gqa import GQACausalLM
 from paddle_mla.models.safetensors_io import RAW_VIEW_DTYPES, CheckpointReader
-from paddle_mla.parallel.sharding import Shard, checkpoint_shard, local_arch, scale_shard, split_range
+from paddle_mla.models.sharding import Shard, checkpoint_shard, local_arch, scale_shard, split_range
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")

@@ -19,14 +19,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
 import torch
 import torch.nn.functional as F
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 from paddle_mla.models.arch import ModelArch, MoESpec
 from paddle_mla.models.fp8 import Fp8Weight, per_token_group_quant
 from paddle_mla.models.fused_moe.reference import routed_moe_reference

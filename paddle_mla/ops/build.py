@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
 import torch  # the real torch on the torch runtime; used only there
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 from paddle_mla.ops import reference
 
 KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "append_attention_common.h",

@@ -6,7 +6,7 @@ output size comes from host-known arguments, so none of them syncs the device.
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

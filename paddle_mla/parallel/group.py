@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from paddle_mla.parallel.sharding import split_range, vocab_chunk  # noqa: E402
+from paddle_mla.models.sharding import split_range, vocab_chunk  # noqa: E402
 from paddle_mla.parallel.worker import Rendezvous  # noqa: E402
 
 # torch >= 2.13 names it all_gather_single; the GPU machine's torch 2.11 has only the old name

@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from multiprocessing import connection
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 from paddle_mla.parallel.worker import WorkerSpec, worker_main
 
 TORCH_ONLY = ("parallel.tensor_parallel_size > 1 runs on torch.distributed and is torch-only for now; "
@@ -44,7 +44,7 @@ class TensorParallelError(RuntimeError):
 def build_runner(config, model_dir: str, model=None):
     """The engine's ModelRunner: rank 0 of a tensor-parallel group when the config asks for one.
     ``model``: a prebuilt model (benchmarks with random weights; single rank only)."""
-    from paddle_mla.engine.model_runner import ModelRunner
+    from paddle_mla.worker.model_runner import ModelRunner
 
     if config.parallel.tensor_parallel_size == 1:
         return ModelRunner(config, model_dir, model=model)
@@ -85,7 +85,7 @@ class TPDriver:
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self):
-        from paddle_mla.engine.model_runner import ModelRunner
+        from paddle_mla.worker.model_runner import ModelRunner
         from paddle_mla.parallel.group import TPGroup, master_store
         from paddle_mla.parallel.worker import Rendezvous
 

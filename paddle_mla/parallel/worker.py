@@ -64,7 +64,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(spec.parent_pid,), daemon=True).start()
     try:
-        from paddle_mla import runtime
+        from paddle_mla.platform import runtime
 
         runtime.select("torch")
         import tqdm
@@ -72,7 +72,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         # tqdm's default lock is a multiprocessing semaphore that a killed worker would leak
         # (a resource_tracker warning after the real error); a worker draws no bars
         tqdm.tqdm.set_lock(threading.RLock())
-        from paddle_mla.engine.model_runner import ModelRunner
+        from paddle_mla.worker.model_runner import ModelRunner
         from paddle_mla.parallel.group import TPGroup
 
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before

@@ -25,13 +25,13 @@ allocated once per step, in the first layer.
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
 import torch
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 from paddle_mla.attention.backend import MLADims, register_backend
 from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots
 from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select

@@ -11,7 +11,7 @@ References: ``paddle_mla.attention.dsa.reference``.
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

@@ -11,13 +11,13 @@ reference below runs instead; ``reference.key_window_ref`` is the per-token loop
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
 import torch
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 
 _BLOCK = 256
 

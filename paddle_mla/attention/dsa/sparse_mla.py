@@ -12,7 +12,7 @@ allocation, no host sync, so a decode step can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

@@ -29,7 +29,7 @@ histograms are compute-bound: 40 chunk passes in one program per row); a sampled
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import sys
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
 import torch
 
-from paddle_mla import runtime
+from paddle_mla.platform import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.decode import (

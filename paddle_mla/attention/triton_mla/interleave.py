@@ -8,7 +8,7 @@ copy: bitwise equal to ``reference.read_cache_and_interleave_ref``.
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

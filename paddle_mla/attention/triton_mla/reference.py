@@ -4,7 +4,7 @@ blocks of the ``native`` backend. Output sizes come from host-known arguments.
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

@@ -12,7 +12,7 @@ Padding slots hold ``num_pairs`` (an invalid pair id the GEMMs mask out).
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

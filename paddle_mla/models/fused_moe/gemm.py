@@ -12,7 +12,7 @@ All row offsets are int64 (M * top_k * K passes 2^31 near 37k tokens at V3 sizes
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

@@ -7,7 +7,7 @@ fused kernels (``select_moe_impl``). Portable: runs under Paddle's torch proxy.
 
 from __future__ import annotations
 
-from paddle_mla import runtime as _runtime
+from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 

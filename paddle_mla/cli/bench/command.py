@@ -1,0 +1,106 @@
+"""The body of ``paddle-mla bench`` (the click command in cli.py parses options and calls ``run``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paddle_mla.cli.bench.runner import ConfigSpec
+from paddle_mla.config.schema import ConfigError, load_config
+
+
+class BenchUsageError(ValueError):
+    """Bad workload, configs that cannot share a process, missing matplotlib: exit 2."""
+
+
+@dataclass
+class BenchArgs:
+    config_paths: tuple[str, ...]
+    workload: str
+    repeats: int
+    warmup_requests: int
+    engines: str                   # auto | keep | rebuild
+    json_path: str | None
+    plot_path: str | None
+    overrides: tuple[str, ...]
+
+
+def load_specs(paths: tuple[str, ...], overrides: tuple[str, ...]) -> list[ConfigSpec]:
+    """One spec per config (named by file stem); raise ConfigError listing the errors of all."""
+    specs: list[ConfigSpec] = []
+    errors: list[str] = []
+    for path in paths or (None,):
+        try:
+            cfg = load_config(path, overrides)
+        except ConfigError as exc:
+            errors.extend(exc.errors)
+            continue
+        stem = Path(path).stem if path else "default"
+        same = sum(1 for s in specs if s.name.split("#")[0] == stem)
+        specs.append(ConfigSpec(f"{stem}#{same + 1}" if same else stem, path, cfg))
+    if errors:
+        raise ConfigError(errors)
+    first = specs[0].config
+    for spec in specs[1:]:
+        if (spec.config.runtime, spec.config.device) != (first.runtime, first.device):
+            raise BenchUsageError(f"all configs must share runtime and device (they run in one process): "
+                                  f"{specs[0].name} has {first.runtime}/{first.device}, {spec.name} has "
+                                  f"{spec.config.runtime}/{spec.config.device}")
+    return specs
+
+
+def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callable[[Any], Any],
+        echo: Callable[[str], None], out: Callable[[str], None]) -> None:
+    from paddle_mla.cli.bench.report import bench_document, check_matplotlib, markdown_table, write_json, write_plot
+    from paddle_mla.cli.bench.runner import run_bench
+    from paddle_mla.cli.bench.workloads import WorkloadError, parse_workload
+
+    from paddle_mla.cli.paths import output_file_problem
+    from paddle_mla.engine.run_info import ModelPathError, describe_run, model_problem
+
+    try:
+        workload = parse_workload(args.workload)
+    except WorkloadError as exc:
+        raise BenchUsageError(str(exc)) from None
+    problems = [output_file_problem(p, opt) for p, opt in ((args.json_path, "--json"), (args.plot_path, "--plot")) if p]
+    if args.json_path and args.plot_path and Path(args.json_path).resolve() == Path(args.plot_path).resolve():
+        problems.append("--json and --plot name the same file")
+    if args.plot_path:
+        try:
+            check_matplotlib()
+        except ImportError as exc:
+            problems.append(str(exc))
+    specs = load_specs(args.config_paths, args.overrides)
+    problems += [f"config {s.name}: {p}" for s in specs for p in [model_problem(s.config.model)] if p]
+    problems = [p for p in problems if p]
+    if problems:
+        raise BenchUsageError("; ".join(problems))
+    rt = select_runtime(specs[0].config)
+    try:
+        infos = [describe_run(spec.config)[0] for spec in specs]
+    except (ModelPathError, RuntimeError) as exc:
+        raise BenchUsageError(str(exc)) from None
+    for spec, info in zip(specs, infos):      # the first line says what runs (the baseline)
+        echo(info.line() + (f" [config {spec.name}]" if len(specs) > 1 else ""))
+    device = infos[0].device
+    keep = args.engines == "keep" or (args.engines == "auto" and device == "cpu")
+    from paddle_mla.sched.request import GenerationRequest, SamplingParams
+
+    echo(f"bench: {len(specs)} configs x {args.repeats} repeats, workload {workload.describe()}, "
+         f"runtime {rt}, device {device}, engines {'keep' if keep else 'rebuild'}")
+    try:
+        results = run_bench(specs, workload, args.repeats, args.warmup_requests, keep, build_llm, GenerationRequest,
+                            SamplingParams, log=echo)
+    except WorkloadError as exc:
+        raise BenchUsageError(str(exc)) from None
+    out(markdown_table(results))
+    doc = bench_document(results, workload, repeats=args.repeats, warmup_requests=args.warmup_requests,
+                         engines="keep" if keep else "rebuild", runs=[info.to_dict() for info in infos])
+    if args.json_path:
+        write_json(doc, args.json_path)
+        echo(f"wrote {args.json_path}")
+    if args.plot_path:
+        write_plot(results, f"{workload.describe()} | {rt} {device} | {args.repeats} repeats", args.plot_path)
+        echo(f"wrote {args.plot_path}")

@@ -1,0 +1,1 @@
+"""Typed configuration: the schema (YAML, `--set`, validation) and the backend capability table."""

@@ -1,0 +1,1 @@
+"""Runtime selection (Paddle's torch proxy or PyTorch) and device plumbing; imports nothing above it."""

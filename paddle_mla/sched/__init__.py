@@ -1,0 +1,1 @@
+"""The scheduler and the request state it owns: plain host logic, no tensors."""

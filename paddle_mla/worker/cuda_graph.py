@@ -1,0 +1,95 @@
+"""Decode steps replayed as CUDA graphs.
+
+Graphs are captured at start-up for batch sizes 1, 2, 4, 8, 16, ... up to ``max_num_seqs``, over
+static metadata buffers. A decode step of ``bs`` requests copies its freshly built metadata into
+the first ``bs`` rows, pads to the next captured size (padded rows: length 0 and slot -1, so they
+write nothing and attend to nothing), replays, and reads the first ``bs`` rows of the logits.
+``backend.prepare`` is part of the graph, so the split plan is rebuilt on the GPU at each replay.
+"""
+
+from __future__ import annotations
+
+import bisect
+import numpy as np
+
+from paddle_mla.platform import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
+import torch  # noqa: E402
+
+from paddle_mla.attention.forward_meta import ForwardMeta  # noqa: E402
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    sizes, n = [], 1
+    while n < max_num_seqs:
+        sizes.append(n)
+        n *= 2
+    sizes.append(max_num_seqs)
+    return sizes
+
+
+class DecodeGraphs:
+    def __init__(self, model, backend, kv_caches, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
+                 device: str, num_table_heads: int = 0):
+        """``num_table_heads`` > 0: head-wise block tables [bs, heads, max_blocks] (head-wise SWA)."""
+        self.sizes = capture_sizes(max_num_seqs)
+        n, i32, i64 = max_num_seqs, torch.int32, torch.int64
+        self.input_ids = torch.zeros(n, dtype=i64, device=device)
+        self.positions = torch.zeros(n, dtype=i64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=i64, device=device)
+        heads = (num_table_heads,) if num_table_heads else ()
+        self.block_tables = torch.zeros(n, *heads, max_blocks_per_seq, dtype=i32, device=device)
+        self.seq_lens_k = torch.zeros(n, dtype=i32, device=device)
+        self.cu_seqlens = torch.arange(n + 1, dtype=i32, device=device)
+        self.batch_ids = torch.arange(n, dtype=i32, device=device)
+        self.rows = torch.arange(n, dtype=i64, device=device)
+        self.graphs: dict[int, _runtime.CudaGraph] = {}
+        self.logits: dict[int, object] = {}
+        pool = None
+        for bs in reversed(self.sizes):       # largest first, so smaller graphs reuse its memory pool
+            meta = self._static_meta(bs, block_size)
+            graph = _runtime.CudaGraph(pool)
+
+            def step(meta=meta):
+                backend.prepare(meta)
+                hidden = model.forward(meta, kv_caches)
+                return model.compute_logits(hidden)
+
+            self.logits[bs] = graph.capture(step)
+            self.graphs[bs] = graph
+            pool = pool or graph.pool_handle()
+
+    def _static_meta(self, bs: int, block_size: int) -> ForwardMeta:
+        ones = np.ones(bs, dtype=np.int32)
+        return ForwardMeta(
+            num_reqs=bs, num_tokens=bs, block_size=block_size, seq_lens_q=ones, num_cached=ones, seq_lens_k=ones * 2,
+            max_seqlen_q=1, max_seqlen_k=2, is_decode_only=True, sample_mask=ones.astype(bool),
+            input_ids=self.input_ids[:bs], positions=self.positions[:bs], cu_seqlens_q=self.cu_seqlens[:bs + 1],
+            cu_seqlens_k=self.cu_seqlens[:bs + 1], batch_id_per_token=self.batch_ids[:bs],
+            slot_mapping=self.slot_mapping[:bs], block_tables=self.block_tables[:bs],
+            seq_lens_k_dev=self.seq_lens_k[:bs], logits_indices=self.rows[:bs],
+        )
+
+    def can_run(self, meta: ForwardMeta) -> bool:
+        return meta.is_decode_only and meta.num_reqs <= self.sizes[-1]
+
+    def run(self, meta: ForwardMeta):
+        """Logits [bs, vocab] of a decode step (a view into the graph's output; read it before the next run)."""
+        bs = meta.num_reqs
+        gbs = self.sizes[bisect.bisect_left(self.sizes, bs)]
+        width = meta.block_tables.shape[-1]
+        self.input_ids[:bs].copy_(meta.input_ids)
+        self.positions[:bs].copy_(meta.positions)
+        self.slot_mapping[:bs].copy_(meta.slot_mapping)
+        self.block_tables[:bs, ..., :width].copy_(meta.block_tables)
+        self.seq_lens_k[:bs].copy_(meta.seq_lens_k_dev)
+        if gbs > bs:
+            self.slot_mapping[bs:gbs].fill_(-1)
+            self.seq_lens_k[bs:gbs].fill_(0)
+            self.input_ids[bs:gbs].fill_(0)
+            self.positions[bs:gbs].fill_(0)
+        self.graphs[gbs].replay()
+        return self.logits[gbs][:bs]
+

@@ -1,0 +1,136 @@
+"""Fail before work, never after (issue 8, item 4): bad output / summary / JSON / plot paths, an
+existing --output, and bad model paths are refused with one line, exit 2, before any model loads."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers.cli_harness import ROOT, invoke
+
+from paddle_mla.cli import app as cli
+
+LINE = b'{"id": 1, "prompt": "Hello"}\n'
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if a command gets as far as loading a model."""
+    calls = []
+    monkeypatch.setattr(cli, "build_llm", lambda cfg: calls.append(cfg) or pytest.fail("the model was loaded"))
+    return calls
+
+
+def _one_error_line(res, *needles):
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    errors = [line for line in res.stderr.splitlines() if line.lower().startswith("error:")]   # ours or click's
+    assert len(errors) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["-o", "{d}/nodir/out.jsonl"], ["--output", "does not exist"]),
+    (["-o", "{d}"], ["--output", "is a directory"]),
+    (["-o", "{d}/out.jsonl", "--summary", "{d}/nodir/s.json"], ["--summary", "does not exist"]),
+    (["-o", "{d}/out.jsonl", "--summary", "{d}/out.jsonl"], ["--summary must not be the --output file"]),
+    (["-o", "{d}/out.jsonl", "--resume", "--overwrite"], ["exclude each other"]),
+])
+def test_generate_bad_paths_fail_before_the_model_loads(tmp_path, no_model_load, args, needles):
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(LINE)
+    res = invoke(["generate", "-i", str(inp), *[a.format(d=tmp_path) for a in args]])
+    _one_error_line(res, *needles)
+    assert not no_model_load
+
+
+def test_unwritable_folder_is_refused(tmp_path, no_model_load):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        _one_error_line(invoke(["generate", "-o", str(locked / "o.jsonl")], input=LINE), "not writable")
+    finally:
+        locked.chmod(0o700)
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--json", "{d}/nodir/b.json"], ["--json", "does not exist"]),
+    (["--plot", "{d}/nodir/b.png"], ["--plot"]),
+    (["--set", "model={d}/missing"], ["does not exist", "never downloads"]),
+])
+def test_bench_bad_paths_fail_before_any_engine_runs(tmp_path, no_model_load, args, needles):
+    res = invoke(["bench", "--workload", "random:num_prompts=2,input_len=8,output_len=2", "--repeats", "1",
+                  *[a.format(d=tmp_path) for a in args]])
+    _one_error_line(res, *needles)
+
+
+def test_existing_output_needs_resume_or_overwrite(tmp_path, monkeypatch):
+    from helpers.cli_harness import read_jsonl
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(LINE)
+    out = tmp_path / "out.jsonl"
+    finished = [json.dumps({"id": i, "text": "x", "finish_reason": "stop"}) for i in range(200)]
+    out.write_text("\n".join(finished) + "\n")
+    before = out.read_bytes()
+    monkeypatch.setattr(cli, "build_llm", lambda cfg: pytest.fail("the model was loaded"))
+    _one_error_line(invoke(["generate", "-i", str(inp), "-o", str(out)]), "already exists", "--resume", "--overwrite")
+    assert out.read_bytes() == before                       # the finished results are intact
+    res = invoke(["generate", "-i", str(inp), "-o", str(out), "--overwrite", "--no-progress"], "fake", monkeypatch)
+    assert res.exit_code == 0, res.stderr
+    assert [r["id"] for r in read_jsonl(out)] == [1]
+    out.write_text("")                                       # an empty file holds nothing to lose
+    assert invoke(["generate", "-i", str(inp), "-o", str(out), "--no-progress"], "fake", monkeypatch).exit_code == 0
+
+
+@pytest.fixture
+def model_paths(tmp_path):
+    empty = tmp_path / "no_config"
+    empty.mkdir()
+    (tmp_path / "a_file").write_text("x")
+    return {
+        "missing": (str(tmp_path / "missing"), ["model path", "does not exist", "never downloads",
+                                                "local checkpoint folder"]),
+        "hub": ("deepseek-ai/DeepSeek-V2-Lite", ["looks like a Hugging Face hub id", "never downloads",
+                                                 "--local-dir"]),
+        "no_config": (str(empty), ["has no config.json"]),
+        "file": (str(tmp_path / "a_file"), ["is a file"]),
+    }
+
+
+@pytest.mark.parametrize("kind", ["missing", "hub", "no_config", "file"])
+def test_bad_model_paths_each_get_their_own_message(model_paths, no_model_load, kind):
+    path, needles = model_paths[kind]
+    messages = {_one_error_line(invoke(["generate", "--model", path], input=LINE), *needles),
+                _one_error_line(invoke(["generate", "--set", f"model={path}"], input=LINE), *needles)}
+    assert len(messages) == 1
+    res = invoke(["validate", str(ROOT / "configs/tiny.yaml"), "--set", f"model={path}"])
+    assert res.exit_code == 2 and all(n in res.stderr for n in needles), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_the_messages_differ(model_paths):
+    from paddle_mla.engine.run_info import model_problem
+
+    texts = [model_problem(p) for p, _ in model_paths.values()]
+    assert len(set(texts)) == len(texts) and model_problem("tiny") is None
+    assert "tokenizer.json" not in " ".join(texts)
+
+
+def test_no_traceback_reaches_the_user_in_a_real_process(tmp_path):
+    """The installed entry point (python -m paddle_mla): one line on stderr, exit 2."""
+    for args in (["generate", "-o", str(tmp_path / "nodir" / "o.jsonl")],
+                 ["generate", "--model", "deepseek-ai/DeepSeek-V2-Lite"],
+                 ["bench", "--workload", "random:num_prompts=1", "--json", str(tmp_path / "nodir" / "b.json")]):
+        proc = subprocess.run([sys.executable, "-m", "paddle_mla", *args], input=LINE, capture_output=True,
+                              cwd=ROOT, timeout=120)
+        err = proc.stderr.decode()
+        assert proc.returncode == 2, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err

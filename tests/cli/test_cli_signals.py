@@ -1,0 +1,121 @@
+"""SIGINT (issue 8, item 9): during start-up and during the run, `generate` exits 130 with the
+documented message (not click's "Aborted!" and exit 1), and --summary is still written."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers.cli_harness import REAL_ENGINE, ROOT, read_jsonl
+
+from paddle_mla.platform import runtime
+from paddle_mla.cli.generate_command import INTERRUPTED
+
+TESTS = ROOT / "tests"
+needs_real = pytest.mark.skipif(not REAL_ENGINE, reason="needs the real engine")
+
+
+def _env(**extra):
+    # PYTHONPATH: this checkout's paddle_mla, whatever an editable install points at
+    return dict(os.environ, PADDLE_MLA_RUNTIME=runtime.name(), PYTHONPATH=str(ROOT), **extra)
+
+
+def _default_sigint() -> None:
+    # A test run launched in the background (`cmd &` in a script) inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler: give the CLI the default a terminal would.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _wait_for(predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _stderr_reader(proc):
+    """Collects stderr lines in a thread (so the pipe never fills); returns the list."""
+    import threading
+
+    lines = []
+
+    def pump():
+        for raw in proc.stderr:
+            lines.append(raw.decode(errors="replace"))
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _check_interrupted(proc, lines):
+    proc.wait(timeout=120)
+    time.sleep(0.1)
+    err = "".join(lines)
+    assert proc.returncode == 130, err[-3000:]
+    assert INTERRUPTED in err and "Aborted!" not in err and "Traceback" not in err, err[-3000:]
+    return err
+
+
+def _input(path, n):
+    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"Request {i}: tell me a long story",
+                                        "max_tokens": 24, "ignore_eos": True}) + "\n" for i in range(n)))
+
+
+def test_sigint_while_the_model_loads_exits_130(tmp_path):
+    """The fake engine stands in for a slow model load (30 s) so the signal surely lands inside it."""
+    inp = tmp_path / "in.jsonl"
+    _input(inp, 2)
+    summary = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, str(TESTS / "fake_llm.py"), "generate", "-i", str(inp), "-o",
+                             str(tmp_path / "o.jsonl"), "--summary", str(summary), "--no-progress"],
+                            env=_env(FAKE_LLM_LOAD_DELAY_S="30"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
+    lines = _stderr_reader(proc)
+    assert _wait_for(lambda: any(x.startswith("paddle-mla: runtime") for x in lines)), "".join(lines)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _check_interrupted(proc, lines)
+    assert not summary.exists()           # nothing ran, so there is no run to summarise
+
+
+@needs_real
+def test_sigint_during_start_up_of_the_real_cli_exits_130(tmp_path):
+    """SIGINT as soon as the CLI has said what runs: the real model load (or the stdin read that
+    follows it) is interrupted."""
+    proc = subprocess.Popen([sys.executable, "-m", "paddle_mla", "generate", "--no-progress"], env=_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+                            preexec_fn=_default_sigint)
+    lines = _stderr_reader(proc)
+    assert _wait_for(lambda: any(x.startswith("paddle-mla: runtime") for x in lines)), "".join(lines)
+    proc.send_signal(signal.SIGINT)
+    _check_interrupted(proc, lines)
+    proc.stdin.close()
+
+
+@needs_real
+def test_sigint_during_the_run_writes_the_summary_and_resume_finishes(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    n = 12
+    _input(inp, n)
+    out, summary = tmp_path / "out.jsonl", tmp_path / "s.json"
+    args = [sys.executable, "-m", "paddle_mla", "generate", "-i", str(inp), "-o", str(out), "--summary",
+            str(summary), "--no-progress", "--set", "scheduler.max_num_seqs=2"]
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+                            preexec_fn=_default_sigint)
+    lines = _stderr_reader(proc)
+    assert _wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 2), "".join(lines)
+    proc.send_signal(signal.SIGINT)
+    _check_interrupted(proc, lines)
+    s = json.loads(summary.read_text())
+    written = read_jsonl(out)
+    assert s["interrupted"] is True and 2 <= s["ok"] == len(written) < n and s["errors"] == 0
+    assert s["completion_tokens"] == 24 * len(written) and s["runtime"] == runtime.name()
+    done = subprocess.run([*args, "--resume"], env=_env(), capture_output=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert [r["id"] for r in read_jsonl(out)] == [f"r{i}" for i in range(n)]
+    assert json.loads(summary.read_text())["interrupted"] is False

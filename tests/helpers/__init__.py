@@ -1,0 +1,1 @@
+"""Shared test helpers: fakes, harnesses and case generators (no tests here)."""
