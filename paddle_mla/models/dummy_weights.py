@@ -1,7 +1,8 @@
 """``load_format: dummy``: random weights built on each rank's device, for benchmarks (vLLM's name).
 
 The only input is the model folder's ``config.json``. ``checkpoint_layout`` lists the tensors a
-published DeepSeek checkpoint of those dimensions holds (names, shapes, safetensors dtypes: bf16,
+published checkpoint of those dimensions holds (DeepSeek, or one of the GQA families: qwen3, llama,
+ernie4_5 and their MoE) (names, shapes, safetensors dtypes: bf16,
 and when the config has an FP8 ``quantization_config``, e4m3 linear weights of the layers with their
 ``_scale_inv`` block scales, as DeepSeek-V3 is published). ``DummyLoader`` is the streaming loader
 (``paddle_mla.models.loader``) reading that layout instead of files: the same plan, the same
@@ -16,7 +17,7 @@ the experts (routing is not degenerate); FP8 weights are N(0, 1) in e4m3 with bl
 std (the same spread after dequantization); norms are ones; biases zeros. Every tensor is seeded
 from its name, so replicated tensors are the same on every rank. Values are not those of any
 checkpoint, and a TP=2 engine's weights are not slices of a TP=1 engine's: outputs are noise. For
-benchmarks only. DeepSeek families (``deepseek_v2``/``v3``/``v32``) only.
+benchmarks only.
 """
 
 from __future__ import annotations
@@ -40,8 +41,59 @@ _ZEROS = (".bias", "e_score_correction_bias")
 
 def checkpoint_layout(arch: ModelArch) -> dict[str, tuple[list[int], str]]:
     """{name: (shape, safetensors dtype)} of a published checkpoint with ``arch``'s dimensions."""
-    if arch.family != "mla":
-        raise ValueError(f"load_format: dummy builds the DeepSeek (MLA) families; {arch.model_type} is not built")
+    out = _gqa_layout(arch) if arch.family == "gqa" else _mla_layout(arch)
+    if arch.fp8_block_size:
+        _as_fp8(out, tuple(arch.fp8_block_size))
+    return out
+
+
+def _mlp(out: dict, p: str, h: int, inter: int, bias: bool = False) -> None:
+    for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
+        out[f"{p}{name}.weight"] = (list(shape), "BF16")
+        if bias:
+            out[f"{p}{name}.bias"] = ([shape[0]], "BF16")
+
+
+def _gqa_layout(arch: ModelArch) -> dict[str, tuple[list[int], str]]:
+    """The transformers layout of qwen3 / llama / ernie4_5 and their MoE: q/k/v/o projections with
+    the bias flags each family's config names, qwen3's per-head q/k norms, and (MoE) a router, the
+    experts, ernie4_5_moe's shared experts and its correction bias ``moe_statics`` [1, E]."""
+    g, h, V, raw, m = arch.gqa, arch.hidden_size, arch.vocab_size, arch.raw, arch.moe
+    attn_bias = bool(raw.get("attention_bias") or raw.get("use_bias"))
+    mlp_bias = bool(raw.get("mlp_bias") or raw.get("use_bias"))
+    out: dict[str, tuple[list[int], str]] = {"model.embed_tokens.weight": ([V, h], "BF16")}
+    for i in range(arch.num_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        out[p + "input_layernorm.weight"] = ([h], "BF16")
+        out[p + "post_attention_layernorm.weight"] = ([h], "BF16")
+        for proj, rows in (("q", g.num_heads), ("k", g.num_kv_heads), ("v", g.num_kv_heads)):
+            out[f"{a}{proj}_proj.weight"] = ([rows * g.head_dim, h], "BF16")
+            if attn_bias:
+                out[f"{a}{proj}_proj.bias"] = ([rows * g.head_dim], "BF16")
+        out[a + "o_proj.weight"] = ([h, g.num_heads * g.head_dim], "BF16")
+        if attn_bias:
+            out[a + "o_proj.bias"] = ([h], "BF16")
+        if arch.model_type in ("qwen3", "qwen3_moe"):
+            out[a + "q_norm.weight"] = ([g.head_dim], "BF16")
+            out[a + "k_norm.weight"] = ([g.head_dim], "BF16")
+        if m is not None and m.is_moe_layer(i):
+            inter = int(raw["moe_intermediate_size"])
+            out[p + "mlp.gate.weight"] = ([m.n_routed_experts, h], "BF16")
+            for e in range(m.n_routed_experts):
+                _mlp(out, f"{p}mlp.experts.{e}.", h, inter)
+            if m.n_shared_experts:
+                _mlp(out, p + "mlp.shared_experts.", h, inter * m.n_shared_experts)
+            if arch.model_type == "ernie4_5_moe":
+                out[p + "mlp.moe_statics.e_score_correction_bias"] = ([1, m.n_routed_experts], "F32")
+        else:
+            _mlp(out, p + "mlp.", h, int(raw["intermediate_size"]), mlp_bias)
+    out["model.norm.weight"] = ([h], "BF16")
+    if not arch.tie_word_embeddings:
+        out["lm_head.weight"] = ([V, h], "BF16")
+    return out
+
+
+def _mla_layout(arch: ModelArch) -> dict[str, tuple[list[int], str]]:
     d, h, V = arch.mla, arch.hidden_size, arch.vocab_size
     nope, rope, v, kvl, heads = d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank, d.num_heads
     out: dict[str, tuple[list[int], str]] = {"model.embed_tokens.weight": ([V, h], "BF16")}
@@ -50,9 +102,7 @@ def checkpoint_layout(arch: ModelArch) -> dict[str, tuple[list[int], str]]:
         out[name] = (list(shape), "BF16")
 
     def mlp(p: str, inter: int) -> None:
-        add(p + "gate_proj.weight", inter, h)
-        add(p + "up_proj.weight", inter, h)
-        add(p + "down_proj.weight", h, inter)
+        _mlp(out, p, h, inter)
 
     for i in range(arch.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
@@ -90,8 +140,6 @@ def checkpoint_layout(arch: ModelArch) -> dict[str, tuple[list[int], str]]:
     add("model.norm.weight", h)
     if not arch.tie_word_embeddings:
         add("lm_head.weight", V, h)
-    if arch.fp8_block_size:
-        _as_fp8(out, tuple(arch.fp8_block_size))
     return out
 
 

@@ -50,9 +50,9 @@ def _describe(t):
     return ("dense", tuple(t.shape), str(t.dtype))
 
 
-def _same_as_loader(path, **kwargs):
+def _same_as_loader(path, splits=SPLITS, **kwargs):
     arch = load_arch(path)
-    for rank, size in SPLITS:
+    for rank, size in splits:
         real = load_weights(path, arch, torch.float32, "cpu", tp_rank=rank, tp_size=size, **kwargs)
         fake = dummy_weights(arch, torch.float32, "cpu", tp_rank=rank, tp_size=size, **kwargs)
         assert sorted(fake) == sorted(real)
