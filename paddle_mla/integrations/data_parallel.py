@@ -21,6 +21,8 @@ there.
   engine thread never waits on a pipe (one message per request or output cost a single-GPU replica
   0.88x the in-process engine: 290 ms to its first token and about 20 ms per finishing wave at 2048
   requests, BENCHMARKS.md section 14).
+- Start-up: replica 0 loads and warms up first; the others start once it is ready and reuse what it
+  compiled from the shared on-disk kernel caches.
 - Failure: a replica that dies (or raises) ends the run with ``DataParallelError`` naming it; the
   outputs written so far are intact and ``generate --resume`` completes the file.
 
@@ -234,10 +236,17 @@ class DataParallelLLM:
         ctx = mp.get_context("spawn")
         self._closing = False
         self._broken = False                   # a stream was left midway: replicas hold stale work
-        self.replicas = [_Replica(ctx, ReplicaSpec(i, config, env)) for i, env in enumerate(envs)]
+        self.replicas = []
         atexit.register(self.close)
         try:
-            ready = [self._wait_ready(r) for r in self.replicas]
+            # Replica 0 starts alone and the others once it is ready: they then find every kernel it
+            # compiled in the shared on-disk caches (Triton's, the custom ops') instead of compiling
+            # the same kernels at once, which made a cold two-replica start take minutes of contended
+            # compilation where one replica takes seconds. A load error also surfaces before M loads.
+            self.replicas.append(_Replica(ctx, ReplicaSpec(0, config, envs[0])))
+            ready = [self._wait_ready(self.replicas[0])]
+            self.replicas += [_Replica(ctx, ReplicaSpec(i, config, env)) for i, env in enumerate(envs) if i]
+            ready += [self._wait_ready(r) for r in self.replicas[1:]]
         except BaseException:
             self.close()
             raise

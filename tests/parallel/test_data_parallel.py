@@ -149,3 +149,37 @@ def test_dead_replica_then_killed_parent_then_resume(tmp_path):
     done = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, timeout=180, check=False)
     assert done.returncode == 3, done.stderr.decode()[-3000:]
     assert read_jsonl(out) == want
+
+
+def test_replicas_after_the_first_start_once_it_is_ready(monkeypatch):
+    """Replica 0 warms the shared kernel caches alone; the others start only after it reported ready,
+    and a replica 0 that fails to load starts no other."""
+    from paddle_mla.integrations import data_parallel as dp
+
+    events = []
+
+    class FakeReplica:
+        def __init__(self, ctx, spec):
+            self.index = spec.index
+            events.append(f"start{spec.index}")
+
+    def ready(self, r):
+        events.append(f"ready{r.index}")
+        if fail_first and r.index == 0:
+            raise RuntimeError("load failed")
+        return ({}, 64, None, 4, "model")
+
+    monkeypatch.setattr(dp, "_Replica", FakeReplica)
+    monkeypatch.setattr(dp.DataParallelLLM, "_wait_ready", ready)
+    monkeypatch.setattr(dp.DataParallelLLM, "close", lambda self: events.append("close"))
+    monkeypatch.setattr(dp.DataParallelLLM, "reset_stats", lambda self: None)
+    monkeypatch.setattr("paddle_mla.engine.tokenizer.load_tokenizer", lambda path: None)
+    cfg = load_config(None, ("parallel.data_parallel_size=3", "device=cpu"))
+    fail_first = False
+    dp.DataParallelLLM(cfg)
+    assert events[:4] == ["start0", "ready0", "start1", "start2"] and events[4:] == ["ready1", "ready2"]
+    events.clear()
+    fail_first = True
+    with pytest.raises(RuntimeError, match="load failed"):
+        dp.DataParallelLLM(cfg)
+    assert events == ["start0", "ready0", "close"]
