@@ -1,7 +1,7 @@
 // append_attention: arguments and per-element helpers shared by the CPU loops
 // (append_attention_cpu.h) and the CUDA kernels (append_attention_kernels.cu). No framework headers.
 //
-// Semantics (docs: /work/wt/_notes/GQA_CONTRACT.md, paddle_mla/attention/gqa_reference.py):
+// Semantics (docs/append_attention.md, paddle_mla/attention/gqa_reference.py):
 //   (1) RoPE on q and k at `positions` (neox halves or interleaved pairs, over the first rot_dim dims);
 //   (2) roped k and v go into the head-major paged caches [Hkv, num_blocks, block_size, D] at
 //       (table[b, (g,) p / block_size], p % block_size); a block id of -1 is never dereferenced.

@@ -1,6 +1,6 @@
 // Per-step metadata ops, CPU kernels: plain loops over raw arrays, no framework headers.
 //
-// Semantics are those of paddle_mla/ops/reference.py (the oracle); fastdeploy-notes sections 2-3.
+// Semantics are those of paddle_mla/ops/reference.py (the oracle).
 // Inputs have fixed dtypes (the bindings cast): sequence lengths, block tables and batch ids are
 // int32, positions int64. Every output element is written, so outputs may be uninitialised.
 #pragma once

@@ -96,7 +96,7 @@ class LayerRope:
 
 
 class GQABackend(ABC):
-    """Contract for GQA backends (``_notes/GQA_CONTRACT.md``; ``attention/gqa_reference.py`` is its
+    """Contract for GQA backends (docs/append_attention.md; ``attention/gqa_reference.py`` is its
     plain-tensor definition).
 
     ``forward`` receives, for the T new tokens of the step, q [T, Hq, D], k and v [T, Hkv, D] with

@@ -1,4 +1,4 @@
-"""Per-step metadata, built ONCE per step by the model runner (ARCHITECTURE section 4).
+"""Per-step metadata, built ONCE per step by the model runner (docs/architecture.md, "One step, end to end").
 
 Host-side lengths come from the scheduler (numpy); device tensors are computed by the metadata
 custom ops (``paddle_mla.ops.metadata``) from small uploaded arrays. The arrays go up through an

@@ -1,6 +1,6 @@
 """Plain-tensor reference of the ``append_attention`` op (GQA over a head-major paged K/V cache).
 
-The one definition of the op's semantics (``_notes/GQA_CONTRACT.md``, ARCHITECTURE section 5); the
+The one definition of the op's semantics (docs/append_attention.md); the
 ``native`` GQA backend runs it, and the C++/CUDA op is tested against it. Readable before fast:
 
 1. RoPE on q and k at ``positions`` from the model's ``cos_sin`` table (neox halves or interleaved

@@ -254,7 +254,7 @@ class HeadWisePool:
     def block_tables(self, seqs: list[SeqState], width: int) -> np.ndarray:
         """int32 ``[len(seqs), num_kv_heads, width]``: each KV head's row of each sequence, with
         local block ids (global ids in the flat cache when ranges differ: ``bases``) and -1 for no
-        block (the head-wise table of GQA_CONTRACT)."""
+        block (the head-wise table of docs/append_attention.md)."""
         spec = self.spec
         out = np.full((len(seqs), spec.num_kv_heads, width), -1, dtype=np.int32)
         for b, seq in enumerate(seqs):

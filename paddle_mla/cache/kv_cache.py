@@ -49,13 +49,13 @@ def auto_num_blocks(device_kind: str, per_block: int, max_num_seqs: int, max_mod
 
 
 def allocate_latent_caches(num_layers: int, num_blocks: int, block_size: int, latent_dim: int, dtype, device: str):
-    """[num_blocks, block_size, 1, latent_dim] per layer (ARCHITECTURE section 5)."""
+    """[num_blocks, block_size, 1, latent_dim] per layer (docs/architecture.md, "cache")."""
     return [torch.zeros(num_blocks, block_size, 1, latent_dim, dtype=dtype, device=device) for _ in range(num_layers)]
 
 
 def allocate_gqa_caches(num_layers: int, num_kv_heads: int, num_blocks: int, block_size: int, head_dim: int,
                         dtype, device: str):
-    """(K, V) per layer, each [num_kv_heads, num_blocks, block_size, head_dim] (ARCHITECTURE section 5):
+    """(K, V) per layer, each [num_kv_heads, num_blocks, block_size, head_dim] (docs/architecture.md, "cache"):
     head-major, so a KV head's blocks are its own (head-wise block tables index them)."""
     shape = (num_kv_heads, num_blocks, block_size, head_dim)
     return [(torch.zeros(*shape, dtype=dtype, device=device), torch.zeros(*shape, dtype=dtype, device=device))

@@ -56,7 +56,7 @@ class HeadWiseSwa:
         return max(0, num_computed - self.window + 1) // block_size
 
     def backend_kwargs(self) -> dict[str, int]:
-        """What the attention op takes (GQA_CONTRACT: num_swa_heads, window, sink; swa_mask)."""
+        """What the attention op takes (docs/append_attention.md: num_swa_heads, window, sink; swa_mask)."""
         return {"num_swa_heads": self.num_swa_heads, "window": self.window, "sink": self.sink, "swa_mask": self.mask}
 
 

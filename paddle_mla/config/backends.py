@@ -1,5 +1,5 @@
 """What each attention backend supports, as plain data, so configs are validated before any
-model or tensor library is loaded (ARCHITECTURE section 5)."""
+model or tensor library is loaded (docs/architecture.md, "config")."""
 
 from __future__ import annotations
 

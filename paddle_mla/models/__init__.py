@@ -1,9 +1,9 @@
 """models: the MLA model families, MoE, FP8 linear, the checkpoint loader and the tiny-model builder.
 
-Importing this package selects no runtime (the engine does: ARCHITECTURE section 2). The names below
+Importing this package selects no runtime (the engine does: docs/architecture.md, "platform"). The names below
 are loaded on first use: ``ensure_tiny_model`` / ``make_tiny_model`` / ``load_arch`` / ``parse_arch``
 need no tensor library; ``CausalLM`` and ``load_model`` import torch, so they need
-``paddle_mla.runtime.select()`` first (their modules say so when it was not called).
+``paddle_mla.platform.runtime.select()`` first (their modules say so when it was not called).
 """
 
 from __future__ import annotations

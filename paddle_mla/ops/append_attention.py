@@ -1,5 +1,5 @@
 """The ``append_attention`` custom op: RoPE, paged K/V cache write and causal GQA attention in one
-call per layer (contract: the GQA contract notes; semantics: ``attention.gqa_reference``).
+call per layer (contract: docs/append_attention.md; semantics: ``attention.gqa_reference``).
 
 C++ on CPU tensors, CUDA on GPU tensors, both compiled by ``paddle_mla.ops.build`` (setup.py or first
 use). Without a build that serves the tensors' device the call raises: the ``native`` backend is the

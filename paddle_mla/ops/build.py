@@ -10,8 +10,8 @@ later processes only load the shared library:
 
 CUDA kernels are compiled in only when nvcc exists and the runtime sees a GPU. Paddle gets custom
 operators (PD_BUILD_OP, paddle.utils.cpp_extension), PyTorch gets torch.library operators
-(torch.utils.cpp_extension). This module is the custom-op loading that ARCHITECTURE section 2
-gives to runtime.py, so it is the one other place allowed to branch on the runtime.
+(torch.utils.cpp_extension). This module is the custom-op loading that docs/architecture.md
+gives to the platform layer, so it is the one other place allowed to branch on the runtime.
 
 A failed build is remembered: ``failed.json`` in that folder makes later processes skip the build
 (it costs seconds each time, counted in their throughput) until the folder's key changes (sources,

@@ -1,4 +1,4 @@
-"""Plain-tensor references of the per-step metadata ops (fastdeploy-notes sections 2-3).
+"""Plain-tensor references of the per-step metadata ops (the step's metadata in docs/architecture.md).
 
 They are the oracle for the compiled custom ops and the fallback when those are not built. Every
 output size comes from host-known arguments, so none of them syncs the device.

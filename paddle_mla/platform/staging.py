@@ -1,4 +1,4 @@
-"""Host<->device transfers of a step without hidden syncs (ARCHITECTURE section 4, hot path).
+"""Host<->device transfers of a step without hidden syncs (docs/architecture.md, hot-path rules).
 
 ``Uploader``: every small host array of a step (input ids, lengths, block tables, sampling
 parameters) is written into ONE pinned host staging buffer and sent with ONE non-blocking copy
