@@ -192,6 +192,25 @@ def test_readmission_from_host_tokens_matches_device_counts(llm, monkeypatch):
     assert llm.runner.penalties.ledger.tokens_admitted - admitted == expected
 
 
+def test_overlapped_penalties_count_the_pending_token_on_the_device():
+    """Overlapped scheduling launches a penalized decode row while its last token is still on the
+    device (no read first): the same tokens as the plain loop, each prompt listed once."""
+    def reqs():
+        return [GenerationRequest(i, PROMPT[i:], SamplingParams(max_tokens=10, ignore_eos=True, n=1 + (i == 1),
+                                                                temperature=0.7 * (i % 2), seed=i,
+                                                                frequency_penalty=1.2, repetition_penalty=1.3))
+                for i in range(3)]
+    plain = make_llm(scheduler={"overlap": False}).generate(reqs(), use_tqdm=False)
+    llm = make_llm(scheduler={"overlap": True})
+    reads_first = []
+    real = llm._needs_host_tokens
+    llm._needs_host_tokens = lambda scheduled: reads_first.append(real(scheduled)) or reads_first[-1]
+    overlapped = llm.generate(reqs(), use_tqdm=False)
+    assert [[c.token_ids for c in o.outputs] for o in overlapped] == [[c.token_ids for c in o.outputs] for o in plain]
+    assert reads_first.count(False) >= 8          # decode steps ran with the token pending
+    assert llm.runner.penalties.ledger.tokens_admitted == sum(len(PROMPT[i:]) * (1 + (i == 1)) for i in range(3))
+
+
 def test_logprobs_match_native_forward(llm):
     model = load_model(llm.model_dir, torch.float32, "cpu")
     out = run(llm, max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=5)[0].outputs[0]
