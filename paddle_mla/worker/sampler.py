@@ -3,8 +3,9 @@ temperature / top-k / top-p sampling with a seed per row, and logprobs, packed f
 
 Order per row, as vLLM applies it: logprobs are taken from the raw logits; then the min_tokens
 mask (eos and stop ids to -inf) and the penalties (repetition over prompt + output, frequency and
-presence over the output; the token counts per slot on the device, ``penalties.py``); greedy rows take the argmax of these processed logits; random rows
-divide by the temperature, keep the top-k / top-p set and draw with the Gumbel-max trick.
+presence over the output; the token counts per slot on the device, ``penalties.py``); greedy
+rows take the argmax of these processed logits; random rows divide by the temperature, keep the
+top-k / top-p set and draw with the Gumbel-max trick.
 
 The noise is counter-based: the noise of request r at its n-th token depends only on
 (seed_r, n, token id), never on the batch it shares or on a global generator state. So a seeded
@@ -115,8 +116,8 @@ def mask_top_k_top_p(x, top_k: np.ndarray, top_p: np.ndarray, dev: dict | None =
     if need_p:
         probs = torch.softmax(sorted_x, dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs
-        sorted_x = torch.where(before > staged(dev, "top_p", top_p.astype(np.float32), torch.float32, device).unsqueeze(1),
-                               neg_inf, sorted_x)
+        limit = staged(dev, "top_p", top_p.astype(np.float32), torch.float32, device).unsqueeze(1)
+        sorted_x = torch.where(before > limit, neg_inf, sorted_x)
     return torch.empty_like(x).scatter_(1, order, sorted_x)
 
 
