@@ -150,7 +150,7 @@ def stub_sampler(vocab: int):
     rows (no logprob rows in this workload), varying with each row's seed and step. On a GPU the
     sampler's ops run on the device; here they would run on the host's core between the host
     phases and evict their data from the CPU caches, which inflates every later phase."""
-    def sample_step_ids(logits, batch, dev=None):
+    def sample_step_ids(logits, batch, dev=None, penalties=None):
         ids = (batch.seeds * 7919 + batch.steps * 104729) % (vocab - 3) + 3
         return torch.from_numpy(ids.astype(np.float64)), torch.from_numpy(ids.astype(np.int64))
 

@@ -262,8 +262,8 @@ class LLM:
 
         Step N's sampled tokens are PENDING on the host when N+1 is scheduled: a decode row's input
         token is taken on the device from N's sampled ids. Stop checks thus lag one step; a sequence
-        that step N finished has its row of N+1 discarded. Rows that need their tokens on the host
-        (penalties) make the loop read step N first."""
+        that step N finished has its row of N+1 discarded. Rows whose input needs more than the one
+        pending token (prefill chunks) make the loop read step N first; penalties count on the device."""
         out: SchedulerOutput = self.scheduler.schedule()
         prev, self._inflight = self._inflight, None
         if prev is not None and out.scheduled and self._needs_host_tokens(out.scheduled):
@@ -286,10 +286,9 @@ class LLM:
 
     @staticmethod
     def _needs_host_tokens(scheduled) -> bool:
-        """Whether a row's input needs a PENDING token on the host: more than one new token, or a
-        penalty (the sampler counts the row's tokens on the host)."""
+        """Whether a row's input needs a PENDING token on the host: more than one new token."""
         for s in scheduled:
-            if (s.num_new != 1 or s.seq.penalized) and has_pending(s.seq):
+            if s.num_new != 1 and has_pending(s.seq):
                 return True
         return False
 

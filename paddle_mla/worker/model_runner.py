@@ -30,6 +30,7 @@ from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges  # noqa: E
 from paddle_mla.cache.swa import head_wise_swa  # noqa: E402
 from paddle_mla.config.schema import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.worker import sampler  # noqa: E402
+from paddle_mla.worker.penalties import PenaltyState  # noqa: E402
 from paddle_mla.sched.request import TokenLogprob  # noqa: E402
 from paddle_mla.worker.input_state import InputState, gather_step  # noqa: E402
 from paddle_mla.worker.sampling_batch import SamplingBatch, SamplingBatchBuilder, unpack  # noqa: E402
@@ -175,6 +176,8 @@ class ModelRunner:
         self.reader = ResultReader(self.device, sc.max_num_seqs * 4)
         self.last_sampled = torch.zeros(sc.max_num_seqs, dtype=torch.int64, device=self.device)
         self.sampling_builder = SamplingBatchBuilder()   # row parameters kept while the rows stay
+        # penalized requests' token counts per slot (allocated on the first one)
+        self.penalties = PenaltyState(sc.max_num_seqs, self.arch.vocab_size, self.device)
 
     def _table_heads(self) -> int:
         """KV heads of a head-wise block table (0: uniform [B, max_blocks] tables)."""
@@ -237,16 +240,18 @@ class ModelRunner:
             # the rows' sequences by a host loop (list indexing by numpy scalars costs more per row)
             seqs = [s.seq for s, m in zip(sched, batch.sample_mask) if m] if len(rows) < len(sched) \
                 else [s.seq for s in sched]
-            sb = self.sampling_builder.build(seqs, self.eos_token_ids, self.arch.vocab_size)
+            slots = host.slots[rows]
+            sb = self.sampling_builder.build(seqs, self.eos_token_ids, self.arch.vocab_size, slots,
+                                             self.penalties.ledger)
             extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
-            extra["sample_slots"] = host.slots[rows]
+            extra["sample_slots"] = slots
         if len(host.pending_pos):
             extra.update(pending_pos=host.pending_pos, pending_slot=host.pending_slot)
         logits, meta = self._forward(batch, extra)
         if sb is None:
             return LaunchedStep(len(out.scheduled), rows, None, None)
         dev = {k[2:]: v for k, v in meta.extra.items() if k.startswith("s_")}
-        packed, ids = sampler.sample_step_ids(logits, sb, dev)
+        packed, ids = sampler.sample_step_ids(logits, sb, dev, self.penalties)
         self.last_sampled.scatter_(0, meta.extra["sample_slots"], ids)
         return LaunchedStep(len(out.scheduled), rows, sb, self.reader.start(packed))
 

@@ -3,8 +3,9 @@ temperature / top-k / top-p sampling with a seed per row, and logprobs, packed f
 
 Order per row, as vLLM applies it: logprobs are taken from the raw logits; then the min_tokens
 mask (eos and stop ids to -inf) and the penalties (repetition over prompt + output, frequency and
-presence over the output); greedy rows take the argmax of these processed logits; random rows
-divide by the temperature, keep the top-k / top-p set and draw with the Gumbel-max trick.
+presence over the output; the token counts per slot on the device, ``penalties.py``); greedy
+rows take the argmax of these processed logits; random rows divide by the temperature, keep the
+top-k / top-p set and draw with the Gumbel-max trick.
 
 The noise is counter-based: the noise of request r at its n-th token depends only on
 (seed_r, n, token id), never on the batch it shares or on a global generator state. So a seeded
@@ -24,6 +25,7 @@ _runtime.require_selected(__name__)
 
 import torch  # noqa: E402
 
+from paddle_mla.worker.penalties import PenaltyState, penalty_arrays, staged  # noqa: E402
 from paddle_mla.worker.sampling_batch import SamplingBatch  # noqa: E402
 
 _M = 2**31              # hash state stays in [0, 2**31) so int64 products never overflow
@@ -37,17 +39,6 @@ def _mix(h):
     return h ^ (h >> 16)
 
 
-def _up(a: np.ndarray, dtype, device):
-    return torch.from_numpy(np.ascontiguousarray(a)).to(device).to(dtype)
-
-
-def _arr(dev: dict | None, name: str, host: np.ndarray, dtype, device):
-    """The staged device tensor ``name`` when the runner uploaded it, else ``host`` uploaded now."""
-    if dev is not None and name in dev:
-        return dev[name]
-    return _up(host, dtype, device)
-
-
 def device_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     """The host arrays the sampler needs on the device this step, typed as it uses them. Only what
     this batch's rows use is listed (no penalty arrays without penalties, etc.)."""
@@ -56,11 +47,8 @@ def device_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     out = {}
     if len(batch.mask_index):
         out["mask_index"] = batch.mask_index.astype(np.int64)
-    if batch.any_penalty:
-        out.update(count_index=batch.count_index.astype(np.int64),
-                   count_is_output=batch.count_is_output.astype(np.float32),
-                   repetition=batch.repetition.astype(np.float32), frequency=batch.frequency.astype(np.float32),
-                   presence=batch.presence.astype(np.float32))
+    if batch.penalty is not None:
+        out.update(penalty_arrays(batch.penalty))
     if random_rows.any():
         out.update(temps=np.where(random_rows, batch.temperature, 1.0).astype(np.float32),
                    seeds=batch.seeds.astype(np.int64), steps=batch.steps.astype(np.int64),
@@ -86,40 +74,29 @@ def apply_min_tokens(logits, batch: SamplingBatch, dev: dict | None = None):
     """-inf at the stop ids of the rows that have not yet generated min_tokens tokens."""
     if len(batch.mask_index) == 0:
         return logits
-    idx = _arr(dev, "mask_index", batch.mask_index, torch.int64, logits.device)
+    idx = staged(dev, "mask_index", batch.mask_index, torch.int64, logits.device)
     mask = torch.zeros(logits.numel(), dtype=logits.dtype, device=logits.device)
     mask = mask.scatter_(0, idx, torch.full((len(batch.mask_index),), float("-inf"), dtype=logits.dtype,
                                             device=logits.device))
     return logits + mask.reshape(logits.shape)
 
 
-def apply_penalties(logits, batch: SamplingBatch, dev: dict | None = None):
-    """vLLM's apply_penalties: positive logits of seen tokens divided by the repetition penalty,
-    negative ones multiplied; then logits -= frequency * count + presence * (count > 0) over the output."""
-    if not batch.any_penalty:
+def apply_penalties(logits, batch: SamplingBatch, dev: dict | None = None, penalties: PenaltyState | None = None):
+    """The batch's admissions into ``penalties`` (the runner's per-slot token state), then the
+    penalties of its penalized rows (``PenaltyState.apply``). Without ``penalties`` (tests,
+    tools) a state of this batch's own holds the rows that ``build_sampling_batch`` admitted."""
+    step = batch.penalty
+    if step is None:
         return logits
-    device, shape = logits.device, logits.shape
-    idx = _arr(dev, "count_index", batch.count_index, torch.int64, device)
-    is_out = _arr(dev, "count_is_output", batch.count_is_output, torch.float32, device)
-    out_counts = torch.zeros(logits.numel(), dtype=torch.float32, device=device)
-    out_counts = out_counts.scatter_add_(0, idx, is_out).reshape(shape)
-    x = logits
-    if (batch.repetition != 1.0).any():
-        seen = torch.zeros(logits.numel(), dtype=torch.float32, device=device)
-        seen = seen.scatter_add_(0, idx, torch.ones_like(is_out)).reshape(shape) > 0
-        rep = _arr(dev, "repetition", batch.repetition, torch.float32, device).unsqueeze(1).expand(shape)
-        factor = torch.where(seen, rep, torch.ones_like(x))
-        x = torch.where(x > 0, x / factor, x * factor)
-    if (batch.frequency != 0).any() or (batch.presence != 0).any():
-        freq = _arr(dev, "frequency", batch.frequency, torch.float32, device).unsqueeze(1)
-        pres = _arr(dev, "presence", batch.presence, torch.float32, device).unsqueeze(1)
-        x = x - freq * out_counts - pres * (out_counts > 0).to(torch.float32)
-    return x
+    if penalties is None:
+        penalties = PenaltyState(batch.num_rows, batch.vocab_size, logits.device)
+    penalties.admit_step(step, dev)
+    return penalties.apply(logits, step, dev)
 
 
-def process_logits(logits, batch: SamplingBatch, dev: dict | None = None):
+def process_logits(logits, batch: SamplingBatch, dev: dict | None = None, penalties: PenaltyState | None = None):
     """Raw logits -> the logits that greedy rows take the argmax of (new tensor; input untouched)."""
-    return apply_penalties(apply_min_tokens(logits, batch, dev), batch, dev)
+    return apply_penalties(apply_min_tokens(logits, batch, dev), batch, dev, penalties)
 
 
 def mask_top_k_top_p(x, top_k: np.ndarray, top_p: np.ndarray, dev: dict | None = None):
@@ -135,12 +112,12 @@ def mask_top_k_top_p(x, top_k: np.ndarray, top_p: np.ndarray, dev: dict | None =
     neg_inf = torch.full_like(sorted_x, float("-inf"))
     if need_k:
         rank = torch.arange(vocab, dtype=torch.int64, device=device).unsqueeze(0)
-        sorted_x = torch.where(rank < _arr(dev, "top_k", top_k, torch.int64, device).unsqueeze(1), sorted_x, neg_inf)
+        sorted_x = torch.where(rank < staged(dev, "top_k", top_k, torch.int64, device).unsqueeze(1), sorted_x, neg_inf)
     if need_p:
         probs = torch.softmax(sorted_x, dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs
-        sorted_x = torch.where(before > _arr(dev, "top_p", top_p.astype(np.float32), torch.float32, device).unsqueeze(1),
-                               neg_inf, sorted_x)
+        limit = staged(dev, "top_p", top_p.astype(np.float32), torch.float32, device).unsqueeze(1)
+        sorted_x = torch.where(before > limit, neg_inf, sorted_x)
     return torch.empty_like(x).scatter_(1, order, sorted_x)
 
 
@@ -154,38 +131,41 @@ def sample(logits, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray
         return greedy_ids
     device = logits.device
     vocab = logits.shape[-1]
-    temps = _arr(dev, "temps", np.where(random_rows, temperature, 1.0).astype(np.float32), torch.float32, device)
+    temps = staged(dev, "temps", np.where(random_rows, temperature, 1.0).astype(np.float32), torch.float32, device)
     k = np.where((top_k > 0) & (top_k < vocab), top_k, vocab).astype(np.int64)
     x = mask_top_k_top_p(logits / temps.unsqueeze(1), k, np.asarray(top_p, dtype=np.float64), dev)
-    u = uniform_noise(_arr(dev, "seeds", seeds.astype(np.int64), torch.int64, device),
-                      _arr(dev, "steps", steps.astype(np.int64), torch.int64, device), vocab)
+    u = uniform_noise(staged(dev, "seeds", seeds.astype(np.int64), torch.int64, device),
+                      staged(dev, "steps", steps.astype(np.int64), torch.int64, device), vocab)
     gumbel = -torch.log(-torch.log(u))
     sampled = torch.argmax(x + gumbel, dim=-1)
-    return torch.where(_arr(dev, "random_rows", random_rows, torch.bool, device), sampled, greedy_ids)
+    return torch.where(staged(dev, "random_rows", random_rows, torch.bool, device), sampled, greedy_ids)
 
 
 def log_softmax(x):
     return x - torch.logsumexp(x, dim=-1, keepdim=True)
 
 
-def sample_step(logits, batch: SamplingBatch, dev: dict | None = None):
+def sample_step(logits, batch: SamplingBatch, dev: dict | None = None, penalties: PenaltyState | None = None):
     """Raw logits [B, V] -> one float64 tensor to read: B sampled ids, then per logprob row
     [sampled logprob, max_top ids, max_top logprobs] (see ``sampling_batch.unpack``).
     Only the logprob rows pay for the log-softmax and the top-N."""
-    return sample_step_ids(logits, batch, dev)[0]
+    return sample_step_ids(logits, batch, dev, penalties)[0]
 
 
-def sample_step_ids(logits, batch: SamplingBatch, dev: dict | None = None):
-    """``sample_step``'s packed tensor and the sampled ids (int64 [B], on the device)."""
+def sample_step_ids(logits, batch: SamplingBatch, dev: dict | None = None, penalties: PenaltyState | None = None):
+    """``sample_step``'s packed tensor and the sampled ids (int64 [B], on the device). With
+    ``penalties`` the penalized rows' sampled ids are counted into their slots on the device."""
     logits = logits.to(torch.float32)
-    processed = process_logits(logits, batch, dev)
+    processed = process_logits(logits, batch, dev, penalties)
     ids = sample(processed, batch.temperature, batch.top_k, batch.top_p, batch.seeds, batch.steps, dev)
+    if penalties is not None and batch.penalty is not None:
+        penalties.record(batch.penalty, ids, dev)
     parts = [ids.to(torch.float64)]
     num_lp = len(batch.logprob_rows)
     if num_lp:
         raw, lp_ids = logits, ids
         if num_lp < batch.num_rows:
-            rows = _arr(dev, "logprob_rows", batch.logprob_rows, torch.int64, logits.device)
+            rows = staged(dev, "logprob_rows", batch.logprob_rows, torch.int64, logits.device)
             raw, lp_ids = logits[rows], ids[rows]
         lp = log_softmax(raw)     # vLLM's raw logprobs: before penalties, temperature, top-k/top-p
         cols = [torch.gather(lp, 1, lp_ids.unsqueeze(1)).to(torch.float64)]

@@ -32,7 +32,7 @@ def mixed_workload(vocab: int, seed: int = 3, n: int = 10) -> list[GenerationReq
         elif kind == 2:     # stops early on a frequent token: the overlapped extra step is discarded
             params = SamplingParams(max_tokens=8, temperature=1.0, seed=i, stop_token_ids=list(range(3, vocab, 3)),
                                     min_tokens=1)
-        elif kind == 3:     # penalties need the host tokens: the loop reads the step before building
+        elif kind == 3:     # penalties: counted on the device, also while the last token is pending
             params = SamplingParams(max_tokens=6, temperature=0.7, seed=i, frequency_penalty=0.5,
                                     repetition_penalty=1.2, ignore_eos=True, n=2)
         elif kind == 4:

@@ -14,6 +14,7 @@ from helpers.sampling_reference import log_softmax, penalties
 
 from paddle_mla.config.schema import config_from_dict
 from paddle_mla.worker import sampler
+from paddle_mla.worker.sampling_batch import PenaltySlots
 from paddle_mla.engine.llm import LLM, completion_seed
 from paddle_mla.sched.request import GenerationRequest, SamplingParams
 from paddle_mla.models import load_model
@@ -124,6 +125,90 @@ def test_penalties_match_reference(llm, greedy):
         logits = run_greedy(model, [PROMPT + out[:j]], 1).first_logits[0]
         assert out[j] == int(np.argmax(penalties(logits, PROMPT, out[:j], 1.0, 2.0, 1.5))), f"token {j}"
     assert out != greedy[:6]
+
+
+def test_penalty_upload_does_not_grow_with_context(llm, monkeypatch):
+    """A penalized request's prompt goes up once, at its admission; after that each step uploads
+    the same few sampler elements (its row, slot and penalties) at token 2 as at token 64, when
+    its context is ten times the prompt (test_penalties.py runs the same to 200 without a model)."""
+    uploaded = []
+    real = sampler.device_arrays
+
+    def counted(batch):
+        arrays = real(batch)
+        uploaded.append(sum(a.size for a in arrays.values()))
+        return arrays
+
+    monkeypatch.setattr(sampler, "device_arrays", counted)
+    ledger = llm.runner.penalties.ledger
+    admitted = ledger.tokens_admitted
+    out = run(llm, max_tokens=64, ignore_eos=True, repetition_penalty=1.2, frequency_penalty=0.3,
+              presence_penalty=0.2)[0]
+    assert len(out.token_ids) == 64 and len(uploaded) == 64        # one sampling step per token
+    assert ledger.tokens_admitted - admitted == len(PROMPT)
+    assert uploaded[0] == uploaded[1] + 1 + len(PROMPT)             # the admission: its slot and its prompt
+    assert uploaded[1:] == [uploaded[1]] * 63 and uploaded[1] == 5
+
+
+def test_penalties_survive_preemption():
+    """Penalized requests in a pool that forces preemption (recompute): the same tokens as in a
+    roomy pool, so a request back after preemption counts its earlier output."""
+    def reqs():
+        return [GenerationRequest(i, PROMPT[i:], SamplingParams(max_tokens=16, ignore_eos=True, n=1 + (i == 0),
+                                                                frequency_penalty=1.5, repetition_penalty=1.3,
+                                                                presence_penalty=0.5))
+                for i in range(3)]
+    roomy = make_llm().generate(reqs(), use_tqdm=False)
+    small = make_llm(cache={"num_blocks": 5})
+    tight = small.generate(reqs(), use_tqdm=False)
+    assert small.stats().num_preemptions > 0
+    assert [[c.token_ids for c in o.outputs] for o in tight] == [[c.token_ids for c in o.outputs] for o in roomy]
+    assert all(o.error is None for o in tight)
+
+
+def test_readmission_from_host_tokens_matches_device_counts(llm, monkeypatch):
+    """A slot admitted again at every step (prompt and output listed from the host, as when a
+    preempted request comes back in another slot) gives the same tokens as counting on the device."""
+    def reqs():
+        return [GenerationRequest(i, PROMPT[i:], SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8 * i,
+                                                                seed=i, frequency_penalty=1.0 + 0.5 * i,
+                                                                repetition_penalty=1.4 - 0.2 * i))
+                for i in range(3)]
+    counted = llm.generate(reqs(), use_tqdm=False)
+    real = PenaltySlots.plan
+
+    def forgetful(self, seqs, rows, slots, vocab_size):
+        for slot in range(len(self.owner)):
+            self.release(slot)
+        return real(self, seqs, rows, slots, vocab_size)
+
+    monkeypatch.setattr(PenaltySlots, "plan", forgetful)
+    admitted = llm.runner.penalties.ledger.tokens_admitted
+    readmitted = llm.generate(reqs(), use_tqdm=False)
+    assert [o.token_ids for o in readmitted] == [o.token_ids for o in counted]
+    # every step listed each row's output so far, and its prompt where a repetition penalty reads it
+    # (the third request's repetition penalty is 1: its prompt stays on the host)
+    expected = sum(12 * len(o.prompt_token_ids) * (i < 2) + sum(range(12)) for i, o in enumerate(counted))
+    assert llm.runner.penalties.ledger.tokens_admitted - admitted == expected
+
+
+def test_overlapped_penalties_count_the_pending_token_on_the_device():
+    """Overlapped scheduling launches a penalized decode row while its last token is still on the
+    device (no read first): the same tokens as the plain loop, each prompt listed once."""
+    def reqs():
+        return [GenerationRequest(i, PROMPT[i:], SamplingParams(max_tokens=10, ignore_eos=True, n=1 + (i == 1),
+                                                                temperature=0.7 * (i % 2), seed=i,
+                                                                frequency_penalty=1.2, repetition_penalty=1.3))
+                for i in range(3)]
+    plain = make_llm(scheduler={"overlap": False}).generate(reqs(), use_tqdm=False)
+    llm = make_llm(scheduler={"overlap": True})
+    reads_first = []
+    real = llm._needs_host_tokens
+    llm._needs_host_tokens = lambda scheduled: reads_first.append(real(scheduled)) or reads_first[-1]
+    overlapped = llm.generate(reqs(), use_tqdm=False)
+    assert [[c.token_ids for c in o.outputs] for o in overlapped] == [[c.token_ids for c in o.outputs] for o in plain]
+    assert reads_first.count(False) >= 8          # decode steps ran with the token pending
+    assert llm.runner.penalties.ledger.tokens_admitted == sum(len(PROMPT[i:]) * (1 + (i == 1)) for i in range(3))
 
 
 def test_logprobs_match_native_forward(llm):

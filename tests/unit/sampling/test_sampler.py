@@ -169,6 +169,18 @@ def test_logprobs_are_raw_log_softmax_packed_in_one_read():
     assert logprobs[2].token_id == int(np.argmax(logits[2])) and logprobs[2].top == []
 
 
+def assert_same_fields(got, want, prefix: str = "") -> None:
+    """Every field equal, arrays by value and dtype; nested dataclasses (the penalty plan) field by field."""
+    for name in want.__dataclass_fields__:
+        a, b = getattr(got, name), getattr(want, name)
+        if hasattr(b, "__dataclass_fields__"):
+            assert_same_fields(a, b, prefix + name + ".")
+        elif isinstance(b, np.ndarray):
+            assert np.array_equal(a, b) and np.asarray(a).dtype == b.dtype, prefix + name
+        else:
+            assert a == b, prefix + name
+
+
 def test_builder_reuses_row_params_and_matches_a_fresh_build():
     """A steady step (same sequences, same order) reuses the row parameters; every field equals a
     fresh build, also after tokens were appended (steps, penalty counts, min_tokens masks move)."""
@@ -182,9 +194,6 @@ def test_builder_reuses_row_params_and_matches_a_fresh_build():
         s.output_token_ids.append(14)
     got, want = builder.build(list(seqs), EOS, 32), build_sampling_batch(seqs, EOS, 32)
     assert builder._rows is kept
-    for name in want.__dataclass_fields__:
-        a, b = getattr(got, name), getattr(want, name)
-        assert (np.array_equal(a, b) and np.asarray(a).dtype == np.asarray(b).dtype) if isinstance(b, np.ndarray) \
-            else a == b, name
+    assert_same_fields(got, want)
     builder.build(list(reversed(seqs)), EOS, 32)
     assert builder._rows is not kept       # another row order: rebuilt
