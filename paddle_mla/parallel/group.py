@@ -15,7 +15,9 @@ MoE, which is a different engine shape.
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 from datetime import timedelta
 
 from paddle_mla.platform import runtime as _runtime
@@ -31,6 +33,9 @@ from paddle_mla.parallel.worker import Rendezvous  # noqa: E402
 
 # torch >= 2.13 names it all_gather_single; the GPU machine's torch 2.11 has only the old name
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# aborts every communicator of the process (NCCL: ncclCommAbort, local; gloo: closes its pairs);
+# older torch without it: destroy, which then only runs once no peer is left to wait for
+_ABORT_ALL = getattr(dist.distributed_c10d, "_abort_process_group", None) or dist.destroy_process_group
 
 
 def master_store(size: int, timeout_s: float = 120.0):
@@ -45,6 +50,8 @@ class TPGroup:
     def __init__(self, rank: int, size: int, device_kind: str, threads_before: int | None = None):
         self.rank, self.size, self.device_kind = rank, size, device_kind
         self._threads_before = threads_before
+        self._open = True
+        self._lock = threading.Lock()     # leave() from close and from atexit must abort once
 
     # -- set-up -----------------------------------------------------------------------------
     @staticmethod
@@ -65,15 +72,34 @@ class TPGroup:
                                 world_size=rdzv.size, timeout=timedelta(seconds=rdzv.timeout_s))
         return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before)
 
-    def destroy(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    def leave(self, runner=None, drain: bool = False) -> None:
+        """Leave the group without waiting on any peer: drop ``runner``'s CUDA graphs first (their
+        captured collectives hold the communicator), then abort the communicator.
+
+        Abort, not destroy: NCCL's destroy waits for every rank to destroy too, so a rank that
+        destroys while a peer is gone, or before the peer gets there, hangs. Shutdown is ordered
+        instead (the workers leave first, then rank 0), and each rank's abort is local.
+        ``drain``: finish this rank's queued work first; only where its peers are known to have run
+        the matching collectives (a worker after rank 0's goodbye), or the wait could be endless."""
+        if runner is not None and getattr(runner, "graphs", None) is not None:
+            runner.graphs = None
+            gc.collect()            # the graphs' executables are freed now, before the communicator
+        if drain:
+            _runtime.synchronize()
+        with self._lock:
+            if self._open and dist.is_initialized():
+                self._open = False
+                try:
+                    _ABORT_ALL()
+                except Exception:  # noqa: BLE001 - a communicator already broken by a dead peer
+                    pass
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
 
     def abort(self) -> None:
-        """Best effort: unblock collectives waiting on a dead rank (NCCL kernels spin otherwise)."""
+        """Best effort, from the watchdog thread: unblock collectives waiting on a dead rank (NCCL
+        kernels spin otherwise). ``leave`` still runs at close."""
         try:
             backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
             backend.abort()

@@ -96,4 +96,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         except Exception:  # noqa: BLE001
             pass
         os._exit(1)
-    group.destroy()
+    # rank 0's goodbye: every collective this rank queued has its partners run, so the drain ends;
+    # then out at once (interpreter teardown of CUDA and NCCL state can block on a gone peer)
+    group.leave(runner, drain=True)
+    conn.close()
+    os._exit(0)
