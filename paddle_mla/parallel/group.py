@@ -45,17 +45,25 @@ def master_store(size: int, timeout_s: float = 120.0):
 
 class TPGroup:
     """Rank ``rank`` of ``size``: the collectives the sharded model calls (in the same order on
-    every rank, CUDA-graph capturable on NCCL)."""
+    every rank, CUDA-graph capturable on NCCL).
 
-    def __init__(self, rank: int, size: int, device_kind: str, threads_before: int | None = None):
+    ``expert_parallel``: the loader places the routed experts whole on the ranks. Tokens need no
+    dispatch: after the attention all-reduce every rank holds every token, so each rank runs its
+    own experts on the tokens routed to them, and the block's one all-reduce (routed + shared
+    partials, as under TP) is the combine. An all-to-all would only move tokens a rank already has
+    (it pays where ranks hold different tokens, i.e. data-parallel attention, not built here)."""
+
+    def __init__(self, rank: int, size: int, device_kind: str, threads_before: int | None = None,
+                 expert_parallel: bool = False):
         self.rank, self.size, self.device_kind = rank, size, device_kind
+        self.expert_parallel = expert_parallel
         self._threads_before = threads_before
         self._open = True
         self._lock = threading.Lock()     # leave() from close and from atexit must abort once
 
     # -- set-up -----------------------------------------------------------------------------
     @staticmethod
-    def join(rank: int, rdzv: Rendezvous, store=None) -> "TPGroup":
+    def join(rank: int, rdzv: Rendezvous, store=None, expert_parallel: bool = False) -> "TPGroup":
         if rdzv.device_kind == "gpu":
             # NVLink multicast (NVLS) stays off, as the GPU machines require; NCCL reads it at init
             os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -70,7 +78,7 @@ class TPGroup:
             store = dist.TCPStore(rdzv.host, rdzv.port, rdzv.size, False, timeout=timedelta(seconds=120))
         dist.init_process_group("nccl" if rdzv.device_kind == "gpu" else "gloo", store=store, rank=rank,
                                 world_size=rdzv.size, timeout=timedelta(seconds=rdzv.timeout_s))
-        return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before)
+        return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before, expert_parallel)
 
     def leave(self, runner=None, drain: bool = False) -> None:
         """Leave the group without waiting on any peer: drop ``runner``'s CUDA graphs first (their

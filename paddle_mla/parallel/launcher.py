@@ -116,7 +116,7 @@ class TPDriver:
             with self._guard():
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "joining")
-                self.group = TPGroup.join(0, rdzv, store)
+                self.group = TPGroup.join(0, rdzv, store, self.config.parallel.expert_parallel)
                 runner = ModelRunner(self.config, self.model_dir, tp=self.group)
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "ready")

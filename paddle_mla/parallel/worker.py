@@ -76,7 +76,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         from paddle_mla.parallel.group import TPGroup
 
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
-        group = TPGroup.join(spec.rank, spec.rdzv)
+        group = TPGroup.join(spec.rank, spec.rdzv, expert_parallel=spec.config.parallel.expert_parallel)
         runner = ModelRunner(spec.config, spec.model_dir, tp=group)
         conn.send(("ready",))
         kill_after, steps = _kill_after(spec.rank), 0
