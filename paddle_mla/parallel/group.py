@@ -81,19 +81,19 @@ class TPGroup:
         return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before, expert_parallel)
 
     def leave(self, runner=None, drain: bool = False) -> None:
-        """Leave the group without waiting on any peer: drop ``runner``'s CUDA graphs first (their
-        captured collectives hold the communicator), then abort the communicator.
+        """Leave the group without waiting on any peer: drop ``runner``'s CUDA graphs (their captured
+        collectives hold the communicator), then abort the communicator.
 
         Abort, not destroy: NCCL's destroy waits for every rank to destroy too, so a rank that
         destroys while a peer is gone, or before the peer gets there, hangs. Shutdown is ordered
         instead (the workers leave first, then rank 0), and each rank's abort is local.
         ``drain``: finish this rank's queued work first; only where its peers are known to have run
         the matching collectives (a worker after rank 0's goodbye), or the wait could be endless."""
+        if drain:
+            _runtime.synchronize()  # no graph is freed while it still runs
         if runner is not None and getattr(runner, "graphs", None) is not None:
             runner.graphs = None
             gc.collect()            # the graphs' executables are freed now, before the communicator
-        if drain:
-            _runtime.synchronize()
         with self._lock:
             if self._open and dist.is_initialized():
                 self._open = False
