@@ -41,7 +41,7 @@ TORCH_ONLY = ("parallel.tensor_parallel_size > 1 runs on torch.distributed and i
               "use runtime: torch (the paddle runtime has no tensor-parallel path yet)")
 RESUME_HINT = "the output written so far is intact: rerun with --resume"
 # how long rank 0's close waits for idle workers to leave (they drop their graphs and abort their
-# communicator: well under a second); a worker still there after it is killed
+# communicator: well under a second); a worker still there then is killed
 LEAVE_S = 5.0
 
 
@@ -237,7 +237,7 @@ class TPDriver:
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:
-                proc.kill()            # SIGKILL: a worker stuck in a collective ignores nothing else
+                proc.kill()            # SIGKILL: a worker blocked inside a collective cannot delay it
                 proc.join(timeout=LEAVE_S)
         for conn in self.conns:
             conn.close()

@@ -3,8 +3,10 @@
 A worker loads its shards, builds its own ModelRunner (KV caches, backend, CUDA graphs), says
 "ready", then runs every step rank 0 sends: the step's ``StepBatch`` (plain host arrays) in, the
 same ``forward_step`` as rank 0 out (its collectives pair with rank 0's; the logits are dropped:
-rank 0 samples). ``None`` ends the loop. A failure is sent to rank 0 as text before the worker
-exits; a worker whose rank 0 is gone (its pipe closes or its parent changes) exits at once.
+rank 0 samples). ``None`` ends the loop: the worker leaves the group (its graphs dropped, then
+its communicator aborted: nothing waits on rank 0) and exits at once. A failure is sent to rank 0
+as text before the worker exits; a worker whose rank 0 is gone (its pipe closes or its parent
+changes) exits at once.
 
 Test hook: ``PADDLE_MLA_TP_TEST_KILL=RANK:STEPS`` makes that rank kill itself (SIGKILL) after
 STEPS steps, so the dead-worker path and ``--resume`` after it can be tested end to end.
