@@ -78,10 +78,12 @@ class SamplingConfig:
 class ParallelConfig:
     """Scale-out on one host (docs/scaling_out.md). ``tensor_parallel_size`` N: the model split over N
     ranks (N GPUs, or N CPU processes over gloo), torch runtime only for now;
-    ``data_parallel_size`` M: M engine replicas sharing one input stream."""
+    ``data_parallel_size`` M: M engine replicas sharing one input stream; ``expert_parallel``: the
+    routed experts placed whole on the N ranks (contiguous ranges) instead of split by width."""
 
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
+    expert_parallel: bool = False
 
 
 @dataclass

@@ -17,6 +17,7 @@ Tensor parallel (``tp_rank`` / ``tp_size``): each rank reads only its slice of t
 (``paddle_mla.models.sharding``): a row slice is read as just its bytes; a column slice is read
 whole into the thread's reusable buffer and only the slice is kept. FP8 weights keep their block
 scales' matching slice (dequantized whole, then sliced, when a slice is not block-aligned).
+With ``expert_parallel`` a rank reads only its routed experts (``sharding.expert_range``), whole.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from paddle_mla.models.deepseek import CausalLM
 from paddle_mla.models.fp8 import Fp8Weight, dequant_blocks, fp8_kernels_available
 from paddle_mla.models.gqa import GQACausalLM
 from paddle_mla.models.safetensors_io import RAW_VIEW_DTYPES, CheckpointReader
-from paddle_mla.models.sharding import Shard, checkpoint_shard, local_arch, scale_shard, split_range
+from paddle_mla.models.sharding import Shard, checkpoint_shard, expert_range, local_arch, scale_shard, split_range
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
@@ -90,10 +91,11 @@ class StreamingLoader:
 
     def __init__(self, model_dir: str | Path, arch: ModelArch, dtype: Any, device: str, keep_fp8: bool = False,
                  expert_fp8: bool = False, threads: int | None = None, progress: bool = True,
-                 tp_rank: int = 0, tp_size: int = 1, reader=None):
+                 tp_rank: int = 0, tp_size: int = 1, reader=None, expert_parallel: bool = False):
         # ``reader``: another source of the same tensors (load_format: dummy's DummyReader)
         self.reader = reader if reader is not None else CheckpointReader(model_dir)
         self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.expert_parallel = expert_parallel and tp_size > 1
         self.arch, self.dtype, self.device = arch, dtype, device
         self.on_cpu = device == "cpu"
         self.keep_fp8, self.expert_fp8 = keep_fp8, expert_fp8
@@ -162,7 +164,8 @@ class StreamingLoader:
         """This rank's slice of checkpoint tensor ``name`` (None: all of it)."""
         if self.tp_size == 1:
             return None
-        return checkpoint_shard(name, self.reader.file_of(name).shape(name), self.arch, self.tp_rank, self.tp_size)
+        return checkpoint_shard(name, self.reader.file_of(name).shape(name), self.arch, self.tp_rank, self.tp_size,
+                                self.expert_parallel)
 
     def _shape(self, name: str) -> list[int]:
         """Shape of what this rank holds of ``name``."""
@@ -218,6 +221,16 @@ class StreamingLoader:
 
         def run():
             t = self._convert(name, keep and self.tp_size == 1)   # TP slices the dense tensor below
+            if self.expert_parallel:    # [E, ...]: this rank's whole experts
+                lo, hi = self._expert_range(prefix, t.shape[0])
+                t = t[lo:hi]
+                if which == "down_proj":
+                    self._put(prefix + ".down", t.contiguous())
+                    return
+                inter = t.shape[1] // 2
+                self._put(prefix + ".gate", t[:, :inter].contiguous())
+                self._put(prefix + ".up", t[:, inter:].contiguous())
+                return
             if which == "down_proj":
                 if self.tp_size > 1:    # [E, h, I]: this rank's intermediate columns
                     lo, hi = split_range(t.shape[2], self.tp_rank, self.tp_size)
@@ -250,6 +263,9 @@ class StreamingLoader:
         if sorted(by_idx) != list(range(n)):
             raise ValueError(f"{key}: expert indices are not 0..{n - 1}")
         first = by_idx[0]
+        if self.expert_parallel:       # only this rank's experts, stacked from local index 0
+            lo, hi = self._expert_range(key.rsplit(".", 1)[0], n)
+            by_idx, n = {e - lo: by_idx[e] for e in range(lo, hi)}, hi - lo
         shape = [n] + self._shape(first)
         shard = self._shard(first)
         s_shard = scale_shard(shard, self.reader.file_of(first).shape(first), self.block)
@@ -274,6 +290,13 @@ class StreamingLoader:
         def run(e: int, name: str):
             dst[e] = self._convert(name, False, transient=True)
         return [_Task(self._nbytes(nm), lambda e=e, nm=nm: run(e, nm)) for e, nm in by_idx.items()]
+
+    def _expert_range(self, prefix: str, num_experts: int) -> tuple[int, int]:
+        """This rank's routed experts of layer ``prefix`` (``...mlp.experts``); the first id is kept
+        with the weights as ``<prefix>.first``, so the MoE layer maps global ids to its rows."""
+        lo, hi = expert_range(num_experts, self.tp_rank, self.tp_size)
+        self._put(prefix + ".first", lo)
+        return lo, hi
 
     def plan(self) -> list[_Task]:
         tasks: list[_Task] = []
@@ -351,7 +374,9 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
     keep = resolve_keep_fp8(quantization, "cpu" if device == "cpu" else "gpu")
     if expert_fp8 is None:
         expert_fp8 = keep
-    kwargs = dict(keep_fp8=keep, expert_fp8=expert_fp8, tp_rank=rank, tp_size=size)
+    # expert parallel: a TPGroup formed with it (parallel.expert_parallel) places routed experts whole
+    kwargs = dict(keep_fp8=keep, expert_fp8=expert_fp8, tp_rank=rank, tp_size=size,
+                  expert_parallel=bool(getattr(tp, "expert_parallel", False)))
     if load_format == "dummy":
         from paddle_mla.models.dummy_weights import dummy_weights
 

@@ -4,9 +4,14 @@ Two implementations of the same sum:
   - ``triton``: the fused MoE (models/fused_moe/kernels.py): only the selected (token, expert) pairs
     are computed, no host sync, CUDA-graph safe; the workspace is sized once (``MoEExec.reserve``,
     from scheduler.max_num_batched_tokens);
-  - ``reference``: plain tensors, every expert over every token, masked by the routing
-    (fused_moe/reference.py): no sync either, E / top_k times the FLOPs; what CPU runs, and the
-    oracle of the kernels.
+  - ``reference``: plain tensors. On CPU only the chosen experts run, each over its own tokens
+    (``routed_moe_chosen``: the routing is read on the host, which costs nothing where host and
+    device memory are one). Elsewhere (``PADDLE_MLA_MOE=reference`` on a GPU) the sync-free masked
+    form (fused_moe/reference.py: every expert over every token, E / top_k times the FLOPs), which
+    is also the kernels' oracle.
+Expert parallel (``parallel.expert_parallel``): the loader gives a rank its contiguous range of
+experts, stacked from row 0, and ``<prefix>experts.first``; routed ids are shifted by it, so ids of
+other ranks' experts match no row and add nothing (the block's all-reduce sums the ranks).
 FP8 experts (``Fp8Weight``, kept by the loader when quantization keeps FP8): the triton path runs
 them w8a8 (128x128 weight blocks, activations quantized per token in groups of 128); anything else
 (the reference, other block sizes) gets them dequantized once, at construction (``MoE.__init__``).
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import os
 from typing import Any
+
+import numpy as np
 
 from paddle_mla.platform import runtime as _runtime
 
@@ -71,9 +78,11 @@ class MoEExec:
                                       fp8=fp8, chunk_tokens=chunk_tokens)
 
     def run(self, x, w_gate, w_up, w_down, topk_ids, topk_weights):
-        """Routed experts; ``w_*`` are dense tensors, or Fp8Weight (triton only, see ``runs_fp8``)."""
+        """Routed experts; ``w_*`` are dense tensors, or Fp8Weight (triton only, see ``runs_fp8``).
+        ``topk_ids`` are rows of the stacked ``w_*``; ids outside them (other ranks' experts) add nothing."""
         if self.impl == "reference":
-            return routed_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights)
+            moe = routed_moe_chosen if self.device == "cpu" else routed_moe_reference
+            return moe(x, w_gate, w_up, w_down, topk_ids, topk_weights)
         from paddle_mla.models.fused_moe.kernels import fused_moe
 
         fp8 = isinstance(w_gate, Fp8Weight)
@@ -91,6 +100,31 @@ class MoEExec:
         from paddle_mla.models.fused_moe.kernels import FP8_GROUP   # imports Triton: the triton path only
 
         return tuple(w.block) == (FP8_GROUP, FP8_GROUP)
+
+
+def routed_moe_chosen(x, w_gate, w_up, w_down, topk_ids, topk_weights):
+    """The masked reference's sum over only the (token, expert) pairs the routing chose: each chosen
+    expert runs once over its tokens. Reads ``topk_ids`` on the host (CPU tensors: no transfer).
+    Summed in fp32 in expert order, as the masked form, so both give the same values up to the
+    GEMMs' own rounding. Ids outside ``[0, E)`` are skipped (expert parallel: other ranks')."""
+    T = topk_ids.shape[0]
+    if T == 0:
+        return x
+    ids = topk_ids.cpu().numpy()
+    weights = topk_weights.to(torch.float32)
+    y = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
+    for e in np.unique(ids):
+        if e < 0 or e >= w_gate.shape[0]:
+            continue
+        rows_np, ks_np = np.nonzero(ids == e)      # a token chooses an expert at most once
+        rows = torch.from_numpy(rows_np.astype(np.int64)).to(x.device)
+        pick = torch.from_numpy((rows_np * ids.shape[1] + ks_np).astype(np.int64)).to(x.device)
+        xe = x.index_select(0, rows)
+        wg, wu, wd = (w[int(e)].to(x.dtype) for w in (w_gate, w_up, w_down))
+        h = F.silu(torch.matmul(xe, wg.transpose(0, 1))) * torch.matmul(xe, wu.transpose(0, 1))
+        out = torch.matmul(h, wd.transpose(0, 1)).to(torch.float32)
+        y[rows] = y.index_select(0, rows) + out * weights.reshape(-1).index_select(0, pick).unsqueeze(1)
+    return y.to(x.dtype)
 
 
 def _act_quant(x):
@@ -152,6 +186,12 @@ class MoE:
         if not self.fp8:   # the reference, or FP8 the kernels cannot take: dequantized once, here
             experts = [t.dequantize(exec_.dtype) if isinstance(t, Fp8Weight) else t for t in experts]
         self.w_gate, self.w_up, self.w_down = experts
+        # expert parallel: this rank holds experts [first, first + rows) of n_routed_experts
+        self.expert_first = int(w.get(p + "experts.first", 0))
+        self.expert_parallel = self.w_gate.shape[0] < self.spec.n_routed_experts
+        if self.expert_parallel and exec_.impl == "triton":
+            raise ValueError("parallel.expert_parallel runs the reference MoE (CPU, or PADDLE_MLA_MOE=reference) "
+                             "for now: the fused MoE's align kernel does not yet skip other ranks' experts")
         self.shared = shared_mlp(w, p + "shared_experts.") if (p + "shared_experts.gate_proj.weight") in w else None
 
     @property
@@ -160,6 +200,8 @@ class MoE:
 
     def forward(self, x):
         topk_ids, topk_weights = route(self.spec, x, self.gate_w, self.bias)
+        if self.expert_parallel:
+            topk_ids = topk_ids - self.expert_first
         out = self.exec.run(x, self.w_gate, self.w_up, self.w_down, topk_ids, topk_weights)
         if self.shared is not None:
             out = out + self.shared.forward(x)

@@ -13,6 +13,10 @@ Megatron-style splits of the DeepSeek layers over ``size`` ranks:
   ``o_proj`` row-parallel; per-head q/k norms replicated (no collective).
 - Everything else (norms, the router, the V3.2 indexer, o_proj / down_proj biases) is replicated.
 
+Expert parallel (``expert_parallel``): the routed experts are placed whole, rank r holding the
+contiguous id range ``expert_range(E, r, size)``; shared experts, dense MLPs and attention keep the
+splits above.
+
 Splits are contiguous ranges; the vocabulary and MLP ranges may be uneven (ceil-sized chunks, the
 last rank takes the rest); heads must divide evenly. 1-D tensors are only split as GQA / MLP biases.
 """
@@ -52,6 +56,12 @@ def split_range(n: int, rank: int, size: int) -> tuple[int, int]:
     chunk = -(-n // size)
     start = min(rank * chunk, n)
     return start, min(start + chunk, n)
+
+
+def expert_range(num_experts: int, rank: int, size: int) -> tuple[int, int]:
+    """[first, stop) of the routed experts ``rank`` holds under expert parallelism (may be empty
+    when there are more ranks than experts: that rank then adds nothing to the routed sum)."""
+    return split_range(num_experts, rank, size)
 
 
 def vocab_chunk(vocab_size: int, size: int) -> int:
@@ -113,13 +123,18 @@ def _gqa_shard(name: str, arch, rank: int, size: int) -> Shard | None:
     return None
 
 
-def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int) -> Shard | None:
-    """The slice of checkpoint tensor ``name`` (of ``shape``) that ``rank`` holds; None: all of it."""
+def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int,
+                     expert_parallel: bool = False) -> Shard | None:
+    """The slice of checkpoint tensor ``name`` (of ``shape``) that ``rank`` holds; None: all of it
+    (under ``expert_parallel`` a routed expert is whole; which experts a rank loads at all is
+    ``expert_range``'s)."""
     if size == 1 or len(shape) not in (1, 2):
         return None
     if len(shape) == 2 and name in ("model.embed_tokens.weight", "lm_head.weight"):
         return Shard(0, *split_range(shape[0], rank, size))
     if not _LAYER_NAME.match(name):
+        return None
+    if expert_parallel and ".mlp.experts." in name:
         return None
     if ".mlp." in name:
         return _mlp_shard(name, shape, rank, size)

@@ -1,6 +1,7 @@
-"""Scale-out on one host: tensor parallelism (docs/scaling_out.md).
+"""Scale-out on one host: tensor and expert parallelism (docs/scaling_out.md).
 
-- ``sharding``: which slice of each checkpoint tensor a rank holds (plain Python, no tensors);
+- ``paddle_mla.models.sharding``: which slice of each checkpoint tensor a rank holds, and under
+  ``parallel.expert_parallel`` which whole routed experts (plain Python, no tensors);
 - ``group``: the torch.distributed group of one engine and its collectives (all-reduce, the
   vocab-parallel embedding and logits gather);
 - ``launcher``: rank 0's side (spawns the workers, forms the group, sends each step's batch,

@@ -15,7 +15,9 @@ MoE, which is a different engine shape.
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 from datetime import timedelta
 
 from paddle_mla.platform import runtime as _runtime
@@ -31,6 +33,9 @@ from paddle_mla.parallel.worker import Rendezvous  # noqa: E402
 
 # torch >= 2.13 names it all_gather_single; the GPU machine's torch 2.11 has only the old name
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# aborts every communicator of the process (NCCL: ncclCommAbort, local; gloo: closes its pairs);
+# older torch without it: destroy, which then only runs once no peer is left to wait for
+_ABORT_ALL = getattr(dist.distributed_c10d, "_abort_process_group", None) or dist.destroy_process_group
 
 
 def master_store(size: int, timeout_s: float = 120.0):
@@ -40,15 +45,25 @@ def master_store(size: int, timeout_s: float = 120.0):
 
 class TPGroup:
     """Rank ``rank`` of ``size``: the collectives the sharded model calls (in the same order on
-    every rank, CUDA-graph capturable on NCCL)."""
+    every rank, CUDA-graph capturable on NCCL).
 
-    def __init__(self, rank: int, size: int, device_kind: str, threads_before: int | None = None):
+    ``expert_parallel``: the loader places the routed experts whole on the ranks. Tokens need no
+    dispatch: after the attention all-reduce every rank holds every token, so each rank runs its
+    own experts on the tokens routed to them, and the block's one all-reduce (routed + shared
+    partials, as under TP) is the combine. An all-to-all would only move tokens a rank already has
+    (it pays where ranks hold different tokens, i.e. data-parallel attention, not built here)."""
+
+    def __init__(self, rank: int, size: int, device_kind: str, threads_before: int | None = None,
+                 expert_parallel: bool = False):
         self.rank, self.size, self.device_kind = rank, size, device_kind
+        self.expert_parallel = expert_parallel
         self._threads_before = threads_before
+        self._open = True
+        self._lock = threading.Lock()     # leave() from close and from atexit must abort once
 
     # -- set-up -----------------------------------------------------------------------------
     @staticmethod
-    def join(rank: int, rdzv: Rendezvous, store=None) -> "TPGroup":
+    def join(rank: int, rdzv: Rendezvous, store=None, expert_parallel: bool = False) -> "TPGroup":
         if rdzv.device_kind == "gpu":
             # NVLink multicast (NVLS) stays off, as the GPU machines require; NCCL reads it at init
             os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -63,17 +78,36 @@ class TPGroup:
             store = dist.TCPStore(rdzv.host, rdzv.port, rdzv.size, False, timeout=timedelta(seconds=120))
         dist.init_process_group("nccl" if rdzv.device_kind == "gpu" else "gloo", store=store, rank=rank,
                                 world_size=rdzv.size, timeout=timedelta(seconds=rdzv.timeout_s))
-        return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before)
+        return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before, expert_parallel)
 
-    def destroy(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    def leave(self, runner=None, drain: bool = False) -> None:
+        """Leave the group without waiting on any peer: drop ``runner``'s CUDA graphs (their captured
+        collectives hold the communicator), then abort the communicator.
+
+        Abort, not destroy: NCCL's destroy waits for every rank to destroy too, so a rank that
+        destroys while a peer is gone, or before the peer gets there, hangs. Shutdown is ordered
+        instead (the workers leave first, then rank 0), and each rank's abort is local.
+        ``drain``: finish this rank's queued work first; only where its peers are known to have run
+        the matching collectives (a worker after rank 0's goodbye), or the wait could be endless."""
+        if drain:
+            _runtime.synchronize()  # no graph is freed while it still runs
+        if runner is not None and getattr(runner, "graphs", None) is not None:
+            runner.graphs = None
+            gc.collect()            # the graphs' executables are freed now, before the communicator
+        with self._lock:
+            if self._open and dist.is_initialized():
+                self._open = False
+                try:
+                    _ABORT_ALL()
+                except Exception:  # noqa: BLE001 - a communicator already broken by a dead peer
+                    pass
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
 
     def abort(self) -> None:
-        """Best effort: unblock collectives waiting on a dead rank (NCCL kernels spin otherwise)."""
+        """Best effort, from the watchdog thread: unblock collectives waiting on a dead rank (NCCL
+        kernels spin otherwise). ``leave`` still runs at close."""
         try:
             backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
             backend.abort()

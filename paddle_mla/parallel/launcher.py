@@ -15,6 +15,10 @@ idle engine raises it at the next step. Where a collective cannot notice the dea
 kernels spin), the watchdog aborts the communicator, and if the engine is still stuck after
 ``PADDLE_MLA_TP_GRACE_S`` seconds (default 60) it prints the error and exits the process with 1,
 so a batch run never hangs: its output so far is intact and ``generate --resume`` completes it.
+
+Shutdown (``close``) never waits on a peer: the workers leave first (each drops its CUDA graphs and
+aborts its communicator, then exits), then rank 0 does the same; after a dead worker or a cut step
+the live workers are killed instead of asked.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from multiprocessing import connection
 
@@ -35,6 +40,9 @@ from paddle_mla.parallel.worker import WorkerSpec, worker_main
 TORCH_ONLY = ("parallel.tensor_parallel_size > 1 runs on torch.distributed and is torch-only for now; "
               "use runtime: torch (the paddle runtime has no tensor-parallel path yet)")
 RESUME_HINT = "the output written so far is intact: rerun with --resume"
+# how long rank 0's close waits for idle workers to leave (they drop their graphs and abort their
+# communicator: well under a second); a worker still there then is killed
+LEAVE_S = 5.0
 
 
 class TensorParallelError(RuntimeError):
@@ -81,6 +89,8 @@ class TPDriver:
         self._closing = False
         self._busy = 0                 # > 0 while the main thread is inside a guarded call
         self._raised = False
+        self._cut = False              # a guarded call ended by an exception: workers may be mid-step
+        self._runner = None            # weakref to rank 0's ModelRunner (its graphs go before the group)
         self.grace_s = float(os.environ.get("PADDLE_MLA_TP_GRACE_S", "60"))
 
     # -- start-up ---------------------------------------------------------------------------
@@ -106,7 +116,7 @@ class TPDriver:
             with self._guard():
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "joining")
-                self.group = TPGroup.join(0, rdzv, store)
+                self.group = TPGroup.join(0, rdzv, store, self.config.parallel.expert_parallel)
                 runner = ModelRunner(self.config, self.model_dir, tp=self.group)
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "ready")
@@ -114,6 +124,7 @@ class TPDriver:
             self.close()
             raise
         runner.tp_driver = self
+        self._runner = weakref.ref(runner)
         step = runner.execute
         runner.execute = lambda out: self._guarded(step, out)   # a dead worker -> TensorParallelError
         return runner
@@ -142,11 +153,13 @@ class TPDriver:
     @contextmanager
     def _guard(self):
         self._busy += 1
+        finished = False
         try:
             failure = self._failure()
             if failure:
                 raise TensorParallelError(failure)
             yield
+            finished = True
         except TensorParallelError:
             self._raised = True
             raise
@@ -158,6 +171,8 @@ class TPDriver:
             raise
         finally:
             self._busy -= 1
+            if not finished:          # also KeyboardInterrupt: the workers may wait in a collective
+                self._cut = True
 
     def _failure(self, wait_s: float = 0.0) -> str | None:
         """One line (+ the worker's traceback) for the first dead worker; None while all live."""
@@ -200,22 +215,32 @@ class TPDriver:
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
+        """Workers leave first, then rank 0; nothing waits on a peer that is gone.
+
+        Clean (every worker alive and idle, no step cut short): each worker gets the goodbye, drops
+        its graphs, aborts its communicator and exits; rank 0 waits ``LEAVE_S`` at most for that.
+        Otherwise (a worker died, or a step was interrupted or failed, so a live worker may sit in
+        a collective that will never complete) the workers are killed at once. Rank 0 then drops
+        its own graphs and aborts its communicator (``TPGroup.leave``)."""
         if self._closing:
             return
         self._closing = True
         atexit.unregister(self.close)
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except (OSError, ValueError):
-                pass
+        clean = not self._cut and all(proc.exitcode is None for proc in self.procs)
+        if clean:
+            for conn in self.conns:
+                try:
+                    conn.send(None)
+                except (OSError, ValueError):
+                    clean = False
+        deadline = time.monotonic() + (LEAVE_S if clean else 0.0)
         for proc in self.procs:
-            proc.join(timeout=10)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:
-                proc.terminate()
-                proc.join(timeout=5)
+                proc.kill()            # SIGKILL: a worker blocked inside a collective cannot delay it
+                proc.join(timeout=LEAVE_S)
+        for conn in self.conns:
+            conn.close()
         if self.group is not None:
-            try:
-                self.group.destroy()
-            except Exception:  # noqa: BLE001 - a broken group (dead peer) may not tear down cleanly
-                pass
+            runner = self._runner() if self._runner is not None else None
+            self.group.leave(runner)

@@ -3,8 +3,10 @@
 A worker loads its shards, builds its own ModelRunner (KV caches, backend, CUDA graphs), says
 "ready", then runs every step rank 0 sends: the step's ``StepBatch`` (plain host arrays) in, the
 same ``forward_step`` as rank 0 out (its collectives pair with rank 0's; the logits are dropped:
-rank 0 samples). ``None`` ends the loop. A failure is sent to rank 0 as text before the worker
-exits; a worker whose rank 0 is gone (its pipe closes or its parent changes) exits at once.
+rank 0 samples). ``None`` ends the loop: the worker leaves the group (its graphs dropped, then
+its communicator aborted: nothing waits on rank 0) and exits at once. A failure is sent to rank 0
+as text before the worker exits; a worker whose rank 0 is gone (its pipe closes or its parent
+changes) exits at once.
 
 Test hook: ``PADDLE_MLA_TP_TEST_KILL=RANK:STEPS`` makes that rank kill itself (SIGKILL) after
 STEPS steps, so the dead-worker path and ``--resume`` after it can be tested end to end.
@@ -76,7 +78,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         from paddle_mla.parallel.group import TPGroup
 
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
-        group = TPGroup.join(spec.rank, spec.rdzv)
+        group = TPGroup.join(spec.rank, spec.rdzv, expert_parallel=spec.config.parallel.expert_parallel)
         runner = ModelRunner(spec.config, spec.model_dir, tp=group)
         conn.send(("ready",))
         kill_after, steps = _kill_after(spec.rank), 0
@@ -96,4 +98,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         except Exception:  # noqa: BLE001
             pass
         os._exit(1)
-    group.destroy()
+    # rank 0's goodbye: every collective this rank queued has its partners run, so the drain ends;
+    # then out at once (interpreter teardown of CUDA and NCCL state can block on a gone peer)
+    group.leave(runner, drain=True)
+    conn.close()
+    os._exit(0)
