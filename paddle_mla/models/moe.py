@@ -77,9 +77,10 @@ class MoEExec:
         self.workspace = MoEWorkspace(max_tokens, top_k, num_experts, inter, hidden, self.dtype, self.device,
                                       fp8=fp8, chunk_tokens=chunk_tokens)
 
-    def run(self, x, w_gate, w_up, w_down, topk_ids, topk_weights):
+    def run(self, x, w_gate, w_up, w_down, topk_ids, topk_weights, n_routed: int | None = None):
         """Routed experts; ``w_*`` are dense tensors, or Fp8Weight (triton only, see ``runs_fp8``).
-        ``topk_ids`` are rows of the stacked ``w_*``; ids outside them (other ranks' experts) add nothing."""
+        ``topk_ids`` are rows of the stacked ``w_*``; ids outside them (other ranks' experts) add nothing.
+        ``n_routed``: the model's expert count when the ``w_*`` hold fewer (expert parallel)."""
         if self.impl == "reference":
             moe = routed_moe_chosen if self.device == "cpu" else routed_moe_reference
             return moe(x, w_gate, w_up, w_down, topk_ids, topk_weights)
@@ -90,8 +91,8 @@ class MoEExec:
             self.reserve(8192, topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1], x.shape[1], fp8=fp8)
         if fp8:
             return fused_moe(x, w_gate.weight, w_up.weight, w_down.weight, topk_ids, topk_weights, self.workspace,
-                             w_gate.scale_inv, w_up.scale_inv, w_down.scale_inv, act_quant=_act_quant)
-        return fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, self.workspace)
+                             w_gate.scale_inv, w_up.scale_inv, w_down.scale_inv, act_quant=_act_quant, n_routed=n_routed)
+        return fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, self.workspace, n_routed=n_routed)
 
     def runs_fp8(self, w: Fp8Weight) -> bool:
         """Whether the fused kernels take this FP8 expert weight as it is (else: dequantize it)."""
@@ -189,9 +190,6 @@ class MoE:
         # expert parallel: this rank holds experts [first, first + rows) of n_routed_experts
         self.expert_first = int(w.get(p + "experts.first", 0))
         self.expert_parallel = self.w_gate.shape[0] < self.spec.n_routed_experts
-        if self.expert_parallel and exec_.impl == "triton":
-            raise ValueError("parallel.expert_parallel runs the reference MoE (CPU, or PADDLE_MLA_MOE=reference) "
-                             "for now: the fused MoE's align kernel does not yet skip other ranks' experts")
         self.shared = shared_mlp(w, p + "shared_experts.") if (p + "shared_experts.gate_proj.weight") in w else None
 
     @property
@@ -202,7 +200,8 @@ class MoE:
         topk_ids, topk_weights = route(self.spec, x, self.gate_w, self.bias)
         if self.expert_parallel:
             topk_ids = topk_ids - self.expert_first
-        out = self.exec.run(x, self.w_gate, self.w_up, self.w_down, topk_ids, topk_weights)
+        out = self.exec.run(x, self.w_gate, self.w_up, self.w_down, topk_ids, topk_weights,
+                            self.spec.n_routed_experts if self.expert_parallel else None)
         if self.shared is not None:
             out = out + self.shared.forward(x)
         return out

@@ -108,6 +108,26 @@ class TestFusedKernels:
         ref = routed_moe_reference(*[t.to(torch.float32) if t.dtype == torch.float16 else t for t in case])
         np.testing.assert_allclose(got.cpu().numpy(), ref.cpu().numpy(), atol=2e-2, rtol=2e-2)
 
+    @pytest.mark.parametrize("M", [1, 83])
+    def test_expert_parallel_slices_sum_to_the_whole(self, M):
+        """A rank holding experts [lo, hi) gets ids shifted by lo: the others fall outside its rows
+        (negative or past them) and add nothing, in the align, the single-token path and the top-k
+        sum; the ranks' outputs add up to the whole layer's, as the block's all-reduce adds them."""
+        from paddle_mla.models.fused_moe.kernels import MoEWorkspace, fused_moe
+
+        x, wg, wu, wd, ids, w = _case(M, "random", seed=11 + M)
+        whole = self._run(x, wg, wu, wd, ids, w).cpu().numpy()
+        total = np.zeros_like(whole)
+        for lo, hi in [(0, 3), (3, 5), (5, E)]:
+            ws = MoEWorkspace(M, TOP_K, hi - lo, N, K, x.dtype, DEV)
+            shifted = (ids - lo).contiguous()
+            part = fused_moe(x, wg[lo:hi].contiguous(), wu[lo:hi].contiguous(), wd[lo:hi].contiguous(), shifted, w,
+                             ws, n_routed=E).cpu().numpy()
+            ref = routed_moe_reference(x, wg[lo:hi], wu[lo:hi], wd[lo:hi], shifted, w).cpu().numpy()
+            np.testing.assert_allclose(part, ref, atol=2e-4, rtol=2e-4)
+            total += part
+        np.testing.assert_allclose(total, whole, atol=4e-4, rtol=4e-4)
+
     def test_layer_picks_triton_and_matches_reference(self, monkeypatch):
         """The MoE layer (routing included) with PADDLE_MLA_MOE=triton vs =reference."""
         from paddle_mla.models.moe import MoEExec

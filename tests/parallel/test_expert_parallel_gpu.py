@@ -1,6 +1,6 @@
 """Expert parallelism on 2 GPUs (NCCL): TP=2 + EP gives TP=1's greedy tokens in fp32 on a tiny
-DeepSeek MoE checkpoint. The fused MoE refuses a partial expert set for now, so both runs use the
-masked reference MoE (``PADDLE_MLA_MOE=reference``, inherited by the spawned worker)."""
+DeepSeek MoE checkpoint, through the fused MoE (each rank's experts, other ranks' ids skipped) and
+through the masked reference MoE (``PADDLE_MLA_MOE=reference``, inherited by the spawned worker)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,12 @@ def _tokens(model_dir, tp: int, expert_parallel: bool):
         llm.close()
 
 
-def test_tp2_ep_fp32_matches_tp1(tmp_path, monkeypatch):
+@pytest.mark.parametrize("moe", ["triton", "reference"])
+def test_tp2_ep_fp32_matches_tp1(tmp_path, monkeypatch, moe):
     pytest.importorskip("transformers")
     from test_model_oracle import CONFIGS, _hf_model
 
-    monkeypatch.setenv("PADDLE_MLA_MOE", "reference")
+    monkeypatch.setenv("PADDLE_MLA_MOE", moe)
     model_type, extra = CONFIGS["v3_qlora_yarn_noaux"]
     _hf_model(model_type, {**extra, "num_attention_heads": 4, "num_key_value_heads": 4}).save_pretrained(tmp_path)
     assert _tokens(tmp_path, 2, True) == _tokens(tmp_path, 1, False)

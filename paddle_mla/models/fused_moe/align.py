@@ -7,7 +7,8 @@ Three small Triton kernels, no host sync, fixed-size outputs (so it runs inside 
   3. scatter: each pair takes the next slot of its expert with an atomic increment.
 Slots inside an expert are in arbitrary order; that changes which rows share a GEMM tile, not any
 row's result (rows of a tile are independent, the top-k sum runs later in a fixed order).
-Padding slots hold ``num_pairs`` (an invalid pair id the GEMMs mask out).
+Padding slots hold ``num_pairs`` (an invalid pair id the GEMMs mask out). Pairs whose expert id is
+outside ``[0, E)`` (expert parallel: experts other ranks hold) are left out: they take no slot.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ def max_padded_pairs(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, num_pairs, BLOCK: tl.constexpr):
+def _count_kernel(ids_ptr, counts_ptr, num_pairs, num_experts, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < num_pairs
-    e = tl.load(ids_ptr + offs, mask=mask, other=0)
+    e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=0)
+    mask = (offs < num_pairs) & (e >= 0) & (e < num_experts)
     tl.atomic_add(counts_ptr + e, tl.full([BLOCK], 1, tl.int32), mask=mask)
 
 
@@ -59,10 +60,10 @@ def _offsets_kernel(counts_ptr, cursor_ptr, expert_ids_ptr, total_ptr, num_exper
 
 
 @triton.jit
-def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_pairs, BLOCK: tl.constexpr):
+def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_pairs, num_experts, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < num_pairs
-    e = tl.load(ids_ptr + offs, mask=mask, other=0)
+    e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=0)
+    mask = (offs < num_pairs) & (e >= 0) & (e < num_experts)
     slot = tl.atomic_add(cursor_ptr + e, tl.full([BLOCK], 1, tl.int32), mask=mask)
     tl.store(sorted_ptr + slot.to(tl.int64), offs.to(tl.int32), mask=mask)
 
@@ -106,9 +107,9 @@ def moe_align(topk_ids, buf: AlignBuffers, block_m: int):
     ids = topk_ids.reshape(-1)
     BLOCK = 256
     grid = (triton.cdiv(num_pairs, BLOCK),)
-    _count_kernel[grid](ids, buf.counts, num_pairs, BLOCK=BLOCK)
+    _count_kernel[grid](ids, buf.counts, num_pairs, E, BLOCK=BLOCK)
     bb = 64 if E <= 128 else 16
     _offsets_kernel[(triton.cdiv(blocks, bb),)](buf.counts, buf.cursor, expert_ids, buf.total, E, blocks, BLOCK_M=bm,
                                                E_P2=triton.next_power_of_2(E), BLOCK_B=bb)
-    _scatter_kernel[grid](ids, buf.cursor, sorted_ids, num_pairs, BLOCK=BLOCK)
+    _scatter_kernel[grid](ids, buf.cursor, sorted_ids, num_pairs, E, BLOCK=BLOCK)
     return sorted_ids, expert_ids, buf.total

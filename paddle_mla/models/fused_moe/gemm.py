@@ -50,6 +50,8 @@ def grouped_gemm_kernel(
     row_ok = pair < num_pairs
     a_row = pair // A_ROW_DIV
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if expert < 0:      # a single-token call's pair of an expert another rank holds (expert parallel)
+        return
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N                 # wrapped: loads stay in bounds, stores are masked
@@ -110,12 +112,15 @@ def grouped_gemm_kernel(
 
 
 @triton.jit
-def sum_topk_kernel(y_ptr, out_ptr, K, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[t, :] = sum_k y[t, k, :] in fp32 (y contiguous [M, TOP_K, K], out contiguous [M, K])."""
+def sum_topk_kernel(y_ptr, out_ptr, ids_ptr, K, num_experts, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[t, :] = sum_k y[t, k, :] in fp32 (y contiguous [M, TOP_K, K], out contiguous [M, K]) over
+    the pairs whose expert id (ids [M, TOP_K]) is in [0, num_experts): the others were never computed."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = offs < K
     acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k in tl.static_range(TOP_K):
-        acc += tl.load(y_ptr + (t * TOP_K + k) * K + offs, mask=mask, other=0.0).to(tl.float32)
+        e = tl.load(ids_ptr + t * TOP_K + k)
+        ok = (e >= 0) & (e < num_experts)
+        acc += tl.load(y_ptr + (t * TOP_K + k) * K + offs, mask=mask & ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * K + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)

@@ -136,12 +136,16 @@ def _fit_config(cfg: dict, fp8: bool, gated: bool, elt: int) -> dict:
 
 
 def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWorkspace,
-              w_gate_scale=None, w_up_scale=None, w_down_scale=None, act_quant=None, config: dict | None = None):
+              w_gate_scale=None, w_up_scale=None, w_down_scale=None, act_quant=None, config: dict | None = None,
+              n_routed: int | None = None):
     """x [M, K]; w_gate/w_up [E, N, K]; w_down [E, K, N]; topk_ids [M, top_k] int; topk_weights [M, top_k] fp32.
-    Returns [M, K] in x's dtype. FP8 when ``w_gate_scale`` is given (then ``act_quant`` is required).
-    ``config`` overrides the launch config (tests, tuning)."""
+    Returns [M, K] in x's dtype. Pairs whose id is outside [0, E) (expert parallel: experts another rank
+    holds) add nothing. FP8 when ``w_gate_scale`` is given (then ``act_quant`` is required).
+    ``config`` overrides the launch config (tests, tuning); ``n_routed`` is the model's expert count
+    when this rank holds fewer (expert parallel), else None."""
     M, K = x.shape
     E, N, _ = w_gate.shape
+    n_routed = E if n_routed is None else n_routed
     top_k = topk_ids.shape[1]
     fp8 = w_gate_scale is not None
     if fp8 and act_quant is None:
@@ -161,7 +165,10 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
         ids, weights = ids_all[start:start + m], w_all[start:start + m]
         num_pairs = m * top_k
         if m == 1 and cfg["BLOCK_M"] in workspace.single:
-            (sorted_ids, total), expert_ids = workspace.single[cfg["BLOCK_M"]], ids.reshape(-1)
+            # a foreign id becomes -1, a block the GEMMs skip (ids are in [0, E) unless expert parallel)
+            (sorted_ids, total) = workspace.single[cfg["BLOCK_M"]]
+            expert_ids = ids.reshape(-1) if E == n_routed else \
+                torch.where((ids >= 0) & (ids < E), ids, torch.full_like(ids, -1)).reshape(-1)
         else:
             sorted_ids, expert_ids, total = moe_align(ids, workspace.align, cfg["BLOCK_M"])
         xc = x[start:start + m]
@@ -178,7 +185,7 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
                      expert_ids, total, num_pairs, 1, gated=False, mul_routed=True,
                      cfg=_fit_config(cfg, fp8, False, elt), a_group=quant_group(cfg) if fp8 else FP8_GROUP)
         bk = min(1024, triton.next_power_of_2(K))
-        sum_topk_kernel[(m, triton.cdiv(K, bk))](down, out[start:start + m], K, TOP_K=top_k, BLOCK_K=bk)
+        sum_topk_kernel[(m, triton.cdiv(K, bk))](down, out[start:start + m], ids, K, E, TOP_K=top_k, BLOCK_K=bk)
     return out
 
 
