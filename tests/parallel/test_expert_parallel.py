@@ -184,19 +184,3 @@ def test_gqa_moe_tp2_ep_matches_tp1_and_hf(name, tmp_path):
     expected = [tokens for tokens, _ in _hf_greedy(hf, ENGINE_PROMPTS)]
     experts = getattr(hf.config, "num_experts", None) or hf.config.moe_num_experts
     _check_ep(tmp_path, ENGINE_PROMPTS, NEW_TOKENS, expected, experts)
-
-
-def test_fused_moe_refuses_a_partial_expert_set():
-    """The fused kernels' align step would index past the held experts with other ranks' ids."""
-    from types import SimpleNamespace
-
-    from paddle_mla.models.moe import MoE, MoEExec
-    from paddle_mla.platform.tensor_api import torch
-
-    spec = SimpleNamespace(n_routed_experts=4)
-    w = {"m.gate.weight": torch.zeros(4, 8), "m.experts.first": 2,
-         **{f"m.experts.{k}": torch.zeros(2, 8, 8) for k in ("gate", "up", "down")}}
-    exec_ = MoEExec("cpu", torch.float32)
-    exec_.impl = "triton"
-    with pytest.raises(ValueError, match="parallel.expert_parallel runs the reference MoE"):
-        MoE(SimpleNamespace(moe=spec), w, "m.", exec_, None)
