@@ -41,16 +41,17 @@ class TensorParallelError(RuntimeError):
     """A tensor-parallel worker died or failed; the engine cannot go on."""
 
 
-def build_runner(config, model_dir: str, model=None):
+def build_runner(config, model_dir: str, model=None, eos_token_ids: frozenset = frozenset()):
     """The engine's ModelRunner: rank 0 of a tensor-parallel group when the config asks for one.
-    ``model``: a prebuilt model (benchmarks with random weights; single rank only)."""
+    ``model``: a prebuilt model (benchmarks with random weights; single rank only).
+    ``eos_token_ids``: the tokenizer's (rank 0 samples: its runner masks them before min_tokens)."""
     from paddle_mla.worker.model_runner import ModelRunner
 
     if config.parallel.tensor_parallel_size == 1:
-        return ModelRunner(config, model_dir, model=model)
+        return ModelRunner(config, model_dir, model=model, eos_token_ids=eos_token_ids)
     if model is not None:
         raise ValueError("a prebuilt model runs on one rank only: set parallel.tensor_parallel_size: 1")
-    return TPDriver(config, model_dir).start()
+    return TPDriver(config, model_dir).start(eos_token_ids)
 
 
 def _how(exitcode: int) -> str:
@@ -84,7 +85,7 @@ class TPDriver:
         self.grace_s = float(os.environ.get("PADDLE_MLA_TP_GRACE_S", "60"))
 
     # -- start-up ---------------------------------------------------------------------------
-    def start(self):
+    def start(self, eos_token_ids: frozenset = frozenset()):
         from paddle_mla.worker.model_runner import ModelRunner
         from paddle_mla.parallel.group import TPGroup, master_store
         from paddle_mla.parallel.worker import Rendezvous
@@ -107,7 +108,7 @@ class TPDriver:
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "joining")
                 self.group = TPGroup.join(0, rdzv, store)
-                runner = ModelRunner(self.config, self.model_dir, tp=self.group)
+                runner = ModelRunner(self.config, self.model_dir, tp=self.group, eos_token_ids=eos_token_ids)
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "ready")
         except BaseException:

@@ -75,10 +75,12 @@ def resolve_max_model_len(cfg: EngineConfig, max_position_embeddings: int) -> in
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None, tp=None):
+    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None, tp=None,
+                 eos_token_ids: frozenset = frozenset()):
         """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights).
         ``tp``: this rank's tensor-parallel group (paddle_mla.parallel); rank 0 then has a
-        ``tp_driver`` that sends each step's batch to the other ranks."""
+        ``tp_driver`` that sends each step's batch to the other ranks. ``eos_token_ids``: the
+        tokenizer's, masked before min_tokens with the model's."""
         self.cfg = cfg
         _runtime.select(cfg.runtime)   # the engine names the runtime; one other than the active one raises
         self.tp, self.tp_driver = tp, None
@@ -116,7 +118,7 @@ class ModelRunner:
                                       dtype=self.dtype, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
                                       **swa_kwargs, **({"index_topk": arch.indexer.topk} if backend_name == "dsa" else {}))
         self.model.set_backend(self.backend)
-        self.eos_token_ids = frozenset(arch.eos_token_ids)   # masked by min_tokens; the LLM adds the tokenizer's
+        self.eos_token_ids = frozenset(arch.eos_token_ids) | frozenset(eos_token_ids)   # masked by min_tokens
         self.key_windows = None
         if self.backend.name == "dsa":   # the indexer's [ks, ke), once per step with prefill tokens
             from paddle_mla.attention.dsa.key_window import KeyWindows

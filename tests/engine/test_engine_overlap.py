@@ -60,7 +60,7 @@ def test_overlap_gives_the_same_completions(variant):
         assert llm.overlap is overlap
         reqs = mixed_workload(llm.runner.arch.vocab_size)
         runs.append(completions(llm.generate(reqs, use_tqdm=False)))
-        assert llm._inflight is None
+        assert llm.core.inflight is None
     assert runs[1][0] == runs[0][0]
     assert runs[1][1] == pytest.approx(runs[0][1], abs=1e-4) and len(runs[0][1]) > 0
     assert all(err is None for err, _ in runs[0][0])
