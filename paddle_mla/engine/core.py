@@ -35,7 +35,8 @@ class CoreLimits:
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner, processor: OutputProcessor, limits: CoreLimits,
                  eos_token_ids: set[int], overlap: bool, seed: int):
-        """``runner``: has ``execute(out)`` and ``launch(out)`` (ModelRunner). ``eos_token_ids``:
+        """``runner``: has ``execute(msg)`` and ``launch(msg)`` (ModelRunner; ``msg``: the
+        scheduler's plain-data ``step_input``). ``eos_token_ids``:
         stop a completion unless its params ignore eos. ``overlap``: overlapped scheduling.
         ``seed``: draws the seeds of requests that name none."""
         self.scheduler, self.runner, self.processor, self.limits = scheduler, runner, processor, limits
@@ -128,7 +129,7 @@ class EngineCore:
             return
         out: SchedulerOutput = self.scheduler.schedule()
         if out.scheduled:
-            self._apply(out, self.runner.execute(out), finished)
+            self._apply(out, self.runner.execute(self.scheduler.step_input(out)), finished)
         # After the step's tokens: a failed sequence fails its whole request, and its siblings
         # (maybe scheduled in this very step) are dropped from the scheduler.
         self._fail(out, finished)
@@ -146,7 +147,7 @@ class EngineCore:
             self._apply(prev[0], prev[1].result(), finished)
             prev = None
             out.scheduled = [s for s in out.scheduled if s.seq.status is Status.RUNNING]
-        launched = self.runner.launch(out) if out.scheduled else None
+        launched = self.runner.launch(self.scheduler.step_input(out)) if out.scheduled else None
         if prev is not None:
             self._apply(prev[0], prev[1].result(), finished)
         if launched is not None:

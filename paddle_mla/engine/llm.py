@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 from paddle_mla.platform import runtime
 from paddle_mla.config.schema import EngineConfig, load_config
 from paddle_mla.engine.core import build_core
-from paddle_mla.engine.output_processor import completion_seed  # noqa: F401  (its public home was here)
+from paddle_mla.engine.output_processor import completion_seed  # noqa: F401  (callers import it from here)
 from paddle_mla.sched.request import EngineStats, GenerationRequest, RequestOutput, SamplingParams
 
 

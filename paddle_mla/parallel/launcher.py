@@ -4,7 +4,7 @@ and turns a dead worker into one clear error.
 ``build_runner(config, model_dir)`` is what the engine calls: a plain ModelRunner when
 ``parallel.tensor_parallel_size`` is 1; otherwise it spawns ranks 1..N-1 (multiprocessing
 "spawn", no torchrun), joins them in a torch.distributed group as rank 0, and returns rank 0's
-ModelRunner, whose ``forward_step`` sends each step's ``StepBatch`` to the workers
+ModelRunner, which sends each step's plain-data scheduler changes to the workers
 (``TPDriver.send``) before running the step itself. The scheduler, the sampler and the one host
 read stay on rank 0.
 
@@ -131,10 +131,11 @@ class TPDriver:
             raise TensorParallelError(f"tensor-parallel worker rank {rank} failed at start-up:\n{detail}")
 
     # -- each step --------------------------------------------------------------------------
-    def send(self, batch) -> None:
-        """Hand this step's batch to every worker (called by rank 0's ``forward_step``)."""
+    def send(self, msg) -> None:
+        """Hand this step's scheduler changes (sched/output.py ``StepInput``: plain data, small) to
+        every worker; each applies them to its own input batch (called by rank 0's runner)."""
         for conn in self.conns:
-            conn.send(batch)
+            conn.send(msg)
 
     def _guarded(self, fn, *args):
         with self._guard():

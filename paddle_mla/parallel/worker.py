@@ -1,10 +1,11 @@
 """The loop of tensor-parallel ranks 1..N-1 (a spawned process each; rank 0 is the engine itself).
 
 A worker loads its shards, builds its own ModelRunner (KV caches, backend, CUDA graphs), says
-"ready", then runs every step rank 0 sends: the step's ``StepBatch`` (plain host arrays) in, the
-same ``forward_step`` as rank 0 out (its collectives pair with rank 0's; the logits are dropped:
-rank 0 samples). ``None`` ends the loop. A failure is sent to rank 0 as text before the worker
-exits; a worker whose rank 0 is gone (its pipe closes or its parent changes) exits at once.
+"ready", then runs every step rank 0 sends: the scheduler's plain-data changes (``StepInput``)
+applied to its own persistent input batch, then the same ``forward_step`` as rank 0 (its
+collectives pair with rank 0's; the logits are dropped: rank 0 samples). ``None`` ends the loop.
+A failure is sent to rank 0 as text before the worker exits; a worker whose rank 0 is gone (its
+pipe closes or its parent changes) exits at once.
 
 Test hook: ``PADDLE_MLA_TP_TEST_KILL=RANK:STEPS`` makes that rank kill itself (SIGKILL) after
 STEPS steps, so the dead-worker path and ``--resume`` after it can be tested end to end.
@@ -78,13 +79,19 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
         group = TPGroup.join(spec.rank, spec.rdzv)
         runner = ModelRunner(spec.config, spec.model_dir, tp=group)
+        if runner.head_wise_swa is not None:     # head-wise tables: the same per-head pool layout as rank 0
+            from paddle_mla.cache.head_pool import make_block_pool
+
+            cache = spec.config.cache
+            runner.attach_pool(make_block_pool(runner.limits.num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                               runner.head_wise_swa, runner.swa_num_blocks))
         conn.send(("ready",))
         kill_after, steps = _kill_after(spec.rank), 0
         while True:
-            batch = conn.recv()
-            if batch is None:
+            msg = conn.recv()     # the scheduler's plain-data StepInput, as rank 0's runner applies it
+            if msg is None:
                 break
-            runner.forward_step(batch)
+            runner.forward_step(runner.step_batch(msg))
             steps += 1
             if kill_after is not None and steps >= kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -209,6 +209,12 @@ class Sequence:
     length_limit: int | None = None
     stop_ids: frozenset | None = None
     penalized: bool | None = None
+    # the runner's copy (sched/output.py): the request id it is known by there (given by the
+    # scheduler), whether the runner holds it, and how many block ids of each row it was sent
+    seq_id: int = -1
+    in_runner: bool = False
+    sent_blocks: int = 0
+    sent_swa: int = 0
 
     def __post_init__(self):
         p = self.request.params

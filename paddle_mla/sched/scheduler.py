@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from paddle_mla.cache.block_pool import BlockPool
 from paddle_mla.sched.seq_blocks import SeqBlocks, UniformSeqBlocks
 from paddle_mla.config.schema import SchedulerConfig
-from paddle_mla.sched.request import PENDING, Sequence, Status
+from paddle_mla.sched.output import NewRequest, ScheduledRow, StepInput
+from paddle_mla.sched.request import PENDING, Sequence, Status, token_slice
 
 
 @dataclass(slots=True)
@@ -73,6 +74,8 @@ class Scheduler:
         # into the pool (the steady step's common row)
         self._uniform_block_size = pool.block_size if isinstance(pool, BlockPool) else 0
         self.absorbed_max_new = absorbed_max_new
+        self._num_ids = 0            # sequences given an id (Sequence.seq_id)
+        self._gone: list[int] = []   # ids the runner holds and must drop (StepInput.gone)
 
     def _absorbed_cost(self, n: int, num_cached: int) -> int:
         """New tokens x context tokens of an extend row that the backend runs absorbed, else 0."""
@@ -80,6 +83,9 @@ class Scheduler:
 
     def add(self, *seqs: Sequence, front: bool = False) -> None:
         """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
+        for seq in seqs:
+            if seq.seq_id < 0:
+                seq.seq_id, self._num_ids = self._num_ids, self._num_ids + 1
         if front:
             self.waiting.extendleft(reversed(seqs))
         else:
@@ -88,15 +94,23 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _fail(self, seq: Sequence, message: str) -> None:
+    def _release(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks; the runner drops its copy at the next step."""
         self.kv.free(seq)
+        if seq.in_runner:
+            seq.in_runner = False
+            seq.sent_blocks = seq.sent_swa = 0
+            self._gone.append(seq.seq_id)
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        self._release(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = "error"
         seq.error = message
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.kv.free(seq)
+        self._release(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -254,6 +268,40 @@ class Scheduler:
         is_prefill = n > 1 or need > 1 or not seq.output_token_ids
         return ScheduledSeq(seq, n, seq.num_computed_tokens, is_prefill, n == need)
 
+    def step_input(self, out: SchedulerOutput) -> StepInput:
+        """``out`` as the runner receives it (plain data, sched/output.py): call it once for each
+        step the runner runs, just before it runs (a PENDING token resolved meanwhile is then sent
+        resolved). A steady decode row: one token and no block ids (or the one new block's)."""
+        msg = StepInput(gone=self._gone)
+        self._gone = []
+        rows, new = msg.scheduled, msg.new
+        head_wise = not self._uniform_block_size
+        for s in out.scheduled:
+            seq = s.seq
+            c, n = s.num_cached, s.num_new
+            if not seq.in_runner:
+                seq.in_runner = True
+                new.append(NewRequest(seq.seq_id, seq.request.prompt_token_ids, list(seq.output_token_ids),
+                                      seq.request.params, seq.seed))
+            if n == 1:       # decode: one token, by index
+                prompt = seq.request.prompt_token_ids
+                toks = [prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)]]
+            else:
+                toks = token_slice(seq, c, c + n)
+            blocks = seq.block_ids
+            new_blocks = blocks[seq.sent_blocks:] if len(blocks) > seq.sent_blocks else []
+            seq.sent_blocks = len(blocks)
+            row = ScheduledRow(seq.seq_id, n, c, s.is_prefill, s.samples, toks, new_blocks)
+            if head_wise:
+                swa = seq.swa_block_ids
+                m = len(swa[0]) if swa else 0
+                if m > seq.sent_swa:
+                    row.new_swa_block_ids = [r[seq.sent_swa:m] for r in swa]
+                    seq.sent_swa = m
+                row.swa_dead_below = seq.swa_dead_below
+            rows.append(row)
+        return msg
+
     def finish_step(self, scheduled: list[ScheduledSeq]) -> None:
         """A step's rows are computed: account their tokens, make newly full blocks findable by
         later requests and (with head-wise SWA recycling) give back blocks that left every future
@@ -330,5 +378,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self.kv.free(seq)
+        self._release(seq)
         seq.status = Status.FINISHED

@@ -1,10 +1,11 @@
 """ModelRunner: owns the model, the KV caches and the attention backend; runs one step.
 
-One step: host arrays from the SchedulerOutput -> ``ForwardMeta.build`` once -> ``backend.prepare``
-once -> ``model.forward`` (every layer reads the same meta) -> logits of the sampling rows ->
-sampler -> the single device-to-host read of the sampled tokens and their logprobs. The host
-arrays come from persistent per-request state (``input_state``) and go up in one pinned copy
-(``staging``); ``launch`` enqueues a step without waiting, so the LLM can overlap the next one.
+One step: the scheduler's plain-data changes (sched/output.py ``StepInput``) applied to the
+persistent input batch (``input_state``) -> its host arrays -> ``ForwardMeta.build`` once ->
+``backend.prepare`` once -> ``model.forward`` (every layer reads the same meta) -> logits of the
+sampling rows -> sampler -> the single device-to-host read of the sampled tokens and their
+logprobs. The host arrays go up in one pinned copy (``staging``); ``launch`` enqueues a step
+without waiting, so the engine can overlap the next one.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from paddle_mla.cache.swa import head_wise_swa  # noqa: E402
 from paddle_mla.config.schema import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.worker import sampler  # noqa: E402
 from paddle_mla.sched.request import TokenLogprob  # noqa: E402
-from paddle_mla.worker.input_state import InputState, gather_step  # noqa: E402
+from paddle_mla.worker.input_state import InputState  # noqa: E402
 from paddle_mla.worker.sampling_batch import SamplingBatch, SamplingBatchBuilder, unpack  # noqa: E402
 from paddle_mla.platform.staging import PendingRead, ResultReader, Uploader  # noqa: E402
-from paddle_mla.sched.scheduler import SchedulerOutput  # noqa: E402
+from paddle_mla.sched.output import StepInput  # noqa: E402
 from paddle_mla.models import load_model  # noqa: E402
 
 
@@ -199,20 +200,20 @@ class ModelRunner:
                              f"(device {self.device_kind}, backend {self.backend.name!r})")
         return bool(self.cfg.cuda_graph)
 
-    def step_batch(self, out: SchedulerOutput) -> StepBatch:
-        """The step's host arrays from the persistent per-request state (block-table rows by deltas,
-        new tokens sliced, never the whole token list). PENDING tokens are filled on the device."""
-        return self._gather(out)[0]
+    def step_batch(self, msg: StepInput) -> StepBatch:
+        """The step's host arrays, ``msg`` (the scheduler's changes) applied to the persistent input
+        batch (block-table rows by deltas). PENDING tokens are filled on the device."""
+        return self._gather(msg)[0]
 
-    def _gather(self, out: SchedulerOutput):
-        host = gather_step(self.inputs, out.scheduled)    # head-wise: [B, Hkv, width], rows by deltas
+    def _gather(self, msg: StepInput):
+        if self.tp_driver is not None:   # tensor parallel: every rank applies the same changes
+            self.tp_driver.send(msg)
+        host = self.inputs.apply(msg)    # head-wise: [B, Hkv, width], rows by deltas
         batch = StepBatch(token_ids=host.token_ids, num_new=host.num_new, num_cached=host.num_cached,
                           block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask)
         return batch, host
 
     def _forward(self, batch: StepBatch, extra: dict | None = None):
-        if self.tp_driver is not None:   # tensor parallel: every rank runs this same step
-            self.tp_driver.send(batch)
         meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows, self.uploader,
                                  extra)
         if "pending_pos" in meta.extra:     # overlapped scheduling: tokens sampled by the step before
@@ -228,29 +229,29 @@ class ModelRunner:
         """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
         return self._forward(batch)[0]
 
-    def launch(self, out: SchedulerOutput) -> "LaunchedStep":
+    def launch(self, msg: StepInput) -> "LaunchedStep":
         """Enqueue one step (inputs, model, sampler, and the start of the one read) without waiting."""
-        batch, host = self._gather(out)
+        batch, host = self._gather(msg)
         rows = np.flatnonzero(batch.sample_mask)
         sb = None
         extra: dict[str, np.ndarray] = {}
+        num_rows = len(msg.scheduled)
         if len(rows):
-            sched = out.scheduled
-            # the rows' sequences by a host loop (list indexing by numpy scalars costs more per row)
-            seqs = [s.seq for s, m in zip(sched, batch.sample_mask) if m] if len(rows) < len(sched) \
-                else [s.seq for s in sched]
-            sb = self.sampling_builder.build(seqs, self.eos_token_ids, self.arch.vocab_size)
+            reqs = host.requests
+            # the rows' requests by a host loop (list indexing by numpy scalars costs more per row)
+            reqs = [r for r, m in zip(reqs, batch.sample_mask) if m] if len(rows) < num_rows else reqs
+            sb = self.sampling_builder.build(reqs, self.eos_token_ids, self.arch.vocab_size)
             extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
             extra["sample_slots"] = host.slots[rows]
         if len(host.pending_pos):
             extra.update(pending_pos=host.pending_pos, pending_slot=host.pending_slot)
         logits, meta = self._forward(batch, extra)
         if sb is None:
-            return LaunchedStep(len(out.scheduled), rows, None, None)
+            return LaunchedStep(num_rows, rows, None, None)
         dev = {k[2:]: v for k, v in meta.extra.items() if k.startswith("s_")}
         packed, ids = sampler.sample_step_ids(logits, sb, dev)
         self.last_sampled.scatter_(0, meta.extra["sample_slots"], ids)
-        return LaunchedStep(len(out.scheduled), rows, sb, self.reader.start(packed))
+        return LaunchedStep(num_rows, rows, sb, self.reader.start(packed))
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (a no-op otherwise)."""
@@ -258,9 +259,9 @@ class ModelRunner:
             self.tp_driver.close()
             self.tp_driver = None
 
-    def execute(self, out: SchedulerOutput) -> StepResult:
+    def execute(self, msg: StepInput) -> StepResult:
         """Run one step: the sampled token (and logprobs where asked) of each scheduled row."""
-        return self.launch(out).result()
+        return self.launch(msg).result()
 
 
 @dataclass

@@ -21,7 +21,8 @@ def setup(*params: SamplingParams, prompt_len: int = 5):
 
 def test_stop_ids_from_min_tokens_and_length():
     sched, pool, (eos, early, length, plain) = setup(
-        SamplingParams(max_tokens=9, stop_token_ids=[7]), SamplingParams(max_tokens=9, stop_token_ids=[7], min_tokens=2),
+        SamplingParams(max_tokens=9, stop_token_ids=[7]),
+        SamplingParams(max_tokens=9, stop_token_ids=[7], min_tokens=2),
         SamplingParams(max_tokens=1), SamplingParams(max_tokens=9))
     out = sched.schedule()
     assert [s.samples for s in out.scheduled] == [True] * 4
