@@ -36,9 +36,9 @@ class EngineCore:
     def __init__(self, scheduler: Scheduler, runner, processor: OutputProcessor, limits: CoreLimits,
                  eos_token_ids: set[int], overlap: bool, seed: int):
         """``runner``: has ``execute(msg)`` and ``launch(msg)`` (ModelRunner; ``msg``: the
-        scheduler's plain-data ``step_input``). ``eos_token_ids``:
-        stop a completion unless its params ignore eos. ``overlap``: overlapped scheduling.
-        ``seed``: draws the seeds of requests that name none."""
+        scheduler's plain-data ``step_input``). ``eos_token_ids``: stop a completion unless its
+        params ignore eos. ``overlap``: overlapped scheduling. ``seed``: draws the seeds of
+        requests that name none."""
         self.scheduler, self.runner, self.processor, self.limits = scheduler, runner, processor, limits
         self.eos_token_ids = eos_token_ids
         self.overlap = overlap

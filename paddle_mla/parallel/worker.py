@@ -79,12 +79,6 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
         group = TPGroup.join(spec.rank, spec.rdzv)
         runner = ModelRunner(spec.config, spec.model_dir, tp=group)
-        if runner.head_wise_swa is not None:     # head-wise tables: the same per-head pool layout as rank 0
-            from paddle_mla.cache.head_pool import make_block_pool
-
-            cache = spec.config.cache
-            runner.attach_pool(make_block_pool(runner.limits.num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                               runner.head_wise_swa, runner.swa_num_blocks))
         conn.send(("ready",))
         kill_after, steps = _kill_after(spec.rank), 0
         while True:
