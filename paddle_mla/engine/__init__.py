@@ -1,5 +1,6 @@
-"""Engine: requests, scheduler, model runner, sampler, and the LLM facade.
+"""Engine: the LLM facade, the engine core that steps scheduler and runner, the output processor,
+the tokenizer and stop strings.
 
-request.py, scheduler.py and llm.py import no tensor library; llm.py selects the runtime from the
-config before it imports model_runner.py and sampler.py (which do).
+No module here imports a tensor library; llm.py selects the runtime from the config before it
+builds the model runner (which does).
 """

@@ -4,7 +4,7 @@ and turns a dead worker into one clear error.
 ``build_runner(config, model_dir)`` is what the engine calls: a plain ModelRunner when
 ``parallel.tensor_parallel_size`` is 1; otherwise it spawns ranks 1..N-1 (multiprocessing
 "spawn", no torchrun), joins them in a torch.distributed group as rank 0, and returns rank 0's
-ModelRunner, whose ``forward_step`` sends each step's ``StepBatch`` to the workers
+ModelRunner, which sends each step's plain-data scheduler changes to the workers
 (``TPDriver.send``) before running the step itself. The scheduler, the sampler and the one host
 read stay on rank 0.
 
@@ -49,16 +49,17 @@ class TensorParallelError(RuntimeError):
     """A tensor-parallel worker died or failed; the engine cannot go on."""
 
 
-def build_runner(config, model_dir: str, model=None):
+def build_runner(config, model_dir: str, model=None, eos_token_ids: frozenset = frozenset()):
     """The engine's ModelRunner: rank 0 of a tensor-parallel group when the config asks for one.
-    ``model``: a prebuilt model (benchmarks with random weights; single rank only)."""
+    ``model``: a prebuilt model (benchmarks with random weights; single rank only).
+    ``eos_token_ids``: the tokenizer's (rank 0 samples: its runner masks them before min_tokens)."""
     from paddle_mla.worker.model_runner import ModelRunner
 
     if config.parallel.tensor_parallel_size == 1:
-        return ModelRunner(config, model_dir, model=model)
+        return ModelRunner(config, model_dir, model=model, eos_token_ids=eos_token_ids)
     if model is not None:
         raise ValueError("a prebuilt model runs on one rank only: set parallel.tensor_parallel_size: 1")
-    return TPDriver(config, model_dir).start()
+    return TPDriver(config, model_dir).start(eos_token_ids)
 
 
 def _how(exitcode: int) -> str:
@@ -94,7 +95,7 @@ class TPDriver:
         self.grace_s = float(os.environ.get("PADDLE_MLA_TP_GRACE_S", "60"))
 
     # -- start-up ---------------------------------------------------------------------------
-    def start(self):
+    def start(self, eos_token_ids: frozenset = frozenset()):
         from paddle_mla.worker.model_runner import ModelRunner
         from paddle_mla.parallel.group import TPGroup, master_store
         from paddle_mla.parallel.worker import Rendezvous
@@ -117,7 +118,7 @@ class TPDriver:
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "joining")
                 self.group = TPGroup.join(0, rdzv, store, self.config.parallel.expert_parallel)
-                runner = ModelRunner(self.config, self.model_dir, tp=self.group)
+                runner = ModelRunner(self.config, self.model_dir, tp=self.group, eos_token_ids=eos_token_ids)
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "ready")
         except BaseException:
@@ -141,10 +142,11 @@ class TPDriver:
             raise TensorParallelError(f"tensor-parallel worker rank {rank} failed at start-up:\n{detail}")
 
     # -- each step --------------------------------------------------------------------------
-    def send(self, batch) -> None:
-        """Hand this step's batch to every worker (called by rank 0's ``forward_step``)."""
+    def send(self, msg) -> None:
+        """Hand this step's scheduler changes (sched/output.py ``StepInput``: plain data, small) to
+        every worker; each applies them to its own input batch (called by rank 0's runner)."""
         for conn in self.conns:
-            conn.send(batch)
+            conn.send(msg)
 
     def _guarded(self, fn, *args):
         with self._guard():

@@ -1,12 +1,12 @@
 """The loop of tensor-parallel ranks 1..N-1 (a spawned process each; rank 0 is the engine itself).
 
 A worker loads its shards, builds its own ModelRunner (KV caches, backend, CUDA graphs), says
-"ready", then runs every step rank 0 sends: the step's ``StepBatch`` (plain host arrays) in, the
-same ``forward_step`` as rank 0 out (its collectives pair with rank 0's; the logits are dropped:
-rank 0 samples). ``None`` ends the loop: the worker leaves the group (its graphs dropped, then
-its communicator aborted: nothing waits on rank 0) and exits at once. A failure is sent to rank 0
-as text before the worker exits; a worker whose rank 0 is gone (its pipe closes or its parent
-changes) exits at once.
+"ready", then runs every step rank 0 sends: the scheduler's plain-data changes (``StepInput``)
+applied to its own persistent input batch, then the same ``forward_step`` as rank 0 (its
+collectives pair with rank 0's; the logits are dropped: rank 0 samples). ``None`` ends the loop:
+the worker leaves the group (its graphs dropped, then its communicator aborted: nothing waits on
+rank 0) and exits at once. A failure is sent to rank 0 as text before the worker exits; a worker
+whose rank 0 is gone (its pipe closes or its parent changes) exits at once.
 
 Test hook: ``PADDLE_MLA_TP_TEST_KILL=RANK:STEPS`` makes that rank kill itself (SIGKILL) after
 STEPS steps, so the dead-worker path and ``--resume`` after it can be tested end to end.
@@ -83,10 +83,10 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         conn.send(("ready",))
         kill_after, steps = _kill_after(spec.rank), 0
         while True:
-            batch = conn.recv()
-            if batch is None:
+            msg = conn.recv()     # the scheduler's plain-data StepInput, as rank 0's runner applies it
+            if msg is None:
                 break
-            runner.forward_step(batch)
+            runner.forward_step(runner.step_batch(msg))
             steps += 1
             if kill_after is not None and steps >= kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -1,1 +1,2 @@
-"""The scheduler and the request state it owns: plain host logic, no tensors."""
+"""The scheduler, the request state it owns, and the plain-data step messages it sends the model
+runner (output.py): plain host logic, no tensors."""

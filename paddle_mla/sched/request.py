@@ -202,13 +202,17 @@ class Sequence:
     error: str | None = None
     text: str | None = None         # set when a stop string cut the text; else decoded at the end
     # Read by the per-token checks instead of the params, computed once (None: from the params in
-    # __post_init__; LLM._add passes the first two): the output length that stops it by length
-    # (max_tokens, or less where max_model_len leaves less), the token ids that stop it (stop ids,
-    # and eos unless ignored: the LLM knows eos), and whether a penalty counts its tokens on the
-    # host (overlapped scheduling then reads the step before first).
+    # __post_init__; the engine core passes both): the output length that stops it by length
+    # (max_tokens, or less where max_model_len leaves less) and the token ids that stop it (stop
+    # ids, and eos unless ignored: the engine knows eos).
     length_limit: int | None = None
     stop_ids: frozenset | None = None
-    penalized: bool | None = None
+    # the runner's copy (sched/output.py): the request id it is known by there (given by the
+    # scheduler), whether the runner holds it, and how many block ids of each row it was sent
+    seq_id: int = -1
+    in_runner: bool = False
+    sent_blocks: int = 0
+    sent_swa: int = 0
 
     def __post_init__(self):
         p = self.request.params
@@ -216,12 +220,14 @@ class Sequence:
             self.length_limit = p.max_tokens
         if self.stop_ids is None:
             self.stop_ids = frozenset(p.stop_token_ids)
-        if self.penalized is None:
-            self.penalized = p.has_penalty
 
     @property
     def params(self) -> SamplingParams:
         return self.request.params
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
 
     @property
     def prompt_len(self) -> int:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from paddle_mla.cache.block_pool import BlockPool
 from paddle_mla.sched.seq_blocks import SeqBlocks, UniformSeqBlocks
 from paddle_mla.config.schema import SchedulerConfig
-from paddle_mla.sched.request import Sequence, Status
+from paddle_mla.sched.output import NewRequest, ScheduledRow, StepInput
+from paddle_mla.sched.request import PENDING, Sequence, Status, token_slice
 
 
 @dataclass(slots=True)
@@ -32,16 +33,31 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     failed: list[Sequence] = field(default_factory=list)
     num_preempted: int = 0
+    launched: bool = False   # overlapped scheduling: on_launch counted its tokens already
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new for s in self.scheduled)
 
 
+@dataclass
+class StepUpdate:
+    """What ``Scheduler.update_from_output`` did with a step's sampled tokens."""
+
+    sampled_rows: list[int] = field(default_factory=list)   # rows of ``scheduled`` that got a token
+    finished: list[Sequence] = field(default_factory=list)  # by a stop id or by length, in row order
+    # rows whose stop strings the output processor checks at this token: past min_tokens, not
+    # stopped by a stop id; still running, or finished by length (a stop string then wins)
+    stop_string_rows: list[tuple[Sequence, int]] = field(default_factory=list)
+
+
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: BlockPool | SeqBlocks, max_model_len: int):
+    def __init__(self, cfg: SchedulerConfig, pool: BlockPool | SeqBlocks, max_model_len: int,
+                 absorbed_max_new: int = 0):
         """``pool``: a BlockPool (one block table per sequence, shared by all KV heads) or a
-        head-wise pool (cache/head_pool.py); the scheduler sees either through SeqBlocks."""
+        head-wise pool (cache/head_pool.py); the scheduler sees either through SeqBlocks.
+        ``absorbed_max_new``: extend rows of at most this many new tokens run absorbed (from the
+        attention backend; 0: none): their cost counts against max_num_batched_absorbed_context."""
         self.cfg = cfg
         self.pool = pool
         self.kv: SeqBlocks = UniformSeqBlocks(pool) if isinstance(pool, BlockPool) else pool
@@ -57,9 +73,9 @@ class Scheduler:
         # one block table per sequence: a decode that stays inside its last block needs no call
         # into the pool (the steady step's common row)
         self._uniform_block_size = pool.block_size if isinstance(pool, BlockPool) else 0
-        # extend rows of at most this many new tokens run absorbed (set by the engine from the
-        # attention backend; 0: none): their cost counts against max_num_batched_absorbed_context
-        self.absorbed_max_new = 0
+        self.absorbed_max_new = absorbed_max_new
+        self._num_ids = 0            # sequences given an id (Sequence.seq_id)
+        self._gone: list[int] = []   # ids the runner holds and must drop (StepInput.gone)
 
     def _absorbed_cost(self, n: int, num_cached: int) -> int:
         """New tokens x context tokens of an extend row that the backend runs absorbed, else 0."""
@@ -67,6 +83,9 @@ class Scheduler:
 
     def add(self, *seqs: Sequence, front: bool = False) -> None:
         """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
+        for seq in seqs:
+            if seq.seq_id < 0:
+                seq.seq_id, self._num_ids = self._num_ids, self._num_ids + 1
         if front:
             self.waiting.extendleft(reversed(seqs))
         else:
@@ -75,15 +94,23 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _fail(self, seq: Sequence, message: str) -> None:
+    def _release(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks; the runner drops its copy at the next step."""
         self.kv.free(seq)
+        if seq.in_runner:
+            seq.in_runner = False
+            seq.sent_blocks = seq.sent_swa = 0
+            self._gone.append(seq.seq_id)
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        self._release(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = "error"
         seq.error = message
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.kv.free(seq)
+        self._release(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -241,15 +268,109 @@ class Scheduler:
         is_prefill = n > 1 or need > 1 or not seq.output_token_ids
         return ScheduledSeq(seq, n, seq.num_computed_tokens, is_prefill, n == need)
 
-    def finish_step(self, out: SchedulerOutput) -> None:
-        """Account the computed tokens, make newly full blocks findable by later requests and (with
-        head-wise SWA recycling) give back blocks that left every future window."""
-        bs, after_step = self._uniform_block_size, self.kv.after_step
+    def step_input(self, out: SchedulerOutput) -> StepInput:
+        """``out`` as the runner receives it (plain data, sched/output.py): call it once for each
+        step the runner runs, just before it runs (a PENDING token resolved meanwhile is then sent
+        resolved). A steady decode row: one token and no block ids (or the one new block's)."""
+        msg = StepInput(gone=self._gone)
+        self._gone = []
+        rows, new = msg.scheduled, msg.new
+        head_wise = not self._uniform_block_size
         for s in out.scheduled:
+            seq = s.seq
+            c, n = s.num_cached, s.num_new
+            if not seq.in_runner:
+                seq.in_runner = True
+                new.append(NewRequest(seq.seq_id, seq.request.prompt_token_ids, list(seq.output_token_ids),
+                                      seq.request.params, seq.seed))
+            if n == 1:       # decode: one token, by index
+                prompt = seq.request.prompt_token_ids
+                toks = [prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)]]
+            else:
+                toks = token_slice(seq, c, c + n)
+            blocks = seq.block_ids
+            new_blocks = blocks[seq.sent_blocks:] if len(blocks) > seq.sent_blocks else []
+            seq.sent_blocks = len(blocks)
+            row = ScheduledRow(seq.seq_id, n, c, s.is_prefill, s.samples, toks, new_blocks)
+            if head_wise:
+                swa = seq.swa_block_ids
+                m = len(swa[0]) if swa else 0
+                if m > seq.sent_swa:
+                    row.new_swa_block_ids = [r[seq.sent_swa:m] for r in swa]
+                    seq.sent_swa = m
+                row.swa_dead_below = seq.swa_dead_below
+            rows.append(row)
+        return msg
+
+    def finish_step(self, scheduled: list[ScheduledSeq]) -> None:
+        """A step's rows are computed: account their tokens, make newly full blocks findable by
+        later requests and (with head-wise SWA recycling) give back blocks that left every future
+        window."""
+        bs, after_step = self._uniform_block_size, self.kv.after_step
+        for s in scheduled:
             seq = s.seq
             c = seq.num_computed_tokens = seq.num_computed_tokens + s.num_new
             if not bs or c // bs > seq.num_registered_blocks:   # uniform tables: only when a block filled
                 after_step(seq)
+
+    def on_launch(self, out: SchedulerOutput) -> None:
+        """Overlapped scheduling: the step is on the device and its tokens are not read yet. Its
+        computed tokens count now (the next ``schedule`` builds on them) and each sampling row holds
+        a PENDING token until ``update_from_output`` resolves it. Rows of sequences that finished
+        meanwhile (by the step before) are left out: their results are discarded."""
+        running = Status.RUNNING
+        live = [s for s in out.scheduled if s.seq.status is running]
+        self.finish_step(live)
+        for s in live:
+            if s.samples:
+                s.seq.output_token_ids.append(PENDING)
+        out.launched = True
+
+    def update_from_output(self, out: SchedulerOutput, sampled) -> StepUpdate:
+        """A step's sampled tokens (``sampled``: one per scheduled row, -1 where none): account the
+        computed tokens (unless ``on_launch`` did), append each token (or resolve the PENDING one)
+        and finish the rows stopped by a stop id (eos unless ignored, stop_token_ids; from
+        min_tokens on) or by length. Stop strings need the tokenizer: the rows to check are
+        returned, and the engine finishes a hit through ``finish``. Per row O(1) work; only rows
+        that may stop are looked at again, after every row's token is in, in row order."""
+        if not out.launched:
+            self.finish_step(out.scheduled)
+        update = StepUpdate()
+        finished_status = Status.FINISHED
+        rows, check = update.sampled_rows, []
+        for i, (s, token) in enumerate(zip(out.scheduled, sampled)):
+            seq = s.seq
+            if not s.samples or seq.status is finished_status:   # finished: an overlapped extra step
+                continue
+            toks = seq.output_token_ids
+            if toks and toks[-1] == PENDING:
+                toks[-1] = token
+            else:
+                toks.append(token)
+            rows.append(i)
+            n = len(toks)
+            p = seq.request.params
+            # the common row: below its length limit, no stop string, a token that cannot stop it
+            if n < seq.length_limit and (token not in seq.stop_ids or n < p.min_tokens) and not p.stop:
+                continue
+            check.append((seq, token))
+        for seq, token in check:
+            p = seq.request.params
+            n = len(seq.output_token_ids)
+            # before min_tokens the sampler masks eos and stop ids; stop strings are not checked (as vLLM)
+            if n >= p.min_tokens:
+                if token in seq.stop_ids:
+                    seq.finish_reason = "stop"
+                    self.finish(seq)
+                    update.finished.append(seq)
+                    continue
+                if p.stop:
+                    update.stop_string_rows.append((seq, token))
+            if n >= seq.length_limit:         # max_tokens, or max_model_len reached
+                seq.finish_reason = "length"
+                self.finish(seq)
+                update.finished.append(seq)
+        return update
 
     def finish(self, seq: Sequence) -> None:
         """A finished sequence, or a waiting or running one dropped because its request failed."""
@@ -257,5 +378,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self.kv.free(seq)
+        self._release(seq)
         seq.status = Status.FINISHED

@@ -1,85 +1,49 @@
-"""Per-request host state of the model runner, kept across steps and updated by deltas.
+"""The runner's persistent input batch: per-request host state keyed by request id, kept across
+steps and changed only by the scheduler's plain-data messages (sched/output.py).
 
-Each running sequence owns a row ("slot") of a persistent host block table. A step writes only
-the block ids appended since the sequence's last step (a preemption or re-admission gives the
-sequence a new block list, and its row is rewritten once). The new tokens of a step are sliced
-from the prompt or the output list directly, never from the concatenated ``token_ids()``, so the
-host work of a step is O(batch + new tokens), not O(context). The slot also indexes the device
-buffer of each sequence's last sampled token, which overlapped scheduling reads on the device.
+Each request the runner holds owns a row ("slot") of a persistent host block table. A step writes
+only the block ids the scheduler reports as appended since the request's last step (a new request,
+also one re-admitted after a preemption, starts on a cleared row), so the host work of a step is
+O(batch + new tokens + new blocks), not O(context). The slot also indexes the device buffer of each
+request's last sampled token, which overlapped scheduling reads on the device.
 
-A pending token (overlapped scheduling: sampled by the step still running on the GPU) is held on
-the host as ``PENDING`` (-1) until its step's read; the runner fills it on the device.
-This module imports no tensor library.
+A pending token (overlapped scheduling: sampled by the step still running on the GPU) comes as
+``PENDING`` (-1); the runner fills it on the device. This module imports no tensor library.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from paddle_mla.sched.request import PENDING, Sequence, Status, has_pending, token_slice  # noqa: F401
+from paddle_mla.sched.output import NewRequest, StepInput
+from paddle_mla.sched.request import PENDING, SamplingParams
 
-@dataclass
-class _Row:
+
+@dataclass(eq=False)     # compared by identity (the sampling builder reuses a step's rows)
+class RequestState:
+    """The runner's copy of one request: what sampling reads (params, seed, the tokens computed so
+    far) and what its table row holds."""
+
     slot: int
-    blocks: list          # the block-id list object written last (a new object means rewrite)
-    written: int          # how many of its ids are in the table row (head-wise: logical blocks)
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    written: int = 0          # block ids in the table row (head-wise: logical blocks, the longest row)
     # head-wise tables only (head_tables.HeadRows): ids written of the full heads' row and of the
-    # SWA rows, the SWA rows' list object and the recycling mark written
+    # SWA rows, and the recycling mark written
     full_written: int = 0
-    swa: list | None = None
     swa_written: int = 0
     dead: int = 0
 
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
 
-class InputState:
-    def __init__(self, max_slots: int, max_blocks: int, head_wise_pool=None):
-        """``head_wise_pool``: a HeadWisePool: the table is then [max_slots, num_kv_heads,
-        max_blocks], each KV head's rows kept by deltas (head_tables.HeadRows)."""
-        self.heads = None
-        if head_wise_pool is None:
-            self.tables = np.full((max_slots, max_blocks), -1, dtype=np.int32)
-        else:
-            from paddle_mla.worker.head_tables import HeadRows
-
-            self.tables = np.full((max_slots, head_wise_pool.spec.num_kv_heads, max_blocks), -1, dtype=np.int32)
-            self.heads = HeadRows(self.tables, head_wise_pool)
-        self.free = list(range(max_slots - 1, -1, -1))
-        self.rows: dict[Sequence, _Row] = {}
-        self.blocks_written = 0      # tests: block ids copied into the table (deltas only)
-
-    def _sweep(self, scheduled) -> None:
-        """Free the slots of sequences no longer running (finished, failed or preempted) and not
-        in this step (``scheduled``: its rows)."""
-        keep = {s.seq for s in scheduled}
-        for seq in [s for s, r in self.rows.items() if s.status is not Status.RUNNING and s not in keep]:
-            r = self.rows.pop(seq)
-            self.tables[r.slot, ..., :r.written] = -1    # the next owner's row is -1 padded past its blocks
-            self.free.append(r.slot)
-
-    def row(self, seq: Sequence, scheduled) -> _Row:
-        r = self.rows.get(seq)
-        if r is None:
-            if not self.free:
-                self._sweep(scheduled)
-            if not self.free:
-                raise RuntimeError(f"more than {len(self.tables)} sequences in flight")
-            r = _Row(self.free.pop(), [], 0)
-            self.rows[seq] = r
-        if self.heads is not None:
-            self.heads.update(r, seq)
-            return r
-        blocks = seq.block_ids
-        if r.blocks is not blocks or len(blocks) < r.written:
-            self.tables[r.slot, :r.written] = -1
-            r.blocks, r.written = blocks, 0
-        n = len(blocks)
-        if n > r.written:
-            self.tables[r.slot, r.written:n] = blocks[r.written:n]
-            self.blocks_written += n - r.written
-            r.written = n
-        return r
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
 
 
 @dataclass
@@ -95,46 +59,86 @@ class HostStep:
     slots: np.ndarray         # int64 [B]
     pending_pos: np.ndarray   # int64 [P]: token indices whose id is the slot's last sampled token
     pending_slot: np.ndarray  # int64 [P]
+    requests: list[RequestState] = field(default_factory=list)   # per row
 
 
-def gather_step(state: InputState, scheduled) -> HostStep:
-    """``scheduled``: the SchedulerOutput rows. Updates the block-table rows by deltas. The per-row
-    values go into Python lists and become arrays once (a numpy item write per row costs more); the
-    row loop touches only what differs per row kind (a steady decode row: one dict lookup, three
-    identity/length checks and one token read), the plain columns are list comprehensions."""
-    slots, tokens = [], []
-    add_slot, add_token = slots.append, tokens.append
-    width = 1
-    rows_get, row, heads = state.rows.get, state.row, state.heads
-    for s in scheduled:
-        seq = s.seq
-        r = rows_get(seq)
-        if heads is None:
-            blocks = seq.block_ids
-            if r is None or r.blocks is not blocks or r.written != len(blocks):   # else: the row is current
-                r = row(seq, scheduled)
-        elif r is None or not heads.current(r, seq):
-            r = row(seq, scheduled)
-        add_slot(r.slot)
-        if r.written > width:
-            width = r.written
-        c = s.num_cached
-        if s.num_new == 1:       # decode: one token, by index
-            prompt = seq.request.prompt_token_ids
-            add_token(prompt[c] if c < len(prompt) else seq.output_token_ids[c - len(prompt)])
+class InputState:
+    def __init__(self, max_slots: int, max_blocks: int, head_wise_pool=None):
+        """``head_wise_pool``: a HeadWisePool: the table is then [max_slots, num_kv_heads,
+        max_blocks], each KV head's rows kept by deltas (head_tables.HeadRows)."""
+        self.heads = None
+        if head_wise_pool is None:
+            self.tables = np.full((max_slots, max_blocks), -1, dtype=np.int32)
         else:
-            tokens.extend(token_slice(seq, c, c + s.num_new))
-    slots = np.array(slots, dtype=np.int64)
-    token_ids = np.array(tokens, dtype=np.int64)
-    num_new = np.array([s.num_new for s in scheduled], dtype=np.int32)
-    # a PENDING token is only ever the last token of a row (sampled by the step still running):
-    # found in the array, its row by the rows' token ends
-    pending_pos = np.flatnonzero(token_ids == PENDING)
-    pending_rows = np.searchsorted(np.cumsum(num_new), pending_pos, side="right")
-    return HostStep(
-        token_ids=token_ids, num_new=num_new,
-        num_cached=np.array([s.num_cached for s in scheduled], dtype=np.int32),
-        block_tables=state.tables[slots, ..., :width],
-        is_prefill=np.array([s.is_prefill for s in scheduled], dtype=bool),
-        sample_mask=np.array([s.samples for s in scheduled], dtype=bool), slots=slots,
-        pending_pos=pending_pos.astype(np.int64, copy=False), pending_slot=slots[pending_rows])
+            from paddle_mla.worker.head_tables import HeadRows
+
+            self.tables = np.full((max_slots, head_wise_pool.spec.num_kv_heads, max_blocks), -1, dtype=np.int32)
+            self.heads = HeadRows(self.tables, head_wise_pool)
+        self.free = list(range(max_slots - 1, -1, -1))
+        self.requests: dict[int, RequestState] = {}
+        self.blocks_written = 0      # tests: block ids copied into the table (deltas only)
+
+    def _drop(self, req_id: int) -> None:
+        r = self.requests.pop(req_id, None)
+        if r is not None:
+            self.tables[r.slot, ..., :r.written] = -1    # the next owner's row is -1 padded past its blocks
+            self.free.append(r.slot)
+
+    def _add(self, new: NewRequest) -> None:
+        self._drop(new.req_id)
+        if not self.free:
+            raise RuntimeError(f"more than {len(self.tables)} requests in flight")
+        self.requests[new.req_id] = RequestState(self.free.pop(), new.prompt_token_ids, list(new.output_token_ids),
+                                                 new.params, new.seed)
+
+    def apply(self, msg: StepInput) -> HostStep:
+        """Apply the scheduler's changes (dropped requests, new ones, each row's appended block ids
+        and tokens) and gather the step's host arrays. The per-row values go into Python lists and
+        become arrays once (a numpy item write per row costs more); a steady decode row costs one
+        dict lookup and one token append."""
+        for req_id in msg.gone:
+            self._drop(req_id)
+        for new in msg.new:
+            self._add(new)
+        rows = msg.scheduled
+        reqs = [self.requests[row.req_id] for row in rows]
+        slots, tokens = [], []
+        add_slot = slots.append
+        tables, heads = self.tables, self.heads
+        width = 1
+        for row, r in zip(rows, reqs):
+            toks = row.token_ids
+            # the request's tokens so far (sampling counts them): this step's go at [c, c + n)
+            end = row.num_cached + len(toks) - r.prompt_len     # their end in the output list
+            if end > 0:
+                out = r.output_token_ids
+                lo = max(end - len(toks), 0)
+                if lo == len(out) and len(toks) == 1:
+                    out.append(toks[0])
+                else:
+                    out[lo:end] = toks[len(toks) - (end - lo):]
+            tokens.extend(toks)
+            if heads is not None:
+                heads.apply(r, row)
+            elif row.new_block_ids:
+                ids, w = row.new_block_ids, r.written
+                tables[r.slot, w:w + len(ids)] = ids
+                self.blocks_written += len(ids)
+                r.written = w + len(ids)
+            add_slot(r.slot)
+            if r.written > width:
+                width = r.written
+        slots = np.array(slots, dtype=np.int64)
+        token_ids = np.array(tokens, dtype=np.int64)
+        num_new = np.array([row.num_new for row in rows], dtype=np.int32)
+        # a PENDING token is only ever the last token of a row (sampled by the step still running):
+        # found in the array, its row by the rows' token ends
+        pending_pos = np.flatnonzero(token_ids == PENDING)
+        pending_rows = np.searchsorted(np.cumsum(num_new), pending_pos, side="right")
+        return HostStep(
+            token_ids=token_ids, num_new=num_new,
+            num_cached=np.array([row.num_cached for row in rows], dtype=np.int32),
+            block_tables=tables[slots, ..., :width],
+            is_prefill=np.array([row.is_prefill for row in rows], dtype=bool),
+            sample_mask=np.array([row.samples for row in rows], dtype=bool), slots=slots,
+            pending_pos=pending_pos.astype(np.int64, copy=False), pending_slot=slots[pending_rows], requests=reqs)

@@ -1,10 +1,11 @@
 """ModelRunner: owns the model, the KV caches and the attention backend; runs one step.
 
-One step: host arrays from the SchedulerOutput -> ``ForwardMeta.build`` once -> ``backend.prepare``
-once -> ``model.forward`` (every layer reads the same meta) -> logits of the sampling rows ->
-sampler -> the single device-to-host read of the sampled tokens and their logprobs. The host
-arrays come from persistent per-request state (``input_state``) and go up in one pinned copy
-(``staging``); ``launch`` enqueues a step without waiting, so the LLM can overlap the next one.
+One step: the scheduler's plain-data changes (sched/output.py ``StepInput``) applied to the
+persistent input batch (``input_state``) -> its host arrays -> ``ForwardMeta.build`` once ->
+``backend.prepare`` once -> ``model.forward`` (every layer reads the same meta) -> logits of the
+sampling rows -> sampler -> the single device-to-host read of the sampled tokens and their
+logprobs. The host arrays go up in one pinned copy (``staging``); ``launch`` enqueues a step
+without waiting, so the engine can overlap the next one.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from paddle_mla.config.schema import AUTO, EngineConfig  # noqa: E402
 from paddle_mla.worker import sampler  # noqa: E402
 from paddle_mla.worker.penalties import PenaltyState  # noqa: E402
 from paddle_mla.sched.request import TokenLogprob  # noqa: E402
-from paddle_mla.worker.input_state import InputState, gather_step  # noqa: E402
+from paddle_mla.worker.input_state import InputState  # noqa: E402
 from paddle_mla.worker.sampling_batch import SamplingBatch, SamplingBatchBuilder, unpack  # noqa: E402
 from paddle_mla.platform.staging import PendingRead, ResultReader, Uploader  # noqa: E402
-from paddle_mla.sched.scheduler import SchedulerOutput  # noqa: E402
+from paddle_mla.sched.output import StepInput  # noqa: E402
 from paddle_mla.models import load_model  # noqa: E402
 
 
@@ -76,10 +77,12 @@ def resolve_max_model_len(cfg: EngineConfig, max_position_embeddings: int) -> in
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None, tp=None):
+    def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None, tp=None,
+                 eos_token_ids: frozenset = frozenset()):
         """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights).
         ``tp``: this rank's tensor-parallel group (paddle_mla.parallel); rank 0 then has a
-        ``tp_driver`` that sends each step's batch to the other ranks."""
+        ``tp_driver`` that sends each step's batch to the other ranks. ``eos_token_ids``: the
+        tokenizer's, masked before min_tokens with the model's."""
         self.cfg = cfg
         _runtime.select(cfg.runtime)   # the engine names the runtime; one other than the active one raises
         self.tp, self.tp_driver = tp, None
@@ -117,7 +120,7 @@ class ModelRunner:
                                       dtype=self.dtype, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
                                       **swa_kwargs, **({"index_topk": arch.indexer.topk} if backend_name == "dsa" else {}))
         self.model.set_backend(self.backend)
-        self.eos_token_ids = frozenset(arch.eos_token_ids)   # masked by min_tokens; the LLM adds the tokenizer's
+        self.eos_token_ids = frozenset(arch.eos_token_ids) | frozenset(eos_token_ids)   # masked by min_tokens
         self.key_windows = None
         if self.backend.name == "dsa":   # the indexer's [ks, ke), once per step with prefill tokens
             from paddle_mla.attention.dsa.key_window import KeyWindows
@@ -200,20 +203,20 @@ class ModelRunner:
                              f"(device {self.device_kind}, backend {self.backend.name!r})")
         return bool(self.cfg.cuda_graph)
 
-    def step_batch(self, out: SchedulerOutput) -> StepBatch:
-        """The step's host arrays from the persistent per-request state (block-table rows by deltas,
-        new tokens sliced, never the whole token list). PENDING tokens are filled on the device."""
-        return self._gather(out)[0]
+    def step_batch(self, msg: StepInput) -> StepBatch:
+        """The step's host arrays, ``msg`` (the scheduler's changes) applied to the persistent input
+        batch (block-table rows by deltas). PENDING tokens are filled on the device."""
+        return self._gather(msg)[0]
 
-    def _gather(self, out: SchedulerOutput):
-        host = gather_step(self.inputs, out.scheduled)    # head-wise: [B, Hkv, width], rows by deltas
+    def _gather(self, msg: StepInput):
+        if self.tp_driver is not None:   # tensor parallel: every rank applies the same changes
+            self.tp_driver.send(msg)
+        host = self.inputs.apply(msg)    # head-wise: [B, Hkv, width], rows by deltas
         batch = StepBatch(token_ids=host.token_ids, num_new=host.num_new, num_cached=host.num_cached,
                           block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask)
         return batch, host
 
     def _forward(self, batch: StepBatch, extra: dict | None = None):
-        if self.tp_driver is not None:   # tensor parallel: every rank runs this same step
-            self.tp_driver.send(batch)
         meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows, self.uploader,
                                  extra)
         if "pending_pos" in meta.extra:     # overlapped scheduling: tokens sampled by the step before
@@ -229,19 +232,19 @@ class ModelRunner:
         """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
         return self._forward(batch)[0]
 
-    def launch(self, out: SchedulerOutput) -> "LaunchedStep":
+    def launch(self, msg: StepInput) -> "LaunchedStep":
         """Enqueue one step (inputs, model, sampler, and the start of the one read) without waiting."""
-        batch, host = self._gather(out)
+        batch, host = self._gather(msg)
         rows = np.flatnonzero(batch.sample_mask)
         sb = None
         extra: dict[str, np.ndarray] = {}
+        num_rows = len(msg.scheduled)
         if len(rows):
-            sched = out.scheduled
-            # the rows' sequences by a host loop (list indexing by numpy scalars costs more per row)
-            seqs = [s.seq for s, m in zip(sched, batch.sample_mask) if m] if len(rows) < len(sched) \
-                else [s.seq for s in sched]
+            reqs = host.requests
+            # the rows' requests by a host loop (list indexing by numpy scalars costs more per row)
+            reqs = [r for r, m in zip(reqs, batch.sample_mask) if m] if len(rows) < num_rows else reqs
             slots = host.slots[rows]
-            sb = self.sampling_builder.build(seqs, self.eos_token_ids, self.arch.vocab_size, slots,
+            sb = self.sampling_builder.build(reqs, self.eos_token_ids, self.arch.vocab_size, slots,
                                              self.penalties.ledger)
             extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
             extra["sample_slots"] = slots
@@ -249,11 +252,11 @@ class ModelRunner:
             extra.update(pending_pos=host.pending_pos, pending_slot=host.pending_slot)
         logits, meta = self._forward(batch, extra)
         if sb is None:
-            return LaunchedStep(len(out.scheduled), rows, None, None)
+            return LaunchedStep(num_rows, rows, None, None)
         dev = {k[2:]: v for k, v in meta.extra.items() if k.startswith("s_")}
         packed, ids = sampler.sample_step_ids(logits, sb, dev, self.penalties)
         self.last_sampled.scatter_(0, meta.extra["sample_slots"], ids)
-        return LaunchedStep(len(out.scheduled), rows, sb, self.reader.start(packed))
+        return LaunchedStep(num_rows, rows, sb, self.reader.start(packed))
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (a no-op otherwise)."""
@@ -261,9 +264,9 @@ class ModelRunner:
             self.tp_driver.close()
             self.tp_driver = None
 
-    def execute(self, out: SchedulerOutput) -> StepResult:
+    def execute(self, msg: StepInput) -> StepResult:
         """Run one step: the sampled token (and logprobs where asked) of each scheduled row."""
-        return self.launch(out).result()
+        return self.launch(msg).result()
 
 
 @dataclass

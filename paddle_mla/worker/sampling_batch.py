@@ -72,7 +72,7 @@ class PenaltySlots:
             seq = seqs[r]
             if has_pending(seq):   # the count would miss it: the engine reads such a row's step first
                 raise RuntimeError("a penalized sequence is (re)admitted while its last token is still on the device")
-            prompts.append(seq.request.prompt_token_ids if rows.repetition[r] != 1.0 else ())
+            prompts.append(seq.prompt_token_ids if rows.repetition[r] != 1.0 else ())
             outputs.append(seq.output_token_ids)
         admit_slots = np.asarray(slots, dtype=np.int64)[admitted] if admitted else np.zeros(0, dtype=np.int64)
         step = PenaltyStep(rows=np.array(pen, dtype=np.int64), slots=np.asarray(slots, dtype=np.int64)[pen],

@@ -60,7 +60,7 @@ def test_overlap_gives_the_same_completions(variant):
         assert llm.overlap is overlap
         reqs = mixed_workload(llm.runner.arch.vocab_size)
         runs.append(completions(llm.generate(reqs, use_tqdm=False)))
-        assert llm._inflight is None
+        assert llm.core.inflight is None
     assert runs[1][0] == runs[0][0]
     assert runs[1][1] == pytest.approx(runs[0][1], abs=1e-4) and len(runs[0][1]) > 0
     assert all(err is None for err, _ in runs[0][0])
@@ -73,25 +73,29 @@ def test_overlap_auto_is_off_on_cpu():
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_input_build_never_reads_the_whole_token_list(monkeypatch, overlap):
-    """A long prompt decoded for many steps: launch() never calls Sequence.token_ids(), and every
-    block id is written into the persistent table once (deltas, not a rebuild per step)."""
+    """A long prompt decoded for many steps: neither the scheduler's step message nor launch()
+    calls Sequence.token_ids(), and every block id is written into the persistent table once
+    (deltas, not a rebuild per step)."""
     llm = make_llm(scheduler={"overlap": overlap})
     runner = llm.runner
     inside = []
-    real_launch, real_ids = runner.launch, Sequence.token_ids
+    real_launch, real_input, real_ids = runner.launch, llm.scheduler.step_input, Sequence.token_ids
 
-    def launch(out):
-        inside.append(True)
-        try:
-            return real_launch(out)
-        finally:
-            inside.pop()
+    def watched(fn):
+        def call(arg):
+            inside.append(True)
+            try:
+                return fn(arg)
+            finally:
+                inside.pop()
+        return call
 
     def token_ids(seq):
         assert not inside, "the step's input build read the whole token list"
         return real_ids(seq)
 
-    monkeypatch.setattr(runner, "launch", launch)
+    monkeypatch.setattr(runner, "launch", watched(real_launch))
+    monkeypatch.setattr(llm.scheduler, "step_input", watched(real_input))
     monkeypatch.setattr(Sequence, "token_ids", token_ids)
     prompt = [random.Random(1).randrange(3, 200) for _ in range(150)]
     steps0, written0, commits0 = llm.stats().steps, runner.inputs.blocks_written, runner.uploader.num_commits

@@ -1,9 +1,9 @@
-"""Head-wise block-table rows by deltas (engine/head_tables.py) against a full rebuild.
+"""Head-wise block-table rows by deltas (worker/head_tables.py) against a full rebuild.
 
 At every step of the real scheduler over per-KV-head pools (recycling on and off, prefix hits,
 chunked prefill, preemption from small pools, equal and unequal per-head ranges), the rows that
-``gather_step`` keeps by deltas equal ``HeadWisePool.block_tables``, which rebuilds them from the
-pools. And a step writes only what changed: nothing in a decode step that stays inside its blocks.
+``InputState.apply`` keeps by deltas (the scheduler's plain-data ``step_input``) equal
+``HeadWisePool.block_tables``, which rebuilds them from the pools. And a step writes only what changed: nothing in a decode step that stays inside its blocks.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from test_scheduler import drive, next_token, workload
 from paddle_mla.cache.head_pool import HeadWisePool
 from paddle_mla.cache.swa import HeadWiseSwa
 from paddle_mla.config.schema import SchedulerConfig
-from paddle_mla.worker.input_state import InputState, gather_step
+from paddle_mla.worker.input_state import InputState
 from paddle_mla.sched.scheduler import Scheduler
 
 
@@ -32,7 +32,7 @@ def run(prompts, pool, max_tokens, chunked, budget, max_num_seqs, slots=None):
 
     def execute(out):
         before = state.heads.written
-        host = gather_step(state, out.scheduled)
+        host = state.apply(sched.step_input(out))
         written.append(state.heads.written - before)
         rows = [s.seq for s in out.scheduled]
         width = max(pool.num_logical_blocks(q) for q in rows)

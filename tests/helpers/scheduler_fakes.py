@@ -37,19 +37,18 @@ class FakeRunner:
 
 def drive(sched: Scheduler, execute, max_tokens: int, after_step=lambda out: None) -> int:
     """Run ``sched`` to completion, ``execute(out)`` giving each scheduled row's sampled token (-1
-    where none); returns the number of steps."""
+    where none), through the scheduler's own ``update_from_output`` (the requests' max_tokens, which
+    must be ``max_tokens``, finish them); returns the number of steps."""
     steps = 0
     while sched.has_work():
         out = sched.schedule()
         assert out.num_tokens <= sched.cfg.max_num_batched_tokens or not sched.cfg.enable_chunked_prefill
+        assert all(s.seq.params.max_tokens == max_tokens for s in out.scheduled)
         sampled = execute(out) if out.scheduled else []
-        sched.finish_step(out)
+        update = sched.update_from_output(out, sampled)
         after_step(out)
-        for s, tok in zip(out.scheduled, sampled):
-            if s.samples:
-                s.seq.output_token_ids.append(tok)
-                if len(s.seq.output_token_ids) >= max_tokens:
-                    sched.finish(s.seq)
+        assert all(len(seq.output_token_ids) == max_tokens and seq.finish_reason == "length"
+                   for seq in update.finished)
         steps += 1
         assert steps < 20_000, "scheduler made no progress"
     return steps

@@ -128,8 +128,8 @@ def test_absorbed_context_cap_bounds_each_step_and_keeps_outputs(chunked):
     def run_cap(c):
         pool = BlockPool(200, 4, True)
         sched = Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, enable_chunked_prefill=chunked,
-                                          max_num_batched_absorbed_context=c), pool, max_model_len=10_000)
-        sched.absorbed_max_new = absorb_max
+                                          max_num_batched_absorbed_context=c), pool, max_model_len=10_000,
+                          absorbed_max_new=absorb_max)
         runner = FakeRunner(200, 4)
         seqs = [Sequence(request=GenerationRequest(id=i, prompt_token_ids=p, params=SamplingParams(max_tokens=5)),
                          index=i, seed=0, metrics=RequestMetrics(arrival_time=0.0)) for i, p in enumerate(prompts)]

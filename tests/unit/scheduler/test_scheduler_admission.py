@@ -147,9 +147,5 @@ def test_swa_prompt_need_is_tight():
         out = sched.schedule()
         check(out)
         peaks.append(live_blocks(pool, seq)[1])
-        sched.finish_step(out)
-        for s in out.scheduled:
-            if s.samples:
-                s.seq.output_token_ids.append(0)
-                sched.finish(s.seq)
+        sched.update_from_output(out, [0 if s.samples else -1 for s in out.scheduled])   # max_tokens 1
     assert max(peaks) == 4

@@ -50,12 +50,7 @@ def trace(cls, prompts, max_tokens, num_blocks, block_size, prefix, chunked, bud
         steps.append(([(s.seq.index, s.num_new, s.num_cached, tuple(s.seq.block_ids)) for s in out.scheduled],
                       [f.index for f in out.failed], out.num_preempted, tuple(pool.free)))
         sampled = runner.execute(out) if out.scheduled else []
-        sched.finish_step(out)
-        for s, tok in zip(out.scheduled, sampled):
-            if s.samples:
-                s.seq.output_token_ids.append(tok)
-                if len(s.seq.output_token_ids) >= max_tokens:
-                    sched.finish(s.seq)
+        sched.update_from_output(out, sampled)     # the requests' max_tokens finish them
         assert len(steps) < 5_000
     assert pool.num_free == pool.num_blocks
     return steps, pool.matches
