@@ -7,7 +7,7 @@ vocab 102400, first layer dense (10944). ``--layers 27`` is the full depth: 15.7
   1. ``cat`` of every shard to /dev/null, and a raw Python read (pread, 64 MB chunks), timed;
   2. ``load_model`` onto the device in a fresh subprocess: wall time (synchronized), peak host
      RSS (VmHWM) above the RSS after imports, GB/s.
-Targets (issue 10): load <= 1.5x the read time; peak RSS <= 2 GB above baseline at 31 GB.
+Targets: load <= 1.5x the read time; peak RSS <= 2 GB above baseline at 31 GB.
 
   python -m benchmarks.e2e.loader [--layers 27] [--dir /tmp/bench_v2lite] [--shard-gb 5]
       [--threads 4] [--device gpu] [--json out.json] [--drop-caches]

@@ -197,7 +197,7 @@ def main() -> None:
         print(f"| host total | {r['host_median_ms']:.3f} | {r['host_ms']:.3f} |")
         if b == 256:
             verdict = "met" if r["host_median_ms"] <= TARGET_MS else "missed"
-            print(f"issue 9 target, host <= {TARGET_MS} ms per decode step at batch 256: {verdict} "
+            print(f"target: host <= {TARGET_MS} ms per decode step at batch 256: {verdict} "
                   f"({r['host_median_ms']:.3f} ms on this machine, {args.clock} clock, sampler {args.sampler})")
         if args.top:   # a second run under cProfile (its overhead would distort the phases)
             print(profile(b, args.context, min(args.steps, 10), args.overlap, not args.no_prefix, args.stop_frac,
