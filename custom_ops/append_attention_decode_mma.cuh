@@ -4,8 +4,8 @@
 //
 // Why a second tensor-core decode: the WMMA kernel keeps S, P and O in shared memory (WMMA fragments
 // have no documented element mapping, so the per-row rescale of O needs them there) and pays four
-// block barriers per tile for it; it reached 73% of copy bandwidth on an H100 (BENCHMARKS.md
-// section 16). Here each of the 4 warps takes its own 16 keys of every 64-key tile (split-K inside the
+// block barriers per tile for it; it reached 73% of copy bandwidth on an H100 (docs/benchmarks_history.md,
+// "GQA decode on tensor cores, and head-wise SWA"). Here each of the 4 warps takes its own 16 keys of every 64-key tile (split-K inside the
 // block), so a warp's S, P and O never leave its registers: S = Q K^T and O += P V with mma.sync
 // m16n8k16 (the group's query heads, zero-padded to 16, are the M rows; Q stays in registers for the
 // whole split), the online softmax runs on the accumulators, and P goes from the S accumulators to the

@@ -1,5 +1,5 @@
 // append_attention, CUDA kernels and launcher. Framework-neutral: nvcc compiles this file alone
-// (tools/check_cuda_compile.sh). Semantics: append_attention_common.h; CPU twin: append_attention_cpu.h.
+// (scripts/check_cuda_compile.sh). Semantics: append_attention_common.h; CPU twin: append_attention_cpu.h.
 //
 // Three steps on one stream, every launch sized from shapes only (CUDA-graph replayable):
 // 1. rope_write_kernel, one block per token: ropes k into the paged caches, copies v, and zeroes the
@@ -389,7 +389,7 @@ const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream)
 // Prefill rows: the tensor-core kernel for bf16 / fp16 with head_dim 64, 80, 96 or 128 on sm_80+
 // (PADDLE_MLA_GQA_PREFILL_TC=0 turns it off), else the CUDA-core prefill_kernel. One block shape,
 // 4 warps x 32 rows (FA2's): on an H100 it beat 8 warps x 16 rows (Q held in registers) and 4 warps x
-// 16 rows by 15-18% at groups 4 and 8 (BENCHMARKS.md section 17).
+// 16 rows by 15-18% at groups 4 and 8 (docs/benchmarks_history.md, "GQA prefill on tensor cores").
 template <typename T, int VB, int DPL>
 const char* launch_prefill_any(const AppendAttentionArgs& a, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {

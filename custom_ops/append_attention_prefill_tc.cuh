@@ -5,7 +5,8 @@
 // One block of W warps per (query tile, KV head); a tile is 16 MF W rows, row r being query q0 + r / group
 // and query head g * group + r % group of one request, so the group's heads share every K/V tile. Warp w
 // owns rows 16 MF w .. 16 MF (w + 1) - 1 (MF 16-row M fragments) for the whole key loop (FA2's split: no
-// cross-warp reduction). The launcher uses W = 4, MF = 2 (128 rows; BENCHMARKS.md section 17 compares).
+// cross-warp reduction). The launcher uses W = 4, MF = 2 (128 rows; docs/benchmarks_history.md,
+// "GQA prefill on tensor cores", compares).
 // Per tile of kPtcKeys keys (cp.async, double buffered, one block barrier a tile; offsets planned two
 // tiles ahead by one thread per key, from block-table entries read a tile before that; masked / -1
 // rows are zero-filled by copy_planned_rows):

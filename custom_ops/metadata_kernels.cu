@@ -1,5 +1,5 @@
 // Per-step metadata ops, CUDA kernels. Framework-neutral: nvcc compiles this file alone
-// (tools/check_cuda_compile.sh). Semantics: metadata_cpu.h / paddle_mla/ops/reference.py.
+// (scripts/check_cuda_compile.sh). Semantics: metadata_cpu.h / paddle_mla/ops/reference.py.
 //
 // The two length ops run one block per request plus one tail block (grid = batch + 1, so an empty
 // batch still pads). Block b sums the lengths of requests < b itself (an O(batch) reduction per

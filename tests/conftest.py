@@ -25,7 +25,7 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     gpu = runtime.gpu_available()
     triton_ok, why = runtime.supports_triton_on("gpu" if gpu else "cpu")
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (tools/gpu_check.sh runs these on the GPU machine)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_check.sh runs these on the GPU machine)")
     skip_triton = pytest.mark.skip(reason=f"Triton kernels cannot launch here: {why}")
     for item in items:
         if "gpu" in item.keywords and not gpu:

@@ -20,7 +20,7 @@ there.
   outputs leave through a sender thread that sends whatever has gathered as one message, so the
   engine thread never waits on a pipe (one message per request or output cost a single-GPU replica
   0.88x the in-process engine: 290 ms to its first token and about 20 ms per finishing wave at 2048
-  requests, BENCHMARKS.md section 14).
+  requests, BENCHMARKS.md, "Tensor and data parallel").
 - Start-up: replica 0 loads and warms up first; the others start once it is ready and reuse what it
   compiled from the shared on-disk kernel caches.
 - Failure: a replica that dies (or raises) ends the run with ``DataParallelError`` naming it; the

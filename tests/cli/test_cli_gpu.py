@@ -1,4 +1,4 @@
-"""The CLI on the GPU (run by tools/gpu_check.sh): configs/triton_mla.yaml end to end, and bench
+"""The CLI on the GPU (run by scripts/gpu_check.sh): configs/triton_mla.yaml end to end, and bench
 in its GPU mode (engines rebuilt per run)."""
 
 import json

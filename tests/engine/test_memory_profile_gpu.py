@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,16 +32,10 @@ GiB = float(1 << 30)
 
 
 def random_v3_model():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    import bench_e2e_decode as e2e   # the random V3-dims weights of the decode benchmark
-
-    from paddle_mla.models import parse_arch
-    from paddle_mla.models.deepseek import CausalLM
+    from benchmarks.harness.models import dense_v3_model   # the decode benchmarks' random V3-dims weights
     from paddle_mla.platform.tensor_api import torch
 
-    cfg = dict(e2e.V3, num_hidden_layers=LAYERS)
-    device = runtime.device_string("gpu")
-    return CausalLM(parse_arch(cfg), e2e.random_weights(cfg, LAYERS, device, torch.bfloat16), device, torch.bfloat16)
+    return dense_v3_model(LAYERS, runtime.device_string("gpu"), torch.bfloat16)[0]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Split mixed batches on the GPU (triton_mla), long contexts; run by tools/gpu_check.sh.
+"""Split mixed batches on the GPU (triton_mla), long contexts; run by scripts/gpu_check.sh.
 
 - backend level: decodes at up to 6k context + extend rows over cached prefixes of up to 4k, in
   extend chunks of 1024 rows (and in one chunk), vs native and the plain references; fp32 with

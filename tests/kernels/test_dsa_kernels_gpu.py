@@ -1,6 +1,6 @@
 """DSA Triton kernels on the GPU, bf16 at V3.2 shapes (index heads 64 x 128, latent 512 + 64, top-k
 2048) vs the plain references, block sizes 16 and 64; all-invalid rows give zeros. Run by
-tools/gpu_check.sh; skipped in CPU CI. No transformers needed."""
+scripts/gpu_check.sh; skipped in CPU CI. No transformers needed."""
 
 import numpy as np
 import pytest

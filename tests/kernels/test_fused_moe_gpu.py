@@ -1,7 +1,7 @@
 """Triton fused MoE on the GPU vs the plain-tensor routed reference: fp32 (IEEE dots), bf16 and
 FP8 w8a8 (128x128 weight blocks, per-token-group activations), M in {1, 83, 128, 2048}, experts
 empty or full, explicit launch configs and token chunks, CUDA-graph capture and replay, bitwise
-determinism, and int64 row offsets past 2^31 elements. Run by tools/gpu_check.sh; skipped on CPU.
+determinism, and int64 row offsets past 2^31 elements. Run by scripts/gpu_check.sh; skipped on CPU.
 Failure messages carry the case (dims, M, pattern, config) and the measured error."""
 
 import numpy as np

@@ -1,6 +1,6 @@
 """Triton MLA kernels on the GPU: bf16 at realistic MLA shapes vs the plain-tensor references,
 bitwise determinism over 5 runs, outputs poisoned before every run, CUDA-graph capture of the
-decode step. Run by tools/gpu_check.sh on the GPU machine; skipped in CPU CI."""
+decode step. Run by scripts/gpu_check.sh on the GPU machine; skipped in CPU CI."""
 
 import numpy as np
 import pytest
@@ -191,7 +191,7 @@ def test_prefill_bf16(k, q_lens, c_lens):
     _check_close(k, got, k.ref.prefill_ref(q.float(), kk.float(), v.float(), cu_q, cu_k, scale))
 
 
-# extend kernel launch variants (tools/bench_mla_prefill.py): each must match the reference
+# extend kernel launch variants (benchmarks.kernels.mla_prefill): each must match the reference
 EXTEND_VARIANTS = [{}, {"reverse_m": 0}, {"block_n": 128, "num_stages": 2}, {"num_stages": 2},
                    {"block_m": 64, "num_warps": 4}]
 

@@ -1,4 +1,4 @@
-"""Data parallel on 2 GPUs (run by tools/gpu_check.sh on a machine with two): the DP=2 output file of
+"""Data parallel on 2 GPUs (run by scripts/gpu_check.sh on a machine with two): the DP=2 output file of
 the triton_mla config in fp32 equals the DP=1 file, and the replicas sit on different GPUs."""
 
 import json

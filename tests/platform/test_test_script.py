@@ -1,4 +1,4 @@
-"""tools/test.sh (the README's test command): a test file that fails to import is reported as an
+"""scripts/test.sh (the README's test command): a test file that fails to import is reported as an
 error, the other files of that runtime still run, both runtimes always run, and the run ends with
 one result line per runtime and a non-zero exit. Runs once, in the torch pass."""
 
@@ -23,7 +23,7 @@ def test_a_collection_error_hides_no_results(tmp_path):
     (suite / "test_broken.py").write_text("import module_that_does_not_exist_anywhere\n")
     (suite / "test_fine.py").write_text("def test_fine():\n    assert sum([1, 2]) == 3\n")
     env = dict(os.environ, PADDLE_MLA_CACHE=str(tmp_path / "cache"))
-    done = subprocess.run(["bash", str(ROOT / "tools" / "test.sh"), str(suite)], env=env, capture_output=True,
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), str(suite)], env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     out = done.stdout
     assert done.returncode != 0, out[-3000:]

@@ -13,7 +13,7 @@ So in a step with prefill tokens whose extend rows (those after the leading deco
 contexts that fit ``index_topk`` (every prompt of at most 2048 tokens under V3.2's top-k, and its
 chunks up to there), those rows are dense attention: they skip the scoring and top-k (their indexer
 keys are still written) and run ``triton_mla``'s extend kernels, whose non-absorbed prefill does
-192 + 128 dims of work per head and key against the sparse kernel's 576 + 512 (BENCHMARKS section 20:
+192 + 128 dims of work per head and key against the sparse kernel's 576 + 512 (BENCHMARKS.md, "DSA":
 the sparse prefill is the costly part of a V3.2 prefill). The step's decode rows stay sparse, and
 decode-only steps always are: one path, so the CUDA graphs hold for every context.
 Decode workspaces are sized on the first call for ``max_num_seqs`` rows and ``max_model_len``

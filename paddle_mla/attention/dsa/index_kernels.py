@@ -88,7 +88,7 @@ def index_scores(q, w, index_cache, block_tables, batch_ids, positions, width: i
         raise ValueError("index_scores: ks needs ke and cu_seqlens_k")
     assert q.stride(2) == 1 and index_cache.stride(3) == 1 and out.stride(1) == 1
     # 64 keys x 8 warps, 16 programs per SM: 82% of copy bandwidth at [64, 32k] on an H100 (the
-    # 128-key tile at 8 per SM: 72%); tools/bench_dsa.py --sweep
+    # 128-key tile at 8 per SM: 72%); benchmarks.kernels.dsa --sweep
     block_n = block_n or (16 if interpreting() else 64)
     block_d = max(16, next_pow2(D))
     block_h = min(max(16, next_pow2(H)), 64)

@@ -109,7 +109,7 @@ class SparseConfig:
 
 def sparse_config(num_heads: int, **override) -> SparseConfig:
     """Launch config from the head count; env PADDLE_MLA_DSA_CFG="block_h=32,num_stages=2" or
-    ``override`` sets fields (tools/bench_dsa.py --sweep compares them)."""
+    ``override`` sets fields (benchmarks.kernels.dsa --sweep compares them)."""
     if interpreting():
         cfg = dict(block_h=16, block_n=16, num_warps=4, num_stages=1, max_splits=MAX_SPLITS)
     elif num_heads <= 32:

@@ -270,14 +270,14 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     ``scratch``: a zeroed int32 workspace of ``topk_scratch_shape`` (allocated here if not given).
     ``fallbacks`` (int32 [1], optional) counts the rows whose sample missed (tests, benchmarks).
     ``segments``: programs per row of the candidate pass (default: about 4 per SM in all); the other
-    keywords are tuning knobs (tools/bench_dsa.py --sweep). ``append_sem``: the memory order of the
+    keywords are tuning knobs (benchmarks.kernels.dsa --sweep). ``append_sem``: the memory order of the
     candidate pass's append atomic ("relaxed" is enough: see the kernel). ``short_select``: the select
     skips its 4th radix pass where a cheaper step is exact (``_kth_key_short``); None: on wherever it
-    can be (topk <= 8192). Defaults: the fastest exact variant of ``bench_dsa.py --indexer-ab`` (H100,
-    BENCHMARKS.md section 5: relaxed append, short select, 2-digit sample threshold). Every variant
+    can be (topk <= 8192). Defaults: the fastest exact variant of ``benchmarks.kernels.dsa --indexer-ab`` (H100,
+    BENCHMARKS.md, "DSA": relaxed append, short select, 2-digit sample threshold). Every variant
     selects the same set (the tied keys taken may differ, as between runs). ``path_counts`` (int32 [4],
     optional, with ``short_select``) counts the buffered rows by ``_kth_key_short``'s path (tests,
-    tools/bench_dsa.py --indexer-ab).
+    benchmarks.kernels.dsa --indexer-ab).
     """
     T, width = scores.shape[0], scores.shape[1]
     res = out[:T]

@@ -38,7 +38,8 @@ from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exp
 LOG2E = 1.4426950408889634
 # decode batches of at most this many rows use ``decode_config(..., small_batch=True)`` (backend.py):
 # there every request has many splits (b=1, s=4k: 43), so deeper KV prefetch and a one-step merge
-# pay; measured at b=1 (and losing at b=16, BENCHMARKS.md section 18)
+# pay; measured at b=1 (and losing at b=16, docs/benchmarks_history.md,
+# "MLA prefill attention and b=1 decode")
 SMALL_BATCH = 4
 
 

@@ -67,7 +67,7 @@ MAX_DV_SPLIT = 4  # value-column slices per (request, head block, split); see de
 # most full split windows per request: with Q >= cdiv(tiles, max_splits - 1) a request has at most
 # this many splits of Q tiles plus one straddling split. At b=1 more splits only add partials to
 # write and merge (h=16: 32 KB of fp32 partials per split against 36 KB of KV per 32-key tile);
-# H100, graph replay, b=1, h=16 (BENCHMARKS.md section 24): s=4k 25.0 -> 20.9 µs and s=16k
+# H100, graph replay, b=1, h=16 (BENCHMARKS.md, "MLA decode"): s=4k 25.0 -> 20.9 µs and s=16k
 # 44.1 -> 34.7 µs against no cap; 64 is also the small-batch config's one-step merge
 MAX_SPLIT_WINDOWS = 64
 

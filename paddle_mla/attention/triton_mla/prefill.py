@@ -16,7 +16,8 @@ power of two and masked; part B of the keys may be shared by every head (head st
 k_pe, read straight from the latent rows). Dv is padded and masked.
 
 Launch shape and tile order come from ``extend_config`` (the H100 sweep against SDPA flash and
-SGLang's extend kernel: BENCHMARKS.md section 18, ``tools/bench_mla_prefill.py``).
+SGLang's extend kernel: docs/benchmarks_history.md, "MLA prefill attention and b=1 decode";
+``benchmarks.kernels.mla_prefill``).
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ def _extend_kernel(
         kb_base = KB + h * stride_kbh + offs_b[None, :]
         v_base = V + h * stride_vh + offs_v[None, :]
         # tiles of keys at positions <= the block's first query are visible to all its rows: no
-        # causal mask there (H100: 10-15% faster than masking every tile, BENCHMARKS.md section 18)
+        # causal mask there (H100: 10-15% faster than masking every tile, docs/benchmarks_history.md,
+        # "MLA prefill attention and b=1 decode")
         full_end = tl.minimum(hi, offset + mblk * BLOCK_M + 1)
         mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
         for start in range(lo, mid, BLOCK_N):
@@ -185,11 +187,12 @@ class ExtendConfig:
 def extend_config(block_da: int, block_db: int, block_dv: int, elem_bytes: int = 2, **override) -> ExtendConfig:
     """Launch config from the padded head dims and the inputs' element size; ``override`` (or env
     PADDLE_MLA_EXTEND_CFG="block_n=128,num_stages=3") sets fields for tuning
-    (tools/bench_mla_prefill.py --variants)."""
+    (benchmarks.kernels.mla_prefill --variants)."""
     if interpreting():
         cfg = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
     elif block_da + block_db + block_dv <= 384:
-        # MLA's 128+64 / 128: the best of the H100 sweep in BENCHMARKS.md section 18 (3 stages:
+        # MLA's 128+64 / 128: the best of the H100 sweep (docs/benchmarks_history.md, "MLA prefill
+        # attention and b=1 decode"; 3 stages:
         # 155 KB of shared memory in bf16, one program per SM); fp32 tiles are twice the bytes and
         # 3 stages would need 295 KB, over the 227 KB an SM has, so fp32 keeps 2
         cfg = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3 if elem_bytes <= 2 else 2}

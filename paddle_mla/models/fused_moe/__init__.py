@@ -6,5 +6,5 @@ Modules (import them directly; importing this package does not import Triton):
   reference.routed_moe_reference, reference.dequant_block_fp8
   align.moe_align                    (Triton)
   kernels.fused_moe, kernels.MoEWorkspace (Triton)
-  configs.get_config                 (launch configs kept as JSON data, tuned by tools/tune_fused_moe.py)
+  configs.get_config                 (launch configs kept as JSON data, tuned by benchmarks.kernels.tune_fused_moe)
 """

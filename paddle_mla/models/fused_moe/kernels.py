@@ -57,7 +57,7 @@ class MoEWorkspace:
         # pair a block of its own anyway. That plan is constant (pair j alone in block j, the rest
         # padding; right for any ids, rows are independent), built here once per BLOCK_M, and the
         # token's expert ids are the blocks' experts: align's five launches, which cost more than
-        # their work at M=1 (BENCHMARKS.md section 12), are skipped.
+        # their work at M=1 (BENCHMARKS.md, "Fused MoE"), are skipped.
         self.single = {}
         for bm in (16, 32, 64, 128):
             ids = torch.full((top_k * bm,), top_k, dtype=torch.int32, device=device)

@@ -5,7 +5,7 @@ token counts M (as strings) to {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, n
 fp8_w8a8 only, an optional QUANT_GROUP (64 or 128, default 128: the width of the per-token groups in
 which the gate+up GEMM quantizes its output, which is also that GEMM's BLOCK_N); the entry with the
 nearest M is used (as vLLM's configs are). N is the intermediate size (per expert,
-gate or up alone), K the hidden size. Written by tools/tune_fused_moe.py.
+gate or up alone), K the hidden size. Written by benchmarks.kernels.tune_fused_moe.
 """
 
 from __future__ import annotations

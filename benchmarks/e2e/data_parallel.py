@@ -1,0 +1,171 @@
+"""Data-parallel throughput: DP=2 replicas vs one engine on the end-to-end MoE workload (2 GPUs).
+
+The workload of benchmarks.e2e.moe (a): a random bf16 checkpoint with DeepSeek-V2-Lite dims cut
+to ``--layers`` 4 (the same folder, written once and reused), 256 requests x 512 prompt tokens x 128
+output tokens (greedy, ignore_eos, token ids), triton_mla with CUDA graphs and chunked prefill.
+Measured, each as the second of two runs of the workload in its own engine(s) (the first, cold run
+compiles every new kernel shape; its time is reported too):
+  - DP=2: ``DataParallelLLM`` with ``parallel.data_parallel_size: 2`` (one replica process per GPU);
+  - DP=1 (replica): ``DataParallelLLM`` with one replica process (the same dispatch path, one GPU);
+  - DP=1 (in process): the plain ``LLM`` on GPU 0, what ``generate`` runs without DP.
+Reported: output tok/s of each and the ratios DP=2 / DP=1 (target >= 1.9x), plus how many of the
+DP=2 outputs equal the single engine's (bf16 on a GPU: batch composition may flip a near-tie).
+
+    python -m benchmarks.e2e.data_parallel [--requests 2048] [--json out.json]   (GPU, >= 2 GPUs, 2-3 min)
+
+With the default 256 requests one engine runs the whole workload as one batch (max_num_seqs 256),
+and its decode steps are bound by the weight bytes: a replica with half the batch takes nearly as
+long per step, so DP cannot pay there. ``--requests 2048`` gives each engine several batches.
+    python -m benchmarks.e2e.data_parallel --requests 2048 --single-gpu   (1 GPU: DP=1 in process vs one replica process)
+    python -m benchmarks.e2e.data_parallel --smoke                    (CPU, tiny dims, 2 CPU replicas: the code path)
+
+Each engine's row also says where its time went, from the outputs' token times: the steps that made
+tokens, their median period, the stalls (gaps over 3x the median), the time to the first token and
+after the last one, and how long the parent took to yield an output after the engine finished it
+(for DP=2 the two replicas' stamps interleave, so its step columns are not periods of one engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.harness.checkpoints import moe_checkpoint  # numpy only: replicas re-import this module
+
+
+def requests(n: int, prompt: int, out: int, vocab: int, seed: int = 0) -> list:
+    from paddle_mla.sched.request import GenerationRequest, SamplingParams
+
+    rng = np.random.default_rng(seed)
+    params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+    return [GenerationRequest(id=i, prompt_token_ids=rng.integers(2, vocab, prompt).tolist(), params=params)
+            for i in range(n)]
+
+
+def timed(llm, reqs: list) -> tuple[dict, list]:
+    """Run the workload twice: the first (cold) run meets every kernel shape once (Triton compiles
+    each, seconds apiece, in every replica process); the second, timed, is the steady state."""
+    from paddle_mla.platform import runtime
+
+    t = time.perf_counter()
+    llm.generate(reqs, use_tqdm=False)
+    cold = time.perf_counter() - t
+    t = time.perf_counter()
+    outs, yielded_at = [], []
+    for o in llm.stream(reqs):
+        outs.append(o)
+        yielded_at.append(time.perf_counter())
+    runtime.synchronize()
+    dt = time.perf_counter() - t
+    toks = sum(len(o.token_ids) for o in outs)
+    assert toks == sum(r.params.max_tokens for r in reqs), f"{toks} output tokens"
+    res = dict(seconds=dt, output_tok_s=toks / dt, cold_seconds=cold, **timeline(outs, yielded_at, t))
+    return res, [list(o.token_ids) for o in outs]
+
+
+def timeline(outs: list, yielded_at: list[float], t0: float) -> dict:
+    """Where a run's time goes, from the outputs' own token times (perf_counter is CLOCK_MONOTONIC,
+    one clock for every process of the machine): each engine step stamps all its rows' tokens with
+    one time, so the distinct stamps are the steps that made tokens and their gaps the step periods.
+    Stalls are gaps over 3x the median; the delivery lag is the parent's yield minus the finish."""
+    stamps = np.unique(np.concatenate([np.asarray(o.metrics.token_times) for o in outs]))
+    gaps = np.diff(stamps) * 1e3
+    med = float(np.median(gaps)) if len(gaps) else 0.0
+    lag = (np.asarray(yielded_at) - np.asarray([o.metrics.finish_time for o in outs])) * 1e3
+    return dict(token_steps=int(len(stamps)), step_median_ms=med,
+                stall_ms=float(gaps[gaps > 3 * med].sum()) if len(gaps) else 0.0,
+                first_token_after_ms=float((stamps[0] - t0) * 1e3) if len(stamps) else 0.0,
+                after_last_token_ms=float((yielded_at[-1] - stamps[-1]) * 1e3) if len(stamps) else 0.0,
+                lag_median_ms=float(np.median(lag)), lag_max_ms=float(lag.max()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
+    ap.add_argument("--dir", default="", help="checkpoint folder (default: the e2e MoE benchmark's, /tmp/bench_e2e_moe_<L>L)")
+    ap.add_argument("--requests", type=int, default=256,
+                    help="requests (256: the MoE issue's workload, one engine batch; more: several batches)")
+    ap.add_argument("--single-gpu", action="store_true",
+                    help="one GPU: DP=1 in process against one replica process only (where the replica's time goes)")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    from paddle_mla.platform import runtime
+
+    runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))   # the parent only
+    from paddle_mla.config.schema import config_from_dict
+    from paddle_mla.engine.llm import LLM
+    from paddle_mla.integrations.data_parallel import DataParallelLLM
+
+    smoke = args.smoke
+    path, cfg = moe_checkpoint(args.layers, smoke, args.dir)
+    if smoke:
+        device, dtype, backend, graphs, n, P, O = "cpu", "float32", "native", False, 16, 16, 4
+    else:
+        device, dtype, backend, graphs, n, P, O = "gpu", "bfloat16", "triton_mla", True, args.requests, 512, 128
+        if runtime.gpu_count() < 2 and not args.single_gpu:
+            sys.exit(f"bench_dp needs 2 GPUs; this machine has {runtime.gpu_count()}")
+    block = 64
+    base = {"model": str(path), "runtime": runtime.name(), "device": device, "dtype": dtype,
+            "attention": {"backend": backend}, "cuda_graph": graphs, "max_model_len": P + O + 64,
+            "cache": {"block_size": block, "num_blocks": min(n, 256) * -(-(P + O) // block) + 8},
+            "scheduler": {"max_num_seqs": min(n, 256), "max_num_batched_tokens": max(8192, 64 * P),
+                          "enable_chunked_prefill": True}}
+    reqs = requests(n, P, O, cfg["vocab_size"])
+    res: dict = {"device": "cpu" if smoke else runtime.device_name(), "gpus": runtime.gpu_count(),
+                 "layers": args.layers, "smoke": smoke, "requests": n, "prompt": P, "output": O}
+    tokens = {}
+    for name, size in (("dp2", 2), ("dp1_replica", 1))[1 if args.single_gpu else 0:]:
+        t = time.perf_counter()
+        llm = DataParallelLLM(config_from_dict(dict(base, parallel={"data_parallel_size": size})))
+        start = time.perf_counter() - t
+        res[name], tokens[name] = timed(llm, reqs)
+        res[name]["start_s"] = start
+        llm.close()
+    t = time.perf_counter()
+    llm = LLM(config_from_dict(base))                        # the plain engine, in this process (GPU 0)
+    start = time.perf_counter() - t
+    res["dp1"], tokens["dp1"] = timed(llm, reqs)
+    res["dp1"]["start_s"] = start
+    llm.close()
+    if "dp2" in res:
+        res["ratio_dp2_vs_dp1"] = res["dp2"]["output_tok_s"] / res["dp1"]["output_tok_s"]
+        res["ratio_dp2_vs_dp1_replica"] = res["dp2"]["output_tok_s"] / res["dp1_replica"]["output_tok_s"]
+        res["dp2_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp2"], tokens["dp1"]))
+    res["replica_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp1_replica"], tokens["dp1"]))
+    print_table(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def print_table(r: dict) -> None:
+    print(f"# Data parallel, DeepSeek-V2-Lite dims, {r['layers']} layers{' (SMOKE: tiny dims, CPU)' if r['smoke'] else ''}"
+          f": {r['requests']} requests x ({r['prompt']} in, {r['output']} out), {r['device']} x {r['gpus']}\n")
+    print("| engine | output tok/s | seconds | cold first run s | start s | ratio to DP=1 | token steps | "
+          "median step ms | stalls ms | first token after ms | after last token ms | lag median / max ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, label in (("dp1", "DP=1, LLM in process"), ("dp1_replica", "DP=1, one replica process"),
+                        ("dp2", "DP=2, two replica processes")):
+        if name not in r:
+            continue
+        e = r[name]
+        print(f"| {label} | {e['output_tok_s']:.0f} | {e['seconds']:.2f} | {e['cold_seconds']:.2f} | {e['start_s']:.1f} | "
+              f"{e['output_tok_s'] / r['dp1']['output_tok_s']:.2f}x | {e['token_steps']} | {e['step_median_ms']:.2f} | "
+              f"{e['stall_ms']:.0f} | {e['first_token_after_ms']:.0f} | {e['after_last_token_ms']:.0f} | "
+              f"{e['lag_median_ms']:.2f} / {e['lag_max_ms']:.1f} |")
+    print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
+    if "dp2" not in r:
+        return
+    print(f"\nDP=2 / DP=1: {r['ratio_dp2_vs_dp1']:.2f}x (target >= 1.9x); DP=2 / one replica process: "
+          f"{r['ratio_dp2_vs_dp1_replica']:.2f}x; DP=2 outputs equal to DP=1's: {r['dp2_outputs_equal_dp1']}"
+          f"/{r['requests']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Benchmark: tensor-parallel decode step, TP=1 vs TP=2 (the nvidia-h200-x2 machine).
+
+DeepSeek-V2-Lite dimensions at full depth (27 layers: hidden 2048, 16 heads, kv_lora 512, 64
+routed experts of 1408 top-6 + 2 shared, vocab 102400), random bf16 weights made by the engine
+itself with ``load_format: dummy`` (default: a folder holding only config.json; each rank makes
+its own shards on its GPU, nothing is written or read), so TP=2 runs the real path: spawned worker,
+the loader's sharding, NCCL all-reduces, each rank's own CUDA graphs. ``--checkpoint`` writes a
+random bf16 checkpoint instead (``checkpoints.write_checkpoint``, 31 GB at 27 layers; reused when
+present) and loads it from the files. Per TP size: one engine (triton_mla, CUDA graphs, bf16), a decode
+step of ``--batch`` requests at ``--context`` tokens each (paged latent cache, random block tables),
+timed as the engine runs it: ``forward_step`` (rank 0 sends the batch to the worker, metadata,
+model, gathered logits) + greedy argmax + the one host read. Target: TP=2 <= 0.6x TP=1.
+
+Memory target (a model that does not fit one GPU's budget runs under TP=2):
+``--gpu-memory-utilization U`` sizes the KV cache by the profile run (``cache.num_blocks: auto``)
+under that budget; a TP size whose engine cannot start in it is a row "does not fit" with the
+profile's reason, and TP=1 is then also run without the budget (a fixed cache) as the ratio's
+baseline, so one command measures both targets. At U=0.2 (28 GiB of an H200) the 27-layer model's
+31 GB of bf16 weights do not fit one GPU; under TP=2 each rank holds about half, and the step runs.
+
+    python -m benchmarks.e2e.tensor_parallel [--layers 27] [--batch 64] [--context 4096] [--tp 1,2]
+        [--iters 30] [--json out.json] [--gpu-memory-utilization 0.2] [--checkpoint [--dir DIR]]
+
+NCCL_NVLS_ENABLE=0 is set for every rank (the GPU machines' rule: no NVLink multicast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import gc
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+from paddle_mla.platform import runtime  # noqa: E402
+
+runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
+
+from benchmarks.harness.batches import PAGE, decode_batch  # noqa: E402
+from benchmarks.harness.checkpoints import write_checkpoint  # noqa: E402
+from benchmarks.harness.dims import SMOKE_MOE, V2_LITE  # noqa: E402
+from benchmarks.harness.models import time_steps  # noqa: E402
+from paddle_mla.config.schema import config_from_dict  # noqa: E402
+from paddle_mla.engine.llm import LLM  # noqa: E402
+from paddle_mla.platform.tensor_api import torch  # noqa: E402
+
+
+def time_decode(llm: LLM, batch, iters: int) -> float:
+    return time_steps(llm.runner, batch, iters)
+
+
+def run(tp: int, path: Path, args, budget: float) -> dict:
+    need = args.batch * -(-args.context // PAGE)        # the decode batch's blocks
+    num_blocks = need + args.batch + 8
+    gpu = not args.smoke
+    cache = ({"block_size": PAGE, "num_blocks": "auto", "gpu_memory_utilization": budget} if budget else
+             {"block_size": PAGE, "num_blocks": num_blocks})
+    cfg = config_from_dict({
+        "model": str(path), "load_format": "auto" if args.checkpoint else "dummy", "runtime": "torch",
+        "device": "gpu" if gpu else "cpu",
+        "dtype": "bfloat16" if gpu else "float32", "attention": {"backend": "triton_mla" if gpu else "native"},
+        "cuda_graph": gpu, "max_model_len": args.context + PAGE,
+        "cache": cache,
+        # 2048-token chunks: the profile run's prefill (its activations) stays small beside the weights
+        "scheduler": {"max_num_seqs": args.batch, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True},
+        "parallel": {"tensor_parallel_size": tp}})
+    t = time.perf_counter()
+    try:
+        llm = LLM(cfg)
+    except RuntimeError as exc:
+        if not budget:
+            raise
+        print(f"TP={tp} does not fit gpu_memory_utilization {budget}:\n{exc}\n", file=sys.stderr)
+        error = str(exc).splitlines()[0]
+    else:
+        error = None
+    if error is not None:   # outside the except block: the failed engine's weights are free to go
+        gc.collect()
+        runtime.empty_cache()
+        return dict(tp=tp, budget=budget, step_ms=float("nan"), engine_start_s=time.perf_counter() - t,
+                    rank0_peak_gib=0.0, fits=False, error=error)
+    start_s = time.perf_counter() - t
+    load_s = llm.runner.load_s
+    prof = llm.runner.memory_profile
+    weights_gib = prof.weights / 2**30 if prof is not None else 0.0
+    num_blocks = llm.runner.limits.num_blocks
+    if num_blocks < need:    # starts, but the budget leaves too little cache for the batch: a row, not fatal
+        llm.close()
+        del llm
+        gc.collect()
+        runtime.empty_cache()
+        return dict(tp=tp, budget=budget, step_ms=float("nan"), engine_start_s=start_s, rank0_peak_gib=0.0,
+                    fits=False, error=f"the KV cache holds {num_blocks} blocks, the decode batch needs {need}")
+    for cache in llm.runner.kv_caches:       # rank 0's cache; the values do not change the work
+        cache.normal_(0.0, 1.0)
+    step_s = time_decode(llm, decode_batch(num_blocks, args.batch, args.context), args.iters)
+    mem = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
+    llm.close()
+    del llm
+    runtime.empty_cache()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    return dict(tp=tp, budget=budget, step_ms=step_s * 1e3, engine_start_s=start_s, rank0_peak_gib=mem, fits=True,
+                rank0_weights_gib=weights_gib, kv_blocks=num_blocks, load_s=load_s)
+
+
+def main() -> None:
+    # a run stopped by `timeout` (SIGTERM) prints where rank 0 was: a slow start and a hang look alike
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=27)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--tp", default="1,2")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="write (once) and load a random bf16 checkpoint instead of load_format: dummy")
+    ap.add_argument("--dir", default="", help="with --checkpoint: its folder (default /tmp/bench_v2lite_<L>L)")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.0,
+                    help="size the KV cache by the profile run under this budget (the memory target); "
+                         "a TP size that does not fit is reported, not fatal (CPU: the budget is ignored)")
+    args = ap.parse_args()
+    cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_MOE if args.smoke else {}))
+    if args.checkpoint:
+        path = Path(args.dir or f"/tmp/bench_v2lite_{args.layers}L{'_smoke' if args.smoke else ''}")
+        if not (path / "model.safetensors.index.json").exists():
+            print(f"writing a random bf16 checkpoint to {path}", file=sys.stderr)
+            write_checkpoint(path, cfg, 5 * 10 ** 9)
+    else:    # load_format: dummy: config.json is the whole model folder
+        path = Path(tempfile.mkdtemp(prefix="bench_tp_dummy_"))
+        (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    rows = []
+    for tp in map(int, args.tp.split(",")):
+        rows.append(run(tp, path, args, args.gpu_memory_utilization))
+        print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        if not rows[-1]["fits"]:   # the ratio still needs this TP size: again without the budget (fixed cache)
+            rows.append(run(tp, path, args, 0.0))
+            print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    base = next((r["step_ms"] for r in rows if r["fits"] and r["tp"] == 1), float("nan"))
+    print(f"# TP decode step: V2-Lite dims, {args.layers} layers, batch {args.batch}, context {args.context}, "
+          + ("SMOKE (tiny dims, CPU fp32, native)" if args.smoke else
+             f"bf16, triton_mla + CUDA graphs, {runtime.device_name()}")
+          + (f", gpu_memory_utilization {args.gpu_memory_utilization} (KV cache: auto)\n"
+             if args.gpu_memory_utilization else "\n"))
+    print(f"weights: {'checkpoint ' + str(path) if args.checkpoint else 'load_format: dummy (made on each GPU)'}\n")
+    print("| TP | gpu_memory_utilization | fits | step ms | vs TP=1 | engine start s | load s | rank-0 weights GiB "
+          "| KV blocks | rank-0 peak GiB |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        r["ratio"] = r["step_ms"] / base
+        util = r["budget"] or "- (fixed cache)"
+        if not r["fits"]:
+            print(f"| {r['tp']} | {util} | no: {r['error']} | - | - | {r['engine_start_s']:.0f} | - | - | - | - |")
+            continue
+        print(f"| {r['tp']} | {util} | yes | {r['step_ms']:.2f} | {r['ratio']:.2f}x | {r['engine_start_s']:.0f} | "
+              f"{r['load_s']:.1f} | "
+              f"{r['rank0_weights_gib']:.1f} | {r['kv_blocks']} | {r['rank0_peak_gib']:.1f} |")
+    two = next((r for r in rows if r["tp"] == 2 and r["fits"]), None)
+    two_budget = next((r for r in rows if r["tp"] == 2 and r["budget"]), None)
+    if two is not None:
+        verdict = "met" if two["ratio"] <= 0.6 else "NOT met"
+        print(f"\ntarget: TP=2 step <= 0.6x TP=1: {two['ratio']:.2f}x ({verdict})")
+    if args.gpu_memory_utilization:
+        one = [r for r in rows if r["tp"] == 1 and r["budget"]]
+        met = bool(one) and not one[0]["fits"] and two_budget is not None and two_budget["fits"]
+        print(f"memory target (under gpu_memory_utilization {args.gpu_memory_utilization}: TP=1 does not fit, "
+              f"TP=2 runs): {'met' if met else 'NOT met' + (' (CPU: the budget is ignored)' if args.smoke else '')}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(layers=args.layers, batch=args.batch, context=args.context, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

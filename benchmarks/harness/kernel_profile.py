@@ -1,0 +1,84 @@
+"""Kernel-level views of a step from ``torch.profiler`` (CUDA activity only): time per kernel
+category, the costliest kernels, and the kernels of one call in launch order."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+
+from paddle_mla.platform import runtime
+
+# first match wins; names are those of our Triton kernels and of cuBLAS / PyTorch kernels
+CATEGORIES = [
+    ("attn: MLA decode (split-KV)", r"_decode_stage1|_plan_kernel"),
+    ("attn: split merge", r"_decode_stage2|_merge_kernel"),
+    ("attn: extend/prefill", r"_extend_kernel|flash|fmha|attention"),
+    ("attn: latent interleave/cache write/gather", r"_interleave_kernel|_write_latent_cache|_gather_rows|_gather_groups"),
+    ("MoE: grouped GEMM", r"grouped_gemm"),
+    ("MoE: align/sum", r"_count_kernel|_offsets_kernel|_scatter_kernel|sum_topk"),
+    ("FP8 GEMM + quant", r"_w8a8|_group_quant|_split_k_reduce"),
+    ("dense GEMM (cuBLAS)", r"gemm|cutlass|nvjet|sm90_xmma|sm80_xmma|ampere|magma|splitK|Kernel2"),
+    ("routing: topk/sort/softmax", r"topk|sort|softmax|radix|bitonic"),
+    ("norm (RMSNorm)", r"rsqrt|norm"),
+    ("copies", r"copy|Memcpy|Memset|cat|index|gather|scatter"),
+    ("elementwise/reduce", r"elementwise|vectorized|reduce|unrolled"),
+]
+
+
+def categorize(name: str) -> str:
+    for cat, pat in CATEGORIES:
+        if re.search(pat, name, re.IGNORECASE):
+            return cat
+    return "other"
+
+
+def profiled(fn, iters: int, warmup: int):
+    """A ``torch.profiler`` run (CUDA activity only) of ``iters`` calls of ``fn`` after ``warmup`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    runtime.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        runtime.synchronize()
+    return prof
+
+
+def kernel_table(step, iters: int) -> dict:
+    """Per-category device ms per step, and the 12 costliest kernels, over ``iters`` eager steps."""
+    prof = profiled(step, iters, 3)
+    cats: dict[str, float] = {}
+    kernels = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if not us:
+            continue
+        ms = us / 1e3 / iters
+        cats[categorize(ev.key)] = cats.get(categorize(ev.key), 0.0) + ms
+        kernels.append((ms, ev.count // iters, ev.key[:90]))
+    total = sum(cats.values())
+    kernels.sort(reverse=True)
+    return {"device_ms": total, "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+            "top_kernels": [dict(ms=m, calls=c, name=n) for m, c, n in kernels[:12]]}
+
+
+def kernel_sequence(fn, iters: int) -> list[dict]:
+    """Kernels of one ``fn`` call in launch order, each with its mean µs over ``iters`` calls (a chrome
+    trace read back: key_averages would merge two launches of one kernel, e.g. the two MoE GEMMs)."""
+    prof = profiled(fn, iters, 2)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    evs = sorted((e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
+                 key=lambda e: e["ts"])
+    per = len(evs) // iters
+    if per * iters != len(evs):     # a call that launches a varying set: totals by name instead of an order
+        tot: dict[str, float] = {}
+        for e in evs:
+            tot[e["name"][:70]] = tot.get(e["name"][:70], 0.0) + e["dur"]
+        return [dict(name=f"(by name) {k}", us=v / iters) for k, v in tot.items()]
+    return [dict(name=evs[i]["name"][:70], us=sum(evs[j * per + i]["dur"] for j in range(iters)) / iters)
+            for i in range(per)]

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Tensor parallel, data parallel and full size on the nvidia-h200-x2 machine, the steps named in STEPS
+# (default "tp dp test"):
+#   full  benchmarks.e2e.fullsize: DeepSeek-V3 dims, FP8, load_format dummy, TP=2, 19 layers
+#         (BENCHMARKS.md, "Full size");
+#   tp    benchmarks.e2e.tensor_parallel --gpu-memory-utilization 0.2: both TP targets (step ratio, memory);
+#   dp    benchmarks.e2e.data_parallel: DP=2 vs DP=1 at 256 (the MoE workload) and 2048 requests;
+#   test  tests/parallel/test_tensor_parallel_gpu.py (TP=2 fp32 == TP=1).
+# The CUDA custom ops are built first (nvcc, ~35 s on a bare machine). Each step runs under its own
+# time limit (T_FULL / T_TP / T_DP / T_TEST seconds), so one that overruns leaves the others' results.
+# T_TP needs more than 140 s for the TP=2 row (BENCHMARKS.md, "Tensor and data parallel").
+#   bash scripts/gpu_scale_out.sh     STEPS="test" bash scripts/gpu_scale_out.sh     SMOKE=1 bash scripts/gpu_scale_out.sh (CPU)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/.bench_out}"; mkdir -p "$OUT"
+export PYTHONPATH="$PWD" PADDLE_MLA_RUNTIME=torch PYTHONUNBUFFERED=1 PADDLE_MLA_CACHE="${PADDLE_MLA_CACHE:-/tmp/pm_cache}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # no NVLink multicast
+if [ -n "${SMOKE:-}" ]; then
+  FULL=(--smoke --layers 3 --batches 1,4 --contexts 128,512 --prefills 2x64,1x256 --e2e 4 --e2e-shapes 32x32,64x16 --iters 2)
+  TP=(--smoke --layers 3 --batch 4 --context 256 --iters 2)
+  DP=(--smoke)
+else
+  FULL=(--layers 19 --batches 1,16,64 --contexts 1024,8192 --prefills 8x1024,1x8192 --e2e 32 --iters 10)
+  TP=(--iters 20)
+  DP=()
+fi
+STEPS="${STEPS:-tp dp test}"
+stamp() { echo "=== $(date +%T) $*"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"; } \
+  2>&1 | tee "$OUT/gpu.txt"
+if [ -z "${SMOKE:-}" ]; then
+  stamp "custom ops build"
+  python3 -c "
+from paddle_mla.platform import runtime
+runtime.select('torch')
+from paddle_mla.ops.build import load_ops
+print('ops:', load_ops())" 2>&1 | tail -n 2 | tee "$OUT/ops_build.txt"
+fi
+if has full; then
+  stamp "bench_fullsize"
+  timeout "${T_FULL:-180}" python3 -m benchmarks.e2e.fullsize "${FULL[@]}" --json "$OUT/fullsize.json" 2>&1 | tee "$OUT/fullsize.md"
+fi
+if has tp; then
+  stamp "bench_tp: TP=1 vs TP=2, gpu_memory_utilization 0.2"
+  timeout "${T_TP:-240}" python3 -m benchmarks.e2e.tensor_parallel "${TP[@]}" --gpu-memory-utilization 0.2 --json "$OUT/tp.json" 2>&1 \
+    | tee "$OUT/tp.md"
+fi
+if has dp; then
+  for n in ${DP_REQUESTS:-256 2048}; do
+    stamp "bench_dp --requests $n"
+    timeout "${T_DP:-120}" python3 -m benchmarks.e2e.data_parallel "${DP[@]}" --requests "$n" --json "$OUT/dp_$n.json" 2>&1 | tee "$OUT/dp_$n.md"
+  done
+fi
+if has test; then
+  stamp "tests/parallel/test_tensor_parallel_gpu.py"
+  TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-240}" python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/parallel/test_tensor_parallel_gpu.py 2>&1 | tee "$OUT/tp_test.txt"
+fi
+stamp "done"
