@@ -203,8 +203,8 @@ def test_overlapped_penalties_count_the_pending_token_on_the_device():
     plain = make_llm(scheduler={"overlap": False}).generate(reqs(), use_tqdm=False)
     llm = make_llm(scheduler={"overlap": True})
     reads_first = []
-    real = llm._needs_host_tokens
-    llm._needs_host_tokens = lambda scheduled: reads_first.append(real(scheduled)) or reads_first[-1]
+    real = llm.core._needs_host_tokens
+    llm.core._needs_host_tokens = lambda out: reads_first.append(real(out)) or reads_first[-1]
     overlapped = llm.generate(reqs(), use_tqdm=False)
     assert [[c.token_ids for c in o.outputs] for o in overlapped] == [[c.token_ids for c in o.outputs] for o in plain]
     assert reads_first.count(False) >= 8          # decode steps ran with the token pending
