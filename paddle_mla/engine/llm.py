@@ -56,11 +56,12 @@ class LLM:
         if not isinstance(config, EngineConfig):
             config = load_config(config, overrides)
         runtime.select(config.runtime)
-        from paddle_mla.engine.run_info import describe_run
+        from paddle_mla.engine.run_info import plan_run, run_info
 
-        # auto device/backend resolved and the resolved backend checked before any weight loads
+        # every start-up decision resolved and checked before any weight loads
         # (ConfigError, ModelPathError, RuntimeError)
-        self.run_info, config = describe_run(config)
+        self.plan = plan_run(config, model)
+        self.run_info, config = run_info(self.plan), self.plan.config
         self.config = config
         from paddle_mla.models import ensure_tiny_model
         from paddle_mla.parallel.launcher import build_runner
@@ -69,7 +70,7 @@ class LLM:
         model_dir = str(ensure_tiny_model()) if config.model == "tiny" else config.model
         self.model_dir = model_dir
         self.tokenizer = load_tokenizer(model_dir)   # TokenIdsOnly without tokenizer.json: texts are None
-        self.runner = build_runner(config, model_dir, model=model)   # rank 0 of N with parallel.tensor_parallel_size N
+        self.runner = build_runner(config, model_dir, model=model, plan=self.plan)   # rank 0 of N with parallel.tensor_parallel_size N
         self.max_model_len = self.runner.limits.max_model_len
         self.pool = make_block_pool(self.runner.limits.num_blocks, config.cache.block_size,
                                     config.cache.enable_prefix_caching, self.runner.head_wise_swa,
