@@ -96,11 +96,9 @@ class LLM:
 
     # -- public API -------------------------------------------------------------------------
     def describe(self) -> dict:
-        """What runs, resolved: runtime (+ version), device, dtype, backend, model and its folder."""
-        info = self.run_info
-        info.dtype = str(self.runner.dtype).rsplit(".", 1)[-1]
-        info.backend = self.runner.backend.name
-        return info.to_dict()
+        """What runs, resolved: runtime (+ version), device, dtype, backend, model and its folder
+        (a view of the run plan the runner was built from)."""
+        return self.run_info.to_dict()
 
     def default_params(self) -> SamplingParams:
         s = self.config.sampling
