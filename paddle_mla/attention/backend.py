@@ -155,12 +155,8 @@ def register_backend(name: str):
 
 
 def create_backend(name: str, family: str = "mla", **kwargs: Any):
-    """The ``family`` (mla | gqa) backend called ``name``, built with ``kwargs`` (its constructor's)."""
-    if name == "auto":
-        from paddle_mla.config.backends import GQA_MODEL_TYPES, resolve_backend
-
-        any_gqa = GQA_MODEL_TYPES[0] if family == "gqa" else None    # auto depends only on the family here
-        name = resolve_backend(name, "cpu" if kwargs.get("device") == "cpu" else "gpu", any_gqa)
+    """The ``family`` (mla | gqa) backend called ``name``, built with ``kwargs`` (its constructor's).
+    ``name`` is a resolved one: ``auto`` is resolved once, in the run plan (``worker.plan``)."""
     key = (name, family)
     if key not in _REGISTRY:
         import importlib

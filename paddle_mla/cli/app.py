@@ -224,12 +224,17 @@ Exit codes:
 @click.argument("configs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @SET_OPTION
 def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
-    """Check config files and print each one fully resolved (defaults filled in) as YAML.
+    """Check config files and print each one fully resolved (defaults filled in) as YAML, with
+    its run plan in comments after it: what the engine would build (runtime, device, dtype, quantization, attention
+    backend, KV layout, memory budget, CUDA-graph sizes, max_model_len).
 
-    Loads no model and no tensor library: the model path is checked (a local folder with
-    config.json, or tiny), and backend/feature combinations from the backend capability table
-    (attention.backend auto is checked as it resolves when device is cpu or gpu; with device
-    auto, once the device is known at start-up).
+    Loads no weights: the model path is checked (a local folder with config.json, or tiny, built
+    on first use), the runtime selected, and the plan resolved from the config and the
+    checkpoint's config.json, with backend/feature combinations checked against the backend
+    capability table. A config that names device: gpu is planned for a GPU on any machine;
+    device auto is planned for this machine's device. A plan that does not resolve (a bench
+    config's stand-in model, a device auto combination this machine cannot run) is noted, not an
+    error: the checkpoint and the device are checked again at start-up.
 
     \b
     Examples:
@@ -258,7 +263,26 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
             click.echo("---")
         click.echo(f"# {path}")
         click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
+        plan = _plan_or_note(cfg)
+        # as comments, so the printed document stays a config that loads as it is
+        text = f"plan: {plan}" if isinstance(plan, str) else yaml.safe_dump({"plan": plan.to_dict()}, sort_keys=False)
+        click.echo("\n".join("# " + line for line in text.rstrip().splitlines()))
     sys.exit(EXIT_USAGE if failed else EXIT_OK)
+
+
+def _plan_or_note(cfg: EngineConfig):
+    """The config's ``RunPlan``, or why it does not resolve here. Not a config error: the plan
+    depends on the checkpoint (bench configs name ``tiny`` as a stand-in for the ``--model`` they
+    are run with) and, under device auto, on this machine, which ``generate`` checks at start-up."""
+    from paddle_mla.engine.run_info import plan_run
+    from paddle_mla.platform import runtime
+
+    try:
+        runtime.select(None if cfg.runtime == "auto" else cfg.runtime)
+        return plan_run(cfg, device_kind=None if cfg.device == "auto" else cfg.device)
+    except (RuntimeError, ValueError) as exc:      # ConfigError is a ValueError
+        reasons = exc.errors if isinstance(exc, ConfigError) else [str(exc)]
+        return "not resolved with this checkpoint on this machine: " + "; ".join(reasons)
 
 
 @main.command("make-tiny-model")

@@ -49,7 +49,8 @@ def model_family(model_type: str | None) -> str:
 def resolve_backend(name: str, device_kind: str, model_type: str | None = None) -> str:
     """``auto`` -> on a GPU when triton is importable, ``dsa`` for deepseek_v32 checkpoints and
     ``triton_mla`` for the other MLA ones; else ``native``. Other names as given.
-    GQA checkpoints resolve to ``append_attn`` on a GPU, ``native`` on CPU."""
+    GQA checkpoints resolve to ``append_attn`` on a GPU, ``native`` on CPU. The engine resolves
+    its backend once, in the run plan (``worker.plan``, through ``resolved_config``)."""
     if name != "auto":
         return name
     if model_family(model_type) == "gqa":

@@ -23,11 +23,12 @@ class LLM:
         if not isinstance(config, EngineConfig):
             config = load_config(config, overrides)
         runtime.select(config.runtime)
-        from paddle_mla.engine.run_info import describe_run
+        from paddle_mla.engine.run_info import plan_run, run_info
 
-        # auto device/backend resolved and the resolved backend checked before any weight loads
+        # every start-up decision resolved and checked before any weight loads
         # (ConfigError, ModelPathError, RuntimeError)
-        self.run_info, config = describe_run(config)
+        self.plan = plan_run(config, model)
+        self.run_info, config = run_info(self.plan), self.plan.config
         self.config = config
         from paddle_mla.models import ensure_tiny_model
         from paddle_mla.parallel.launcher import build_runner
@@ -36,7 +37,7 @@ class LLM:
         self.model_dir = str(ensure_tiny_model()) if config.model == "tiny" else config.model
         self.tokenizer = load_tokenizer(self.model_dir)   # TokenIdsOnly without tokenizer.json: texts are None
         # rank 0 of N with parallel.tensor_parallel_size N; the sampler masks eos before min_tokens
-        self.runner = build_runner(config, self.model_dir, model=model,
+        self.runner = build_runner(config, self.model_dir, model=model, plan=self.plan,
                                    eos_token_ids=frozenset(self.tokenizer.eos_token_ids))
         self.max_model_len = self.runner.limits.max_model_len
         self.core = build_core(config, self.runner, self.tokenizer)
@@ -57,11 +58,9 @@ class LLM:
 
     # -- public API -------------------------------------------------------------------------
     def describe(self) -> dict:
-        """What runs, resolved: runtime (+ version), device, dtype, backend, model and its folder."""
-        info = self.run_info
-        info.dtype = str(self.runner.dtype).rsplit(".", 1)[-1]
-        info.backend = self.runner.backend.name
-        return info.to_dict()
+        """What runs, resolved: runtime (+ version), device, dtype, backend, model and its folder
+        (a view of the run plan the runner was built from)."""
+        return self.run_info.to_dict()
 
     def default_params(self) -> SamplingParams:
         s = self.config.sampling

@@ -1,9 +1,10 @@
 """What will run: the model folder check, and the resolved runtime / device / dtype / backend / model.
 
-``model_problem`` is pure Python (``validate`` uses it without a tensor library). ``describe_run``
-needs the runtime selected: it resolves ``auto`` values the way the engine does, and checks the
-resolved backend against the capability table, all before any weights load, so ``generate`` and
-``bench`` can print what runs as their first line and fail before work.
+``model_problem`` is pure Python (``validate`` uses it without a tensor library). ``plan_run``
+needs the runtime selected: it reads the checkpoint's config.json and resolves the ``RunPlan``
+(``worker.plan``) the engine then builds from, before any weights load, so ``generate`` and
+``bench`` can print what runs (``run_info``, a view of the plan) as their first line and fail
+before work.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paddle_mla.config.schema import EngineConfig
+
+if TYPE_CHECKING:
+    from paddle_mla.worker.plan import RunPlan
 
 TINY = "tiny"
 NO_DOWNLOADS = "paddle-mla never downloads models; give a local checkpoint folder"
@@ -68,13 +72,6 @@ def checkpoint_model_type(model: str) -> str | None:
         return None
 
 
-def dtype_name(dtype: str, device_kind: str) -> str:
-    """Config ``dtype`` -> the dtype the engine uses (auto: float32 on CPU, bfloat16 on GPU)."""
-    if dtype == "auto":
-        return "float32" if device_kind == "cpu" else "bfloat16"
-    return dtype
-
-
 @dataclass
 class RunInfo:
     runtime: str                   # torch | paddle
@@ -96,18 +93,32 @@ class RunInfo:
         return asdict(self)
 
 
-def describe_run(cfg: EngineConfig) -> tuple[RunInfo, EngineConfig]:
-    """Resolve what ``cfg`` runs (the runtime must be selected); returns the description and the
-    config with device and backend resolved. Raises ModelPathError, ConfigError (resolved backend
-    unsupported there) or RuntimeError (device: gpu without a GPU)."""
-    from paddle_mla.platform import runtime
-    from paddle_mla.config.backends import resolved_config
+def plan_run(cfg: EngineConfig, model: Any = None, device_kind: str | None = None) -> "RunPlan":
+    """The ``RunPlan`` of ``cfg`` (the runtime must be selected): the model folder checked, the
+    checkpoint's config.json read (the tiny model built on first use; a prebuilt ``model``'s own
+    architecture instead), and every ``auto`` resolved, before any weight loads. ``device_kind``:
+    plan for that device rather than resolve ``cfg.device`` here (``validate``). Raises
+    ModelPathError, ConfigError, ValueError or RuntimeError (device: gpu without a GPU)."""
+    from paddle_mla.models import ensure_tiny_model, load_arch
+    from paddle_mla.worker.plan import resolve_plan
 
     check_model(cfg.model)
-    device = runtime.resolve_device(cfg.device)
-    resolved = resolved_config(cfg, device, checkpoint_model_type(cfg.model))
-    info = RunInfo(runtime=runtime.name(), runtime_version=runtime.version(), device=device,
-                   device_name=runtime.device_name() if device == "gpu" else None,
-                   dtype=dtype_name(cfg.dtype, device), backend=resolved.attention.backend, model=cfg.model,
-                   model_path=str(model_dir(cfg.model)))
-    return info, resolved
+    if model is not None:
+        arch = model.arch
+    else:
+        arch = load_arch(ensure_tiny_model() if cfg.model == TINY else model_dir(cfg.model))
+    return resolve_plan(cfg, arch, device_kind)
+
+
+def run_info(plan: "RunPlan") -> RunInfo:
+    """The run line's view of ``plan``."""
+    model = plan.config.model
+    return RunInfo(runtime=plan.runtime, runtime_version=plan.runtime_version, device=plan.device,
+                   device_name=plan.device_name, dtype=plan.dtype, backend=plan.backend, model=model,
+                   model_path=str(model_dir(model)))
+
+
+def describe_run(cfg: EngineConfig) -> tuple[RunInfo, EngineConfig]:
+    """What ``cfg`` runs and the config with device and backend resolved (``plan_run``'s view)."""
+    plan = plan_run(cfg)
+    return run_info(plan), plan.config

@@ -49,14 +49,15 @@ class TensorParallelError(RuntimeError):
     """A tensor-parallel worker died or failed; the engine cannot go on."""
 
 
-def build_runner(config, model_dir: str, model=None, eos_token_ids: frozenset = frozenset()):
+def build_runner(config, model_dir: str, model=None, plan=None, eos_token_ids: frozenset = frozenset()):
     """The engine's ModelRunner: rank 0 of a tensor-parallel group when the config asks for one.
-    ``model``: a prebuilt model (benchmarks with random weights; single rank only).
+    ``model``: a prebuilt model (benchmarks with random weights; single rank only). ``plan``: the
+    engine's ``RunPlan`` (each tensor-parallel rank resolves the same one itself).
     ``eos_token_ids``: the tokenizer's (rank 0 samples: its runner masks them before min_tokens)."""
     from paddle_mla.worker.model_runner import ModelRunner
 
     if config.parallel.tensor_parallel_size == 1:
-        return ModelRunner(config, model_dir, model=model, eos_token_ids=eos_token_ids)
+        return ModelRunner(config, model_dir, model=model, plan=plan, eos_token_ids=eos_token_ids)
     if model is not None:
         raise ValueError("a prebuilt model runs on one rank only: set parallel.tensor_parallel_size: 1")
     return TPDriver(config, model_dir).start(eos_token_ids)

@@ -1,7 +1,8 @@
 """Decode steps replayed as CUDA graphs.
 
-Graphs are captured at start-up for batch sizes 1, 2, 4, 8, 16, ... up to ``max_num_seqs``, over
-static metadata buffers. A decode step of ``bs`` requests copies its freshly built metadata into
+Graphs are captured at start-up for the plan's batch sizes (1, 2, 4, 8, 16, ... up to
+``max_num_seqs``: ``worker.plan.capture_sizes``), over static metadata buffers, each recording the
+runner's one model call on them. A decode step of ``bs`` requests copies its freshly built metadata into
 the first ``bs`` rows, pads to the next captured size (padded rows: length 0 and slot -1, so they
 write nothing and attend to nothing), replays, and reads the first ``bs`` rows of the logits.
 ``backend.prepare`` is part of the graph, so the split plan is rebuilt on the GPU at each replay.
@@ -10,6 +11,8 @@ write nothing and attend to nothing), replays, and reads the first ``bs`` rows o
 from __future__ import annotations
 
 import bisect
+from typing import Any, Callable, Sequence
+
 import numpy as np
 
 from paddle_mla.platform import runtime as _runtime
@@ -21,21 +24,15 @@ import torch  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta  # noqa: E402
 
 
-def capture_sizes(max_num_seqs: int) -> list[int]:
-    sizes, n = [], 1
-    while n < max_num_seqs:
-        sizes.append(n)
-        n *= 2
-    sizes.append(max_num_seqs)
-    return sizes
-
-
 class DecodeGraphs:
-    def __init__(self, model, backend, kv_caches, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 device: str, num_table_heads: int = 0):
-        """``num_table_heads`` > 0: head-wise block tables [bs, heads, max_blocks] (head-wise SWA)."""
-        self.sizes = capture_sizes(max_num_seqs)
-        n, i32, i64 = max_num_seqs, torch.int32, torch.int64
+    def __init__(self, forward_meta: Callable[[ForwardMeta], Any], sizes: Sequence[int], max_blocks_per_seq: int,
+                 block_size: int, device: str, num_table_heads: int = 0):
+        """``forward_meta``: the runner's model call on a step's metadata (``ModelRunner._forward_meta``:
+        prepare, every layer, the logits of every row), captured once per size of ``sizes`` (the
+        plan's ``cuda_graph_sizes``). ``num_table_heads`` > 0: head-wise block tables [bs, heads,
+        max_blocks] (head-wise SWA)."""
+        self.sizes = list(sizes)
+        n, i32, i64 = self.sizes[-1], torch.int32, torch.int64
         self.input_ids = torch.zeros(n, dtype=i64, device=device)
         self.positions = torch.zeros(n, dtype=i64, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=i64, device=device)
@@ -51,13 +48,7 @@ class DecodeGraphs:
         for bs in reversed(self.sizes):       # largest first, so smaller graphs reuse its memory pool
             meta = self._static_meta(bs, block_size)
             graph = _runtime.CudaGraph(pool)
-
-            def step(meta=meta):
-                backend.prepare(meta)
-                hidden = model.forward(meta, kv_caches)
-                return model.compute_logits(hidden)
-
-            self.logits[bs] = graph.capture(step)
+            self.logits[bs] = graph.capture(lambda meta=meta: forward_meta(meta))
             self.graphs[bs] = graph
             pool = pool or graph.pool_handle()
 

@@ -27,9 +27,7 @@ from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
-import torch  # noqa: E402
-
-from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
+from paddle_mla.attention.forward_meta import StepBatch  # noqa: E402
 from paddle_mla.cache.kv_cache import allocate_index_caches, allocate_kv_caches, usable_num_blocks  # noqa: E402
 
 GiB = float(1 << 30)
@@ -111,14 +109,10 @@ def dummy_decode_batch(rows: int, vocab_size: int) -> StepBatch:
                      is_prefill=np.zeros(rows, dtype=bool), sample_mask=np.ones(rows, dtype=bool))
 
 
-def run_dummy_step(model, backend, batch: StepBatch, caches, block_size: int, device: str, key_windows,
-                   logits_rows: int):
-    """One step as ``ModelRunner.forward_step`` runs it (eager), with the logits of ``logits_rows`` rows."""
-    meta = ForwardMeta.build(batch, block_size, device, key_windows)
-    backend.prepare(meta)
-    hidden = model.forward(meta, caches)
-    last = np.cumsum(batch.num_new, dtype=np.int64) - 1
-    return model.compute_logits(hidden[torch.from_numpy(np.resize(last, logits_rows)).to(device)])
+def run_dummy_step(runner, batch: StepBatch, caches, logits_rows: int):
+    """One step through ``runner.run_model`` (eager, on the dummy ``caches``), with the logits of
+    ``logits_rows`` rows."""
+    return runner.run_model(batch, kv_caches=caches, logits_rows=logits_rows)[0]
 
 
 def _peak_above(base: int, fn) -> int:
@@ -132,8 +126,8 @@ def _peak_above(base: int, fn) -> int:
 
 
 def profile_kv_cache(runner, per_block: int, max_model_len: int, index_dim: int, use_graphs: bool) -> MemoryProfile:
-    """Run the profile for ``runner`` (a ``ModelRunner`` whose model, backend and key windows exist
-    and whose caches do not) and size the KV cache; prints the figures to stderr."""
+    """Run the profile for ``runner`` (a ``ModelRunner`` whose model, backend, key windows and step
+    inputs exist and whose caches do not) and size the KV cache; prints the figures to stderr."""
     cfg, arch, bs = runner.cfg, runner.arch, runner.cfg.cache.block_size
     sc = cfg.scheduler
     vocab = arch.vocab_size
@@ -155,14 +149,13 @@ def profile_kv_cache(runner, per_block: int, max_model_len: int, index_dim: int,
     base = _runtime.memory_allocated()
 
     def step(batch):
-        return lambda: run_dummy_step(runner.model, runner.backend, batch, caches, bs, runner.device,
-                                      runner.key_windows, sc.max_num_seqs)
+        return lambda: run_dummy_step(runner, batch, caches, sc.max_num_seqs)
 
     try:
         activations = _peak_above(base, step(prefill))
         graph_pools = 0
         if use_graphs:
-            from paddle_mla.worker.cuda_graph import capture_sizes
+            from paddle_mla.worker.plan import capture_sizes
 
             smaller = sum(capture_sizes(sc.max_num_seqs)) - sc.max_num_seqs
             graph_pools = _peak_above(base, step(decode)) + smaller * vocab * 4 + GRAPH_MARGIN_BYTES

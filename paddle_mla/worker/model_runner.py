@@ -1,11 +1,14 @@
 """ModelRunner: owns the model, the KV caches and the attention backend; runs one step.
 
-One step: the scheduler's plain-data changes (sched/output.py ``StepInput``) applied to the
-persistent input batch (``input_state``) -> its host arrays -> ``ForwardMeta.build`` once ->
-``backend.prepare`` once -> ``model.forward`` (every layer reads the same meta) -> logits of the
-sampling rows -> sampler -> the single device-to-host read of the sampled tokens and their
-logprobs. The host arrays go up in one pinned copy (``staging``); ``launch`` enqueues a step
-without waiting, so the engine can overlap the next one.
+Built from a ``RunPlan`` (worker/plan.py) in a few named steps: model, backend, inputs, caches,
+graphs. One step: the scheduler's plain-data changes (sched/output.py ``StepInput``) applied to the
+persistent input batch (``input_state``) -> its host arrays -> ``run_model``: the metadata built
+once (the sampler's arrays ride the same upload, apart from it) -> ``backend.prepare`` once ->
+``model.forward`` (every layer reads the same meta) -> logits of the sampling rows -> sampler -> the
+single device-to-host read of the sampled tokens and their logprobs. ``run_model`` also runs the
+memory profile's dummy steps, and its ``_forward_meta`` is what CUDA graphs capture. The host arrays
+go up in one pinned copy (``staging``); ``launch`` enqueues a step without waiting, so the engine
+can overlap the next one.
 """
 
 from __future__ import annotations
@@ -22,22 +25,20 @@ _runtime.require_selected(__name__)
 import torch  # noqa: E402
 
 from paddle_mla.attention.backend import create_backend  # noqa: E402
-from paddle_mla.attention.forward_meta import ForwardMeta, StepBatch  # noqa: E402
-from paddle_mla.config.backends import check_model_backend, resolve_backend  # noqa: E402
+from paddle_mla.attention.forward_meta import ForwardMeta, SideArrays, StepBatch, build_step  # noqa: E402
 from paddle_mla.cache.kv_cache import (allocate_flat_gqa_caches, allocate_index_caches,  # noqa: E402
-                                       allocate_kv_caches, auto_num_blocks, bytes_per_block, kv_width,
-                                       usable_num_blocks)
+                                       allocate_kv_caches, auto_num_blocks, bytes_per_block, usable_num_blocks)
 from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges  # noqa: E402
-from paddle_mla.cache.swa import head_wise_swa  # noqa: E402
-from paddle_mla.config.schema import AUTO, EngineConfig  # noqa: E402
+from paddle_mla.config.schema import EngineConfig  # noqa: E402
 from paddle_mla.worker import sampler  # noqa: E402
 from paddle_mla.worker.penalties import PenaltyState  # noqa: E402
+from paddle_mla.worker.plan import RunPlan, resolve_plan  # noqa: E402
 from paddle_mla.sched.request import TokenLogprob  # noqa: E402
 from paddle_mla.worker.input_state import InputState  # noqa: E402
 from paddle_mla.worker.sampling_batch import SamplingBatch, SamplingBatchBuilder, unpack  # noqa: E402
 from paddle_mla.platform.staging import PendingRead, ResultReader, Uploader  # noqa: E402
 from paddle_mla.sched.output import StepInput  # noqa: E402
-from paddle_mla.models import load_model  # noqa: E402
+from paddle_mla.models import load_arch, load_model  # noqa: E402
 
 
 @dataclass
@@ -53,128 +54,120 @@ class RunnerLimits:
     max_blocks_per_seq: int
 
 
-def resolve_dtype(name: str, device_kind: str):
-    if name == AUTO:
-        name = "float32" if device_kind == "cpu" else "bfloat16"
-    return getattr(torch, name)
-
-
-def resolve_max_model_len(cfg: EngineConfig, max_position_embeddings: int) -> int:
-    limit = max_position_embeddings
-    if not cfg.scheduler.enable_chunked_prefill:
-        # A prompt runs whole in one step, so it must fit the step's token budget.
-        limit = min(limit, cfg.scheduler.max_num_batched_tokens)
-    if cfg.max_model_len == AUTO:
-        return limit
-    if cfg.max_model_len > max_position_embeddings:
-        raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the model's max_position_embeddings "
-                         f"{max_position_embeddings}")
-    if cfg.max_model_len > limit:
-        raise ValueError(f"max_model_len {cfg.max_model_len} exceeds scheduler.max_num_batched_tokens "
-                         f"{cfg.scheduler.max_num_batched_tokens} with chunked prefill off; enable "
-                         "scheduler.enable_chunked_prefill or raise max_num_batched_tokens")
-    return cfg.max_model_len
-
-
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, model_dir: str | None = None, model=None, tp=None,
-                 eos_token_ids: frozenset = frozenset()):
+                 plan: RunPlan | None = None, eos_token_ids: frozenset = frozenset()):
         """Loads ``model_dir``, or takes a prebuilt ``model`` (benchmarks with random weights).
         ``tp``: this rank's tensor-parallel group (paddle_mla.parallel); rank 0 then has a
-        ``tp_driver`` that sends each step's batch to the other ranks. ``eos_token_ids``: the
+        ``tp_driver`` that sends each step's changes to the other ranks. ``plan``: the engine's
+        ``RunPlan`` (resolved here from ``cfg`` and the checkpoint when None). ``eos_token_ids``: the
         tokenizer's, masked before min_tokens with the model's."""
-        self.cfg = cfg
+        self._tokenizer_eos = frozenset(eos_token_ids)
         _runtime.select(cfg.runtime)   # the engine names the runtime; one other than the active one raises
+        if plan is None:
+            plan = resolve_plan(cfg, model.arch if model is not None else load_arch(model_dir))
+        self.plan = plan
+        self.cfg = plan.config
         self.tp, self.tp_driver = tp, None
-        self.device_kind = _runtime.resolve_device(cfg.device)
-        self.device = _runtime.device_string(self.device_kind)
-        self.dtype = resolve_dtype(cfg.dtype, self.device_kind)
+        self.device_kind = plan.device
+        self.device = _runtime.device_string(plan.device)
+        self.dtype = getattr(torch, plan.dtype)
+        self.head_wise_swa = plan.kv.swa
+        self.block_pool = None       # head-wise: attach_pool gives it, and the input state keeps tables by it
+        self.graphs = None
+        self._load_model(model_dir, model)
+        self._build_backend()
+        self._init_inputs()
+        self._build_caches()
+        if plan.use_cuda_graph:
+            from paddle_mla.worker.cuda_graph import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self._forward_meta, plan.cuda_graph_sizes, plan.memory.max_blocks_per_seq,
+                                       plan.memory.block_size, self.device, self._table_heads())
+
+    def _load_model(self, model_dir: str | None, model) -> None:
         t0 = time.perf_counter()
         self.model = model if model is not None else load_model(
-            model_dir, self.dtype, self.device, quantization=cfg.quantization, tp=tp, load_format=cfg.load_format)
+            model_dir, self.dtype, self.device, quantization=self.plan.quantization, tp=self.tp,
+            load_format=self.cfg.load_format)
         _runtime.synchronize()              # start-up only: the weights are on the device
         self.load_s = time.perf_counter() - t0   # benchmarks report it
-        self.model.reserve_moe_workspace(cfg.scheduler.max_num_batched_tokens)
-        arch = self.model.arch
-        self.arch = arch
-        backend_name = resolve_backend(cfg.attention.backend, self.device_kind, arch.model_type)
-        mismatch = check_model_backend(arch.model_type, backend_name)
-        if mismatch:
-            raise ValueError(mismatch)
-        # head-wise SWA plan (None at ratio 0): ConfigError on MLA checkpoints or for a ratio that
-        # is not a whole number of KV heads
-        gqa_dims = getattr(arch, "gqa", None)   # ModelArch.gqa (GQA branch): num_kv_heads
-        self.head_wise_swa = head_wise_swa(cfg, arch.family, gqa_dims.num_kv_heads if gqa_dims else 0)
-        # head-wise: each step uploads [B, Hkv, width] tables, kept by deltas (attach_pool gives the pool)
-        self.block_pool = None
-        swa_kwargs = self.head_wise_swa.backend_kwargs() if self.head_wise_swa is not None else {}
-        bs = cfg.cache.block_size
-        max_model_len = resolve_max_model_len(cfg, arch.max_position_embeddings)
-        elt = torch.zeros(1, dtype=self.dtype).element_size()
-        index_dim = arch.indexer.head_dim if arch.indexer is not None else 0   # deepseek_v32 indexer keys
-        per_block = bytes_per_block(arch.num_layers, bs, kv_width(arch), elt)
-        gqa = arch.family == "gqa"      # GQA: a head-major (K, V) pair per layer; MLA: one latent cache
-        self.backend = create_backend(backend_name, family=arch.family, dims=arch.gqa if gqa else arch.mla,
-                                      max_num_seqs=cfg.scheduler.max_num_seqs,
-                                      max_model_len=max_model_len, block_size=bs, device=self.device,
-                                      dtype=self.dtype, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-                                      **swa_kwargs, **({"index_topk": arch.indexer.topk} if backend_name == "dsa" else {}))
+        self.model.reserve_moe_workspace(self.cfg.scheduler.max_num_batched_tokens)
+        self.arch = self.model.arch
+        self.eos_token_ids = frozenset(self.arch.eos_token_ids) | self._tokenizer_eos   # masked before min_tokens
+
+    def _build_backend(self) -> None:
+        """The attention backend (with its start-up workspaces) and, for dsa, the indexer's key windows."""
+        plan, arch, sc = self.plan, self.arch, self.cfg.scheduler
+        swa_kwargs = plan.kv.swa.backend_kwargs() if plan.kv.swa is not None else {}
+        dsa_kwargs = {"index_topk": arch.indexer.topk} if plan.backend == "dsa" else {}
+        self.backend = create_backend(plan.backend, family=plan.family,
+                                      dims=arch.gqa if plan.family == "gqa" else arch.mla,
+                                      max_num_seqs=sc.max_num_seqs, max_model_len=plan.max_model_len,
+                                      block_size=plan.memory.block_size, device=self.device, dtype=self.dtype,
+                                      max_num_batched_tokens=sc.max_num_batched_tokens, **swa_kwargs, **dsa_kwargs)
         self.model.set_backend(self.backend)
-        self.eos_token_ids = frozenset(arch.eos_token_ids) | frozenset(eos_token_ids)   # masked by min_tokens
         self.key_windows = None
-        if self.backend.name == "dsa":   # the indexer's [ks, ke), once per step with prefill tokens
+        if plan.backend == "dsa":   # the indexer's [ks, ke), once per step with prefill tokens
             from paddle_mla.attention.dsa.key_window import KeyWindows
 
-            self.key_windows = KeyWindows(cfg.scheduler.max_num_batched_tokens, self.device)
-        # The caches come after the backend (and its start-up workspaces): on a GPU, a profile run
-        # through both sizes them from what is left (engine/memory_profile.py).
+            self.key_windows = KeyWindows(sc.max_num_batched_tokens, self.device)
+
+    def _num_blocks(self, per_block: int) -> int:
+        """Blocks per KV head range: as configured, else what a profile run leaves (GPU) or the fixed
+        CPU budget; under tensor parallelism the smallest rank's count."""
+        plan, sc = self.plan, self.cfg.scheduler
+        mem = plan.memory
         self.memory_profile = None
-        num_blocks = cfg.cache.num_blocks
-        if num_blocks == AUTO and self.device_kind == "gpu":
+        num_blocks = mem.num_blocks
+        if num_blocks is None and plan.device == "gpu":
             from paddle_mla.worker.memory_profile import profile_kv_cache
 
-            self.memory_profile = profile_kv_cache(self, per_block, max_model_len, index_dim, self.use_cuda_graph())
+            self.memory_profile = profile_kv_cache(self, per_block, plan.max_model_len, plan.kv.index_dim,
+                                                   plan.use_cuda_graph)
             num_blocks = self.memory_profile.num_blocks
-        elif num_blocks == AUTO:
-            num_blocks = auto_num_blocks(self.device_kind, per_block, cfg.scheduler.max_num_seqs, max_model_len, bs,
-                                         cfg.cache.gpu_memory_utilization)
-        if tp is not None:   # one block pool for all ranks: the smallest rank's count
-            num_blocks = tp.agree_min(num_blocks)
+        elif num_blocks is None:
+            num_blocks = auto_num_blocks(plan.device, per_block, sc.max_num_seqs, plan.max_model_len,
+                                         mem.block_size, mem.gpu_memory_utilization)
+        if self.tp is not None:   # one block pool for all ranks: the smallest rank's count
+            num_blocks = self.tp.agree_min(num_blocks)
+        return int(num_blocks)
+
+    def _build_caches(self) -> None:
+        """The KV caches come after the backend (and its start-up workspaces): on a GPU, a profile run
+        through both sizes them from what is left (worker/memory_profile.py)."""
+        plan, arch, sc = self.plan, self.arch, self.cfg.scheduler
+        bs, kv = plan.memory.block_size, plan.kv
+        elt = torch.zeros(1, dtype=self.dtype).element_size()
+        num_blocks = self._num_blocks(bytes_per_block(kv.num_layers, bs, kv.width, elt))
         # Head-wise SWA with recycling: the budget of num_blocks per KV head is re-split so each SWA
         # head's range holds what recycled rows can use and the full heads get the rest; unequal
         # ranges live in one flat cache per layer (limits.num_blocks is then the full heads' range).
-        swa = self.head_wise_swa
         self.swa_num_blocks = None
-        if swa is not None and swa.head_wise_tables:
-            usable = usable_num_blocks(cfg.scheduler.max_num_seqs, max_model_len, bs)
-            num_blocks, self.swa_num_blocks = head_ranges(swa, int(num_blocks), bs, cfg.scheduler, usable)
-        self.limits = RunnerLimits(max_model_len, int(num_blocks), -(-max_model_len // bs))
+        if kv.table_heads:
+            usable = usable_num_blocks(sc.max_num_seqs, plan.max_model_len, bs)
+            num_blocks, self.swa_num_blocks = head_ranges(kv.swa, num_blocks, bs, sc, usable)
+        self.limits = RunnerLimits(plan.max_model_len, int(num_blocks), plan.memory.max_blocks_per_seq)
         if self.swa_num_blocks is not None:
-            self.kv_caches = allocate_flat_gqa_caches(arch.num_layers,
-                                                      flat_cache_blocks(swa, num_blocks, self.swa_num_blocks), bs,
+            self.kv_caches = allocate_flat_gqa_caches(kv.num_layers,
+                                                      flat_cache_blocks(kv.swa, num_blocks, self.swa_num_blocks), bs,
                                                       arch.gqa.head_dim, self.dtype, self.device)
         else:
             self.kv_caches = allocate_kv_caches(arch, self.limits.num_blocks, bs, self.dtype, self.device)
-        if index_dim:
-            self.index_caches = allocate_index_caches(arch.num_layers, self.limits.num_blocks, bs, index_dim,
+        if kv.index_dim:
+            self.index_caches = allocate_index_caches(kv.num_layers, self.limits.num_blocks, bs, kv.index_dim,
                                                       self.dtype, self.device)
             self.model.attach_index_caches(self.index_caches)
-        self._init_inputs()
-        self.graphs = None
-        if self.use_cuda_graph():
-            from paddle_mla.worker.cuda_graph import DecodeGraphs
-
-            self.graphs = DecodeGraphs(self.model, self.backend, self.kv_caches, cfg.scheduler.max_num_seqs,
-                                       self.limits.max_blocks_per_seq, bs, self.device, self._table_heads())
 
     def _init_inputs(self) -> None:
-        """Persistent step inputs, sized from the limits: per-request host rows, the pinned staging
-        and device buffers of the one upload per step, the pinned buffers of the one read, and each
-        request's last sampled token on the device (read there by overlapped scheduling)."""
-        sc, lim = self.cfg.scheduler, self.limits
-        self.inputs = InputState(sc.max_num_seqs, lim.max_blocks_per_seq)
+        """Persistent step inputs, sized from the plan: per-request host rows (head-wise tables wait
+        for the block pool: ``attach_pool``), the pinned staging and device buffers of the one upload
+        per step, the pinned buffers of the one read, and each request's last sampled token on the
+        device (read there by overlapped scheduling)."""
+        sc, max_blocks = self.cfg.scheduler, self.plan.memory.max_blocks_per_seq
+        self.inputs = None if self._table_heads() else InputState(sc.max_num_seqs, max_blocks)
         nbytes = (16 * sc.max_num_batched_tokens + 4 * sc.max_num_seqs * (self._table_heads() or 1)
-                  * (lim.max_blocks_per_seq + 64) + 4096)
+                  * (max_blocks + 64) + 4096)
         self.uploader = Uploader(self.device, nbytes)
         self.reader = ResultReader(self.device, sc.max_num_seqs * 4)
         self.last_sampled = torch.zeros(sc.max_num_seqs, dtype=torch.int64, device=self.device)
@@ -184,24 +177,17 @@ class ModelRunner:
 
     def _table_heads(self) -> int:
         """KV heads of a head-wise block table (0: uniform [B, max_blocks] tables)."""
-        swa = self.head_wise_swa
-        return swa.num_kv_heads if swa is not None and swa.head_wise_tables else 0
+        return self.plan.kv.table_heads
 
     def attach_pool(self, pool) -> None:
         """The engine's block pool (LLM builds it from ``limits``): with head-wise SWA the input
-        state keeps each KV head's table rows by deltas from its rows (engine/head_tables.py)."""
+        state keeps each KV head's table rows by deltas from its rows (worker/head_tables.py)."""
         self.block_pool = pool
         if self._table_heads():
             self.inputs = InputState(self.cfg.scheduler.max_num_seqs, self.limits.max_blocks_per_seq, pool)
 
     def use_cuda_graph(self) -> bool:
-        caps = self.backend.caps
-        if self.cfg.cuda_graph == AUTO:
-            return self.device_kind == "gpu" and caps.cuda_graph
-        if self.cfg.cuda_graph and (self.device_kind != "gpu" or not caps.cuda_graph):
-            raise ValueError(f"cuda_graph: true needs a GPU and a backend that supports graphs "
-                             f"(device {self.device_kind}, backend {self.backend.name!r})")
-        return bool(self.cfg.cuda_graph)
+        return self.plan.use_cuda_graph
 
     def step_batch(self, msg: StepInput) -> StepBatch:
         """The step's host arrays, ``msg`` (the scheduler's changes) applied to the persistent input
@@ -216,46 +202,59 @@ class ModelRunner:
                           block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask)
         return batch, host
 
-    def _forward(self, batch: StepBatch, extra: dict | None = None):
-        meta = ForwardMeta.build(batch, self.cfg.cache.block_size, self.device, self.key_windows, self.uploader,
-                                 extra)
-        if "pending_pos" in meta.extra:     # overlapped scheduling: tokens sampled by the step before
-            ids = self.last_sampled.gather(0, meta.extra["pending_slot"])
-            meta.input_ids.scatter_(0, meta.extra["pending_pos"], ids)
-        if self.graphs is not None and self.graphs.can_run(meta):
-            return self.graphs.run(meta), meta       # decode: every row samples
+    def run_model(self, batch: StepBatch, side: SideArrays | None = None, kv_caches=None,
+                  logits_rows: int | None = None):
+        """The one model call of every step: metadata and ``side`` arrays in one upload, overlapped
+        scheduling's pending input ids filled on the device, then a captured decode graph or
+        ``_forward_meta``. Serves the engine's steps (``forward_step``, ``launch``) and the memory
+        profile's dummy steps (their own ``kv_caches``, eager, with the logits of ``logits_rows``
+        rows: the sampling rows repeated). Returns (logits [rows, vocab], meta, side tensors)."""
+        meta, dev = build_step(batch, self.plan.memory.block_size, self.device, self.key_windows, self.uploader,
+                               side)
+        if dev.pending_pos is not None:     # overlapped scheduling: tokens sampled by the step before
+            ids = self.last_sampled.gather(0, dev.pending_slot)
+            meta.input_ids.scatter_(0, dev.pending_pos, ids)
+        if kv_caches is None and self.graphs is not None and self.graphs.can_run(meta):
+            return self.graphs.run(meta), meta, dev       # decode: every row samples
+        rows = meta.sample_indices
+        if logits_rows is not None:
+            rows = rows[torch.arange(logits_rows, dtype=torch.int64, device=self.device) % rows.shape[0]]
+        return self._forward_meta(meta, kv_caches, rows), meta, dev
+
+    def _forward_meta(self, meta: ForwardMeta, kv_caches=None, rows=None):
+        """``backend.prepare`` once, every layer, and the logits of the token ``rows`` (all rows
+        when None: a captured decode graph, where every row samples). CUDA-graph capture records
+        this with the graphs' static meta."""
         self.backend.prepare(meta)
-        hidden = self.model.forward(meta, self.kv_caches)
-        return self.model.compute_logits(hidden[meta.sample_indices]), meta
+        hidden = self.model.forward(meta, self.kv_caches if kv_caches is None else kv_caches)
+        return self.model.compute_logits(hidden if rows is None else hidden[rows])
 
     def forward_step(self, batch: StepBatch):
         """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
-        return self._forward(batch)[0]
+        return self.run_model(batch)[0]
 
     def launch(self, msg: StepInput) -> "LaunchedStep":
         """Enqueue one step (inputs, model, sampler, and the start of the one read) without waiting."""
         batch, host = self._gather(msg)
         rows = np.flatnonzero(batch.sample_mask)
         sb = None
-        extra: dict[str, np.ndarray] = {}
+        side = SideArrays()
         num_rows = len(msg.scheduled)
         if len(rows):
             reqs = host.requests
             # the rows' requests by a host loop (list indexing by numpy scalars costs more per row)
             reqs = [r for r, m in zip(reqs, batch.sample_mask) if m] if len(rows) < num_rows else reqs
-            slots = host.slots[rows]
-            sb = self.sampling_builder.build(reqs, self.eos_token_ids, self.arch.vocab_size, slots,
+            sb = self.sampling_builder.build(reqs, self.eos_token_ids, self.arch.vocab_size, host.slots[rows],
                                              self.penalties.ledger)
-            extra = {"s_" + k: v for k, v in sampler.device_arrays(sb).items()}
-            extra["sample_slots"] = slots
+            side.sampler = sampler.device_arrays(sb)
+            side.sample_slots = host.slots[rows]
         if len(host.pending_pos):
-            extra.update(pending_pos=host.pending_pos, pending_slot=host.pending_slot)
-        logits, meta = self._forward(batch, extra)
+            side.pending_pos, side.pending_slot = host.pending_pos, host.pending_slot
+        logits, _, dev = self.run_model(batch, side)
         if sb is None:
             return LaunchedStep(num_rows, rows, None, None)
-        dev = {k[2:]: v for k, v in meta.extra.items() if k.startswith("s_")}
-        packed, ids = sampler.sample_step_ids(logits, sb, dev, self.penalties)
-        self.last_sampled.scatter_(0, meta.extra["sample_slots"], ids)
+        packed, ids = sampler.sample_step_ids(logits, sb, dev.sampler, self.penalties)
+        self.last_sampled.scatter_(0, dev.sample_slots, ids)
         return LaunchedStep(num_rows, rows, sb, self.reader.start(packed))
 
     def close(self) -> None:

@@ -122,9 +122,10 @@ def test_dsa_workspaces_once_per_step_not_per_layer(model_dir, baseline, monkeyp
     llm = make_llm(model_dir, attention={"backend": "dsa"})
     assert llm.runner.arch.num_layers > 1
     allocs, steps = [], []
-    alloc, forward = DSABackend._alloc, type(llm.runner)._forward
+    alloc, forward = DSABackend._alloc, type(llm.runner).run_model
     monkeypatch.setattr(DSABackend, "_alloc", lambda self, *a: allocs.append(a) or alloc(self, *a))
-    monkeypatch.setattr(type(llm.runner), "_forward", lambda self, batch, *a: steps.append(batch) or forward(self, batch, *a))
+    monkeypatch.setattr(type(llm.runner), "run_model",
+                        lambda self, batch, *a, **k: steps.append(batch) or forward(self, batch, *a, **k))
     assert [o.token_ids for o in llm.generate(reqs[:2], use_tqdm=False)] == expected[:2]
     prefill_steps = sum(bool(b.is_prefill.any()) for b in steps)
     assert prefill_steps >= 1 and len(steps) > prefill_steps

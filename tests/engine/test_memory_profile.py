@@ -126,7 +126,7 @@ def test_dummy_step_runs_through_the_model():
     batch = mp.dummy_prefill_batch(40, 4, 2048, 16, arch.vocab_size)
     caches = allocate_latent_caches(arch.num_layers, batch.block_tables.shape[1], 16, arch.mla.latent_dim,
                                     runner.dtype, runner.device)
-    logits = mp.run_dummy_step(runner.model, runner.backend, batch, caches, 16, runner.device, None, 4)
+    logits = mp.run_dummy_step(runner, batch, caches, 4)
     host = logits.cpu().numpy()
     assert host.shape == (4, arch.vocab_size) and np.isfinite(host).all()
 
@@ -150,8 +150,8 @@ def test_profile_with_head_wise_swa_uses_head_wise_tables_and_sizes_per_head_ran
     runner = ModelRunner(cfg, str(tmp_path))
     shapes = []
     real_step = mp.run_dummy_step
-    monkeypatch.setattr(mp, "run_dummy_step", lambda model, backend, batch, *a: (
-        shapes.append(batch.block_tables.shape), real_step(model, backend, batch, *a))[1])
+    monkeypatch.setattr(mp, "run_dummy_step", lambda runner, batch, *a: (
+        shapes.append(batch.block_tables.shape), real_step(runner, batch, *a))[1])
     GiB = 1 << 30
     FakeMemory(weights=GiB, step_peak=GiB // 8, total=4 * GiB, free_after=3 * GiB, reserved=GiB).install(monkeypatch)
     per_block = 4 << 20     # about 500 blocks fit, fewer than 4 rows of 4096 tokens use (1025): no cap
