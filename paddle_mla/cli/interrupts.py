@@ -24,18 +24,20 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 
 PAUSE_ENV = "PADDLE_MLA_TEST_PAUSE_AT"
 PAUSE_ANNOUNCEMENT = "paddle-mla test hook: paused at "
 _PAUSE_S = 120.0
 
 
-@dataclass
 class _SigintState:
-    installed: bool = False
-    armed: bool = False            # raise at once: the command knows where its summary goes
-    received: bool = False
+    # a plain class: this module is imported before anything else, so it imports as little as it can
+    __slots__ = ("installed", "armed", "received")
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.armed = False         # raise at once: the command knows where its summary goes
+        self.received = False
 
 
 _state = _SigintState()
@@ -89,10 +91,11 @@ class _PauseInImport:
 
     def __init__(self, module: str):
         self.module = module
+        self.paused = False      # stays on sys.meta_path: the import system is iterating over it
 
     def find_spec(self, fullname: str, path: object, target: object = None) -> None:
-        if fullname == self.module:
-            sys.meta_path.remove(self)
+        if fullname == self.module and not self.paused:
+            self.paused = True
             _pause("import:" + fullname)
         return None
 
