@@ -19,7 +19,7 @@ def entry(prog_name: str | None = None) -> None:
     """Run the CLI. An interrupted run leaves at once with 130 once its output and summary are
     written: the interpreter's own teardown (joining the loader's worker threads, finalisers) can
     meet the same SIGINT again and end the process by the signal (-2) instead of the documented
-    code."""
+    code. A run that finished keeps its own exit code if a SIGINT lands in that teardown."""
     interrupts.install()
     interrupts.install_import_pause()
     try:
@@ -31,4 +31,7 @@ def entry(prog_name: str | None = None) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)
+        if isinstance(exc.code, int):
+            interrupts.exit_on_sigint(exc.code)
+            interrupts.pause_point("exit")
         raise

@@ -65,6 +65,20 @@ def arm() -> None:
         raise KeyboardInterrupt
 
 
+def exit_on_sigint(code: int) -> None:
+    """The command has finished and written its output: a SIGINT during the interpreter's teardown
+    ends the process at once with the command's own exit code, not by the signal (-2)."""
+    if not _state.installed:
+        return
+
+    def leave(signum: int, frame: object) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    signal.signal(signal.SIGINT, leave)
+
+
 def received() -> bool:
     """Whether a SIGINT reached this process through the installed handler."""
     return _state.received

@@ -200,3 +200,21 @@ def test_the_pause_hook_does_nothing_when_unset(monkeypatch):
     t0 = time.monotonic()
     interrupts.pause_point("config")
     assert time.monotonic() - t0 < 0.05
+
+
+@needs_real
+def test_sigint_after_the_run_finished_keeps_its_exit_code(tmp_path):
+    """A Ctrl-C that lands in the interpreter's teardown, once every line and the summary are
+    written, ends the process with the run's own code, not by the signal (-2)."""
+    inp, out, summary = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "s.json"
+    _input(inp, 2)
+    proc = subprocess.Popen([sys.executable, "-m", "paddle_mla", "generate", "-i", str(inp), "-o", str(out),
+                             "--summary", str(summary), "--no-progress", "--max-tokens", "2"],
+                            env=_env(**{PAUSE_ENV: "exit"}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=ROOT, preexec_fn=_default_sigint)
+    lines = _stderr_reader(proc)
+    assert _wait_for(lambda: any(x.startswith(PAUSE_ANNOUNCEMENT + "exit") for x in lines)), "".join(lines)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    assert proc.returncode == 0, "".join(lines)[-3000:]
+    assert len(read_jsonl(out)) == 2 and json.loads(summary.read_text())["interrupted"] is False
