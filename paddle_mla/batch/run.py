@@ -64,6 +64,12 @@ class BatchSummary:
                 f"prefix-cache hit {100 * self.prefix_cache_hit_rate:.1f}%, preemptions {self.num_preemptions}")
 
 
+# tqdm's own rate is left out: it flips between s/req and req/s and would repeat the postfix's
+# req/s, which is the run's mean rate (the number the summary reports).
+_BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+_COUNTER_FORMAT = "{desc}: {n_fmt} req [{elapsed}{postfix}]"     # stdin: no total known
+
+
 class _Progress:
     def __init__(self, total: int | None, initial: int, enabled: bool):
         self.bar = None
@@ -71,7 +77,8 @@ class _Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, unit="req", file=sys.stderr, dynamic_ncols=True,
-                            smoothing=0.1, desc="generate")
+                            smoothing=0.1, desc="generate",
+                            bar_format=_COUNTER_FORMAT if total is None else _BAR_FORMAT)
         self.start = time.perf_counter()
 
     def update(self, summary: BatchSummary) -> None:

@@ -7,12 +7,13 @@ and only then imports tensor code. This module never imports a tensor library it
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
 import click
 
+from paddle_mla.cli import interrupts
+from paddle_mla.cli.entry import entry  # noqa: F401  (paddle_mla.cli.app:entry stays a working entry point)
 from paddle_mla.config.schema import ConfigError, EngineConfig, load_config
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_LINE_ERRORS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -29,12 +30,21 @@ SET_OPTION = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
                           help="Override a config key, e.g. --set scheduler.max_num_seqs=8 (repeatable).")
 
 
+def _interrupt_if_signalled() -> None:
+    """An error met after a SIGINT is the interrupt's doing (an import cut short): report the
+    interrupt, not the error."""
+    if interrupts.received():
+        raise KeyboardInterrupt
+
+
 def _fail(message: str) -> None:
+    _interrupt_if_signalled()
     click.echo(f"error: {message}", err=True)
     sys.exit(EXIT_USAGE)
 
 
 def _print_config_errors(exc: ConfigError) -> None:
+    _interrupt_if_signalled()
     click.echo(f"invalid configuration ({len(exc.errors)} error{'s' * (len(exc.errors) > 1)}):", err=True)
     for err in exc.errors:
         click.echo(f"  - {err}", err=True)
@@ -81,14 +91,21 @@ def build_llm(cfg: EngineConfig) -> Any:
 
 class _Group(click.Group):
     """SIGINT anywhere (imports, model load, a command's own work) exits 130 with one line, not
-    click's "Aborted!" and exit 1; ``generate`` handles its own SIGINT to write the summary first."""
+    click's "Aborted!" and exit 1; ``generate`` handles its own SIGINT to write the summary first.
+    After a SIGINT, whatever exception follows is the interrupt (an interrupted import may surface
+    as ImportError, or as an error exit of the code that met the half-imported module)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        except SystemExit as exc:
+            if exc.code in (EXIT_OK, EXIT_INTERRUPTED) or not interrupts.received():
+                raise
+        except BaseException as exc:  # noqa: BLE001  (re-raised unless a SIGINT caused it)
+            if not (isinstance(exc, KeyboardInterrupt) or interrupts.received()):
+                raise
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def request_class() -> type:
@@ -97,7 +114,12 @@ def request_class() -> type:
     return GenerationRequest
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog="""\b
+Exit codes (each command's --help lists its own):
+  0    success
+  2    bad arguments or configuration (each error is printed)
+  130  interrupted by SIGINT (Ctrl-C)""")
 @click.version_option(package_name="paddle-mla")
 def main() -> None:
     """Offline batch inference for Multi-head Latent Attention models (PaddlePaddle or PyTorch).
@@ -116,12 +138,12 @@ def main() -> None:
     """
 
 
-@main.command(epilog=_EXIT_CODES)
+@main.command(epilog=_EXIT_CODES, short_help="Generate completions for a JSONL file of prompts.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Engine config YAML (default: the built-in tiny model config).")
-@click.option("-i", "--input", "input_path", default="-", show_default=True,
+@click.option("-i", "--input", "input_path", default="-", show_default=True, metavar="FILE",
               help="Input JSONL file, '-' for stdin.")
-@click.option("-o", "--output", "output_path", default="-", show_default=True,
+@click.option("-o", "--output", "output_path", default="-", show_default=True, metavar="FILE",
               help="Output JSONL file, '-' for stdout. An existing non-empty file needs --resume or --overwrite.")
 @click.option("--model", "model", default=None, metavar="PATH",
               help="Local checkpoint folder (shortcut for --set model=PATH; nothing is ever downloaded).")
@@ -176,8 +198,10 @@ def generate(config_path: str | None, input_path: str, output_path: str, model: 
       {"id": "batch_req_...", "custom_id": "r9", "response": null, "error": {"code", "message"}}
     A bad line gets an error line and the run goes on. Error types: invalid_json, invalid_request,
     unknown_field, duplicate_id, prompt_too_long, invalid_sampling, no_chat_template,
-    no_tokenizer, token_out_of_range, engine_error. Blank lines are skipped. A prompt of
-    max_model_len tokens or more is an error; a longer max_tokens is cut to fit, with a warning.
+    no_tokenizer, token_out_of_range, engine_error. Blank lines (nothing but spaces, tabs,
+    carriage returns or form feeds) are skipped: they get no output line and no count in the
+    progress bar or summary, but line numbers ("line": N) count them, as an editor does. A prompt
+    of max_model_len tokens or more is an error; a longer max_tokens is cut to fit, with a warning.
     Without a seed, a line gets one derived from the config seed and its line number. A model
     folder without tokenizer.json runs prompt_token_ids lines (text is null); lines that need
     text (prompt, messages, stop strings) get a no_tokenizer error.
@@ -217,10 +241,11 @@ def generate(config_path: str | None, input_path: str, output_path: str, model: 
     sys.exit(code)
 
 
-@main.command(epilog="""\b
+@main.command(short_help="Check config and workload files; print them resolved.", epilog="""\b
 Exit codes:
-  0  every config is valid
-  2  some config has errors (each one is printed, naming the file and key)""")
+  0    every file is valid
+  2    some file has errors, or bad arguments (each error is printed, naming the file and key)
+  130  interrupted by SIGINT""")
 @click.argument("configs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @SET_OPTION
 def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
@@ -228,9 +253,11 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
     its run plan in comments after it: what the engine would build (runtime, device, dtype, quantization, attention
     backend, KV layout, memory budget, CUDA-graph sizes, max_model_len).
 
-    Loads no weights: the model path is checked (a local folder with config.json, or tiny, built
-    on first use), the runtime selected, and the plan resolved from the config and the
-    checkpoint's config.json, with backend/feature combinations checked against the backend
+    A bench workload file (one workload with `kind`, or name: workload entries, such as
+    configs/bench/workloads.yaml) is recognised and checked as workloads; --set does not apply
+    to it. A config loads no weights: the model path is checked (a local folder with config.json,
+    or tiny, built on first use), the runtime selected, and the plan resolved from the config and
+    the checkpoint's config.json, with backend/feature combinations checked against the backend
     capability table. A config that names device: gpu is planned for a GPU on any machine;
     device auto is planned for this machine's device. A plan that does not resolve (a bench
     config's stand-in model, a device auto combination this machine cannot run) is noted, not an
@@ -242,12 +269,18 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
       paddle-mla validate configs/*.yaml configs/bench/*.yaml
       paddle-mla validate configs/triton_mla.yaml --set cache.enable_prefix_caching=true
     """
+    interrupts.arm()
     import yaml
 
+    from paddle_mla.cli.bench.workloads import is_workload_file
+    from paddle_mla.cli.validate_files import echo_file_errors, validate_workload_file
     from paddle_mla.engine.run_info import model_problem
 
     failed = 0
     for i, path in enumerate(configs):
+        if is_workload_file(path):
+            failed += not validate_workload_file(path, separator=i > 0)
+            continue
         try:
             cfg = load_config(path, overrides)
             problem = model_problem(cfg.model)
@@ -255,9 +288,7 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
                 raise ConfigError([f"'model': {problem}"])
         except ConfigError as exc:
             failed += 1
-            click.echo(f"{path}: {len(exc.errors)} error{'s' * (len(exc.errors) > 1)}", err=True)
-            for err in exc.errors:
-                click.echo(f"  - {err}", err=True)
+            echo_file_errors(path, exc.errors)
             continue
         if i:
             click.echo("---")
@@ -285,7 +316,11 @@ def _plan_or_note(cfg: EngineConfig):
         return "not resolved with this checkpoint on this machine: " + "; ".join(reasons)
 
 
-@main.command("make-tiny-model")
+@main.command("make-tiny-model", short_help="Write a tiny random checkpoint to try things on CPU.", epilog="""\b
+Exit codes:
+  0    written (the folder is printed)
+  2    bad arguments, or the runtime is not installed
+  130  interrupted by SIGINT""")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--arch", type=click.Choice(["deepseek_v3", "deepseek_v2", "deepseek_v32"]), default="deepseek_v3", show_default=True,
               help="Model family of the tiny checkpoint.")
@@ -302,6 +337,7 @@ def make_tiny_model_cmd(out_dir: str, arch: str, seed: int) -> None:
       paddle-mla make-tiny-model /tmp/tiny-v2 --arch deepseek_v2 --seed 1
       paddle-mla generate --set model=/tmp/tiny-v2 -i prompts.jsonl
     """
+    interrupts.arm()
     from paddle_mla.platform import runtime
 
     try:
@@ -325,14 +361,15 @@ the vocabulary without special tokens.
 
 \b
 Exit codes:
-  0  done
-  2  bad arguments, configuration or workload (each error is printed)""")
+  0    done
+  2    bad arguments, configuration or workload (each error is printed)
+  130  interrupted by SIGINT""", short_help="Compare configs on a synthetic workload.")
 @click.option("--config", "config_paths", multiple=True, type=click.Path(dir_okay=False),
               help="A config to compare (repeatable; the first is the baseline of the ratios). "
                    "Default: the built-in tiny config.")
 @click.option("--workload", "workload_spec", required=True,
-              help="KIND:key=value,... (e.g. random:num_prompts=64,input_len=128,output_len=32) "
-                   "or FILE.yaml[#NAME].")
+              help="KIND:key=value,... (e.g. random:num_prompts=64) or FILE.yaml[#NAME]; kinds and "
+                   "parameters below.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed runs per config, interleaved A B A B.")
 @click.option("--warmup", "warmup_requests", type=click.IntRange(min=0), default=8, show_default=True,
@@ -359,6 +396,7 @@ def bench(config_paths: tuple[str, ...], workload_spec: str, repeats: int, warmu
       paddle-mla bench --config configs/bench/baseline.yaml --config configs/bench/chunked.yaml \\
           --workload long-context:num_prompts=2,input_len=1024 --set device=cpu
     """
+    interrupts.arm()
     from paddle_mla.cli.bench.command import BenchArgs, BenchUsageError, run
 
     args = BenchArgs(config_paths, workload_spec, repeats, warmup_requests, engines, json_path, plot_path, overrides)
@@ -368,22 +406,6 @@ def bench(config_paths: tuple[str, ...], workload_spec: str, repeats: int, warmu
         _print_config_errors(exc)
     except BenchUsageError as exc:
         _fail(str(exc))
-
-
-def entry(prog_name: str | None = None) -> None:
-    """The program's entry point (the ``paddle-mla`` script and ``python -m paddle_mla``).
-
-    An interrupted run leaves at once with 130 once its output and summary are written: the
-    interpreter's own teardown (joining the loader's worker threads, finalisers) can meet the same
-    SIGINT again and end the process by the signal (-2) instead of the documented code."""
-    try:
-        main(prog_name=prog_name)
-    except SystemExit as exc:
-        if exc.code == EXIT_INTERRUPTED:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
-        raise
 
 
 if __name__ == "__main__":

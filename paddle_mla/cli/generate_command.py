@@ -1,9 +1,10 @@
-"""The body of ``paddle-mla generate`` (cli.py declares the options and calls ``run``).
+"""The body of ``paddle-mla generate`` (app.py declares the options and calls ``run``).
 
 Order (fail before work): arguments and every path to be written are checked, the config
 loaded, the model folder checked and ``--resume`` prepared before the runtime is even selected;
 then the resolved run is described on the first stderr line, and only then the model loads.
-SIGINT at any point exits 130 with ``INTERRUPTED``; during the run the summary is still written.
+SIGINT at any point exits 130 with ``INTERRUPTED`` and still writes the summary ("interrupted":
+true; before the model has loaded its counts are zero).
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paddle_mla.config.schema import ConfigError, load_config
+from paddle_mla.batch.io import OutputWriter, ResumeError, count_input_lines, iter_input, prepare_resume
+from paddle_mla.batch.run import BatchSummary, run_batch
+from paddle_mla.cli import interrupts
 from paddle_mla.cli.paths import existing_output_problem, output_file_problem
+from paddle_mla.config.schema import ConfigError, load_config
 from paddle_mla.engine.run_info import ModelPathError, model_problem
 
 EXIT_OK, EXIT_INTERNAL, EXIT_LINE_ERRORS, EXIT_INTERRUPTED = 0, 1, 3, 130
@@ -74,21 +78,50 @@ def check_paths(args: GenerateArgs) -> None:
         raise GenerateUsageError("; ".join(problems))
 
 
+@dataclass
+class _RunState:
+    """What the summary reports, filled in as start-up and the run go on, so an interrupt at any
+    point still writes a summary of what was known by then."""
+    summary: BatchSummary = field(default_factory=BatchSummary)
+    prior_errors: int = 0                       # error lines kept from a previous run (--resume)
+    run_desc: dict[str, Any] = field(default_factory=dict)   # runtime, device, backend, model, ...
+    failure: str | None = None
+
+
 def run(args: GenerateArgs, select_runtime: Callable[[Any], str], build_llm: Callable[[Any], Any],
         request_cls: Callable[[], type], echo: Callable[[str], None]) -> int:
     """Returns the exit code; raises ConfigError / GenerateUsageError (exit 2)."""
+    state = _RunState()
     try:
-        return _run(args, select_runtime, build_llm, request_cls, echo)
-    except KeyboardInterrupt:            # during start-up (imports, model load): nothing written
-        echo(INTERRUPTED)
-        return EXIT_INTERRUPTED
+        interrupts.arm()
+        return _run(args, state, select_runtime, build_llm, request_cls, echo)
+    except BaseException as exc:  # noqa: BLE001  (re-raised unless a SIGINT caused it)
+        # Interrupted during start-up (imports, config, model load), or an exception that a
+        # SIGINT caused: an interrupted import surfaces as ImportError, a half-imported module
+        # as AttributeError, or as the error exit of the code that met it.
+        if not (isinstance(exc, KeyboardInterrupt) or interrupts.received()):
+            raise
+    state.summary.interrupted = True
+    _write_summary(args, state)
+    echo(INTERRUPTED)
+    return EXIT_INTERRUPTED
 
 
-def _run(args: GenerateArgs, select_runtime, build_llm, request_cls, echo) -> int:
-    from paddle_mla.batch.io import OutputWriter, ResumeError, count_input_lines, iter_input, prepare_resume
-    from paddle_mla.batch.run import BatchSummary, run_batch
+def _write_summary(args: GenerateArgs, state: _RunState) -> None:
+    if not args.summary_path:
+        return
+    data = state.summary.to_dict()
+    data.update(config=args.config_path, output=None if args.output_path == "-" else args.output_path,
+                errors_before_resume=state.prior_errors, **state.run_desc)
+    if state.failure:
+        data["failure"] = state.failure
+    Path(args.summary_path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _run(args: GenerateArgs, state: _RunState, select_runtime, build_llm, request_cls, echo) -> int:
     from paddle_mla.integrations.data_parallel import DataParallelError
 
+    interrupts.pause_point("config")
     check_paths(args)
     to_stdout = args.output_path == "-"
     cfg = load_config(args.config_path, args.overrides)
@@ -96,17 +129,16 @@ def _run(args: GenerateArgs, select_runtime, build_llm, request_cls, echo) -> in
     if problem:
         raise GenerateUsageError(problem)
     done: set[str] = set()
-    prior_errors = 0
     notes = []
     if args.resume:
         try:
-            state = prepare_resume(args.output_path)
+            resumed = prepare_resume(args.output_path)
         except ResumeError as exc:
             raise GenerateUsageError(str(exc)) from None
-        done, prior_errors = state.done, state.errors
-        if state.dropped_bytes:
-            notes.append(f"resume: cut {state.dropped_bytes} bytes of a torn or damaged tail off {args.output_path}")
-        notes.append(f"resume: {state.lines} lines already done in {args.output_path}")
+        done, state.prior_errors = resumed.done, resumed.errors
+        if resumed.dropped_bytes:
+            notes.append(f"resume: cut {resumed.dropped_bytes} bytes of a torn or damaged tail off {args.output_path}")
+        notes.append(f"resume: {resumed.lines} lines already done in {args.output_path}")
     select_runtime(cfg)
     from paddle_mla.engine.run_info import describe_run
 
@@ -114,6 +146,7 @@ def _run(args: GenerateArgs, select_runtime, build_llm, request_cls, echo) -> in
         info, _ = describe_run(cfg)
     except (ModelPathError, RuntimeError) as exc:
         raise GenerateUsageError(str(exc)) from None
+    state.run_desc = info.to_dict()
     echo(info.line())                    # the first line: what runs
     for note in notes:
         echo(note)
@@ -122,14 +155,16 @@ def _run(args: GenerateArgs, select_runtime, build_llm, request_cls, echo) -> in
     total = count_input_lines(args.input_path) if args.progress and args.input_path != "-" else None
     if not args.progress:
         os.environ["TQDM_DISABLE"] = "1"    # also the weight-loading bar, which the engine draws
+    interrupts.pause_point("load")
     t0 = time.perf_counter()
     llm = build_llm(cfg)
-    run_desc = llm.describe() if hasattr(llm, "describe") else info.to_dict()
-    summary = BatchSummary(load_s=time.perf_counter() - t0)
+    if hasattr(llm, "describe"):
+        state.run_desc = llm.describe()
+    summary = state.summary
+    summary.load_s = time.perf_counter() - t0
     llm.reset_stats()
     writer = OutputWriter(None if to_stdout else args.output_path, append=args.resume)
     source = nullcontext(sys.stdin.buffer) if args.input_path == "-" else open(args.input_path, "rb")  # noqa: SIM115
-    failure = None
     try:
         with source as stream:
             run_batch(llm, iter_input(stream), writer, request_cls=request_cls(), done=done, total=total,
@@ -137,26 +172,20 @@ def _run(args: GenerateArgs, select_runtime, build_llm, request_cls, echo) -> in
     except KeyboardInterrupt:
         summary.interrupted = True
     except DataParallelError as exc:     # a replica died: what was written stays; --resume completes it
-        failure = str(exc)
+        state.failure = str(exc)
     finally:
         writer.close()
         if hasattr(llm, "close"):
             llm.close()                  # data-parallel replicas stop here, not at interpreter exit
     echo(summary.text())
-    if args.summary_path:
-        data = summary.to_dict()
-        data.update(config=args.config_path, output=None if to_stdout else args.output_path,
-                    errors_before_resume=prior_errors, **run_desc)
-        if failure:
-            data["failure"] = failure
-        Path(args.summary_path).write_text(json.dumps(data, indent=2) + "\n")
-    if failure:
-        echo(f"error: {failure}")
+    _write_summary(args, state)
+    if state.failure:
+        echo(f"error: {state.failure}")
         return EXIT_INTERNAL
     if summary.interrupted:
         echo(INTERRUPTED)
         return EXIT_INTERRUPTED
-    return EXIT_LINE_ERRORS if summary.errors or prior_errors else EXIT_OK
+    return EXIT_LINE_ERRORS if summary.errors or state.prior_errors else EXIT_OK
 
 
 __all__ = ["ConfigError", "GenerateArgs", "GenerateUsageError", "INTERRUPTED", "run"]

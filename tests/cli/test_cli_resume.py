@@ -19,7 +19,7 @@ TESTS = ROOT / "tests"
 
 def _command(engine, args):
     if engine == "fake":
-        return [sys.executable, str(TESTS / "fake_llm.py"), *args]
+        return [sys.executable, str(TESTS / "helpers" / "fake_llm.py"), *args]
     return [sys.executable, "-m", "paddle_mla.cli.app", *args]
 
 

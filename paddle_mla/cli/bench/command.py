@@ -1,4 +1,4 @@
-"""The body of ``paddle-mla bench`` (the click command in cli.py parses options and calls ``run``)."""
+"""The body of ``paddle-mla bench`` (the click command in app.py parses options and calls ``run``)."""
 
 from __future__ import annotations
 

@@ -97,6 +97,18 @@ def check_matplotlib() -> None:
                           "(or pip install matplotlib)") from None
 
 
+def plot_title(text: str, width: int) -> str:
+    """``text`` in lines of at most ``width`` characters, broken at spaces and after commas, never
+    inside a word: a workload spec (``kind:k=v,k=v,...``) is one long comma-joined token, which
+    textwrap would otherwise cut mid-word. A single word longer than ``width`` stays whole."""
+    return textwrap.fill(text.replace(",", ", "), width, break_long_words=False, break_on_hyphens=False)
+
+
+def _title_width(fig_width_in: float, fontsize: float) -> int:
+    """Characters that fit across the figure: 72 points an inch, about 0.6 em a character."""
+    return max(20, int(fig_width_in * 72 / (0.6 * fontsize)) - 4)
+
+
 def write_plot(results: list[ConfigResult], title: str, path: str | Path) -> None:
     check_matplotlib()
     import matplotlib
@@ -106,7 +118,8 @@ def write_plot(results: list[ConfigResult], title: str, path: str | Path) -> Non
 
     names = [r.spec.name for r in results]
     x = range(len(results))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(results) + 4), 4.2))
+    fig_width = max(8, 2.2 * len(results) + 4)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(fig_width, 4.2))
     tput = [r.summary["output_tokens_per_s"] for r in results]
     err = [r.summary["output_tokens_per_s_std"] for r in results]
     bars = ax1.bar(x, tput, yerr=err, capsize=4, color="#4C72B0")
@@ -127,7 +140,7 @@ def write_plot(results: list[ConfigResult], title: str, path: str | Path) -> Non
     ax2.set_ylabel("ms")
     ax2.set_title("latency")
     ax2.legend(fontsize=8)
-    fig.suptitle(textwrap.fill(title, 110, break_on_hyphens=False), fontsize=8)
+    fig.suptitle(plot_title(title, _title_width(fig_width, 8)), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -92,13 +92,32 @@ def parse_workload(spec: str) -> Workload:
     return make_workload(kind.strip(), params)
 
 
-def _from_file(path: Path, name: str) -> Workload:
+def _read_yaml(path: Path) -> Any:
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise WorkloadError(f"{path}: workload file not found") from None
     except yaml.YAMLError as exc:
         raise WorkloadError(f"{path}: not valid YAML: {exc}") from None
+
+
+def _entry(path: Path, name: str, data: Any) -> Workload:
+    """One workload mapping of a file (``name`` empty for a file that is a single workload)."""
+    where = f"{path}{'#' + name if name else ''}"
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{where}: expected a mapping with 'kind' and parameters")
+    data = dict(data)
+    kind = data.pop("kind", None)
+    if not isinstance(kind, str):
+        raise WorkloadError(f"{where}: 'kind' must be one of {', '.join(KINDS)}")
+    try:
+        return make_workload(kind, data, name)
+    except WorkloadError as exc:
+        raise WorkloadError(f"{where}: {exc}") from None
+
+
+def _from_file(path: Path, name: str) -> Workload:
+    data = _read_yaml(path)
     if not isinstance(data, dict):
         raise WorkloadError(f"{path}: expected a mapping (one workload with 'kind', or name: workload)")
     if "kind" not in data:
@@ -110,11 +129,50 @@ def _from_file(path: Path, name: str) -> Workload:
         if name not in data or not isinstance(data[name], dict):
             raise WorkloadError(f"{path}: no workload {name!r}; workloads: {', '.join(map(str, data))}")
         data = data[name]
-    data = dict(data)
-    kind = data.pop("kind", None)
-    if not isinstance(kind, str):
-        raise WorkloadError(f"{path}{'#' + name if name else ''}: 'kind' must be one of {', '.join(KINDS)}")
-    return make_workload(kind, data, name)
+    return _entry(path, name, data)
+
+
+def is_workload_file(path: str | Path) -> bool:
+    """Whether ``path`` holds workloads rather than an engine config: one workload (a mapping with
+    ``kind``) or named ones, at least one with ``kind``. No engine config key is named ``kind``,
+    at the top level or in a section. False for a file that cannot be read or parsed (the config
+    loader then reports why)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    return "kind" in data or any(isinstance(v, dict) and "kind" in v for v in data.values())
+
+
+class WorkloadFileError(WorkloadError):
+    """Every problem of a workload file, one per entry."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+def read_workload_file(path: str | Path) -> list[Workload]:
+    """Every workload of a file, parameters resolved (defaults filled in); WorkloadFileError lists
+    the problem of each bad entry."""
+    path = Path(path)
+    try:
+        data = _read_yaml(path)
+    except WorkloadError as exc:
+        raise WorkloadFileError([str(exc)]) from None
+    entries = [("", data)] if isinstance(data, dict) and "kind" in data else \
+        list(data.items()) if isinstance(data, dict) else [("", data)]
+    workloads, errors = [], []
+    for name, entry in entries:
+        try:
+            workloads.append(_entry(path, str(name), entry))
+        except WorkloadError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise WorkloadFileError(errors)
+    return workloads
 
 
 def special_token_ids(tokenizer: Any) -> set[int]:
