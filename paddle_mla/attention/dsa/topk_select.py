@@ -56,8 +56,11 @@ def row_window(t, batch_ids, positions, ks, ke, cu_k, USE_WINDOW: tl.constexpr):
 
 @triton.jit
 def _sortable(x):
-    """fp32 -> int32 with the same order (for finite values and +-inf)."""
+    """fp32 -> int32 with the same order (for finite values and +-inf). -0.0 becomes +0.0's key: the
+    scores compare as floats (-0.0 == 0.0, as in the reference), so the two zeros must tie and fall
+    to the earlier position, not order by sign bit."""
     bits = x.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
@@ -151,6 +154,20 @@ def _kth_key_in_row(row, lo, hi, K, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _earliest_ties(equal, col, need):
+    """The ``need`` keys of ``equal`` (tied at the k-th score) with the smallest columns: the tie rule.
+    Buffered candidates sit in append order, not column order, so where more keys tie than the top-k
+    takes, a radix select over the columns (``~col``: the largest is the earliest column; columns are
+    distinct, so exactly ``need`` pass) picks the earliest. Rows without such a tie skip it."""
+    tied = tl.sum(equal.to(tl.int32), 0)
+    take = equal & (need > 0)
+    if (need > 0) & (tied > need):
+        first, _ = _kth_key_in_registers(~col, equal, need)
+        take = equal & (~col >= first)
+    return take
+
+
+@triton.jit
 def _candidates_kernel(
     scores, scratch, batch_ids, positions, ks, ke, cu_k, stride_st, stride_xt, K, MARGIN,
     USE_WINDOW: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr,
@@ -219,17 +236,17 @@ def _select_kernel(
             if STATS:
                 tl.atomic_add(paths + path, 1)
             above = valid & (key > thr)
-            equal = valid & (key == thr)
+            tie = _earliest_ties(valid & (key == thr), col, need)     # exactly ``need`` keys
             if SHORT:   # both ranks from one scan (each count <= CAP < 2**15: no overflow), one store
-                both = tl.cumsum(above.to(tl.int32) + (equal.to(tl.int32) << 16), 0)
-                ie = (both >> 16) - 1
-                at = tl.where(above, (both & 0xFFFF) - 1, (K - need) + ie)
-                tl.store(dst + at, col.to(tl.int64), mask=above | (equal & (ie < need)))
+                both = tl.cumsum(above.to(tl.int32) + (tie.to(tl.int32) << 16), 0)
+                at = tl.where(above, (both & 0xFFFF) - 1, (K - need) + (both >> 16) - 1)
+                tl.store(dst + at, col.to(tl.int64), mask=above | tie)
             else:
-                ie = tl.cumsum(equal.to(tl.int32), 0) - 1
+                ie = tl.cumsum(tie.to(tl.int32), 0) - 1
                 tl.store(dst + tl.cumsum(above.to(tl.int32), 0) - 1, col.to(tl.int64), mask=above)
-                tl.store(dst + (K - need) + ie, col.to(tl.int64), mask=equal & (ie < need))
-        else:   # the sample kept too few or too many keys: the same select over the whole window
+                tl.store(dst + (K - need) + ie, col.to(tl.int64), mask=tie)
+        else:   # the sample kept too few or too many keys: the same select over the whole window,
+            # in column order, so the tied keys taken are the first ``need`` (the earliest)
             tl.atomic_add(fallbacks, 1)
             thr, need = _kth_key_in_row(row, lo, hi, K, BLOCK)
             taken_above = tl.zeros((), tl.int32)
