@@ -110,11 +110,13 @@ class ModelRunner:
         index_dim = arch.indexer.head_dim if arch.indexer is not None else 0   # deepseek_v32 indexer keys
         per_block = bytes_per_block(arch.num_layers, bs, kv_width(arch), elt)
         gqa = arch.family == "gqa"      # GQA: a head-major (K, V) pair per layer; MLA: one latent cache
+        dsa = backend_name == "dsa"
+        dsa_kwargs = dict(index_topk=arch.indexer.topk, deterministic=cfg.deterministic) if dsa else {}
         self.backend = create_backend(backend_name, family=arch.family, dims=arch.gqa if gqa else arch.mla,
                                       max_num_seqs=cfg.scheduler.max_num_seqs,
                                       max_model_len=max_model_len, block_size=bs, device=self.device,
                                       dtype=self.dtype, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-                                      **swa_kwargs, **({"index_topk": arch.indexer.topk} if backend_name == "dsa" else {}))
+                                      **swa_kwargs, **dsa_kwargs)
         self.model.set_backend(self.backend)
         self.eos_token_ids = frozenset(arch.eos_token_ids)   # masked by min_tokens; the LLM adds the tokenizer's
         self.key_windows = None

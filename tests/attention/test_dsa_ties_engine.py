@@ -1,7 +1,8 @@
 """The DSA tie rule end to end: on a tiny deepseek_v32 checkpoint built to tie (2 indexer heads, so
 the top-k boundary of many rows falls among equal zero scores; tests/helpers/dsa_tie_model.py),
 every path gives the tokens of the plain ``native`` run on every request: prefix caching + chunked
-prefill + a small KV pool, preemption, and ``dsa`` (Triton interpreter on CPU) plain and with them.
+prefill + a small KV pool, preemption, and ``dsa`` (Triton interpreter on CPU) plain, with them and in
+deterministic mode.
 CPU fp32; ``native`` runs on both runtimes. GPU variants: test_dsa_ties_engine_gpu.py."""
 
 from __future__ import annotations
@@ -96,10 +97,13 @@ def test_native_paths_keep_tokens_through_ties(model_dir, baseline, variant, mon
 
 @CPU_TRITON
 @pytest.mark.triton
-@pytest.mark.parametrize("variant", ["plain", "prefix_chunked_small_pool"])
+@pytest.mark.parametrize("variant", ["plain", "prefix_chunked_small_pool", "deterministic"])
 def test_dsa_keeps_native_tokens_through_ties(model_dir, baseline, variant):
+    """``deterministic`` (docs/dsa.md): the batch-invariant plan reaches the backend and keeps the tokens."""
     reqs, expected = baseline
-    llm = make_llm(model_dir, attention={"backend": "dsa"}, **({} if variant == "plain" else ALL))
+    over = {"plain": {}, "prefix_chunked_small_pool": ALL, "deterministic": {"deterministic": True}}[variant]
+    llm = make_llm(model_dir, attention={"backend": "dsa"}, **over)
+    assert llm.runner.backend.deterministic == (variant == "deterministic")
     outs = llm.generate(reqs, use_tqdm=False)
     assert [o.error for o in outs] == [None] * len(reqs)
     assert [o.token_ids for o in outs] == expected

@@ -14,13 +14,14 @@ order-preserving as a signed int32 (``key``):
    registers; every segment program finds the same one), so about topk to 1.5 x topk keys pass; no
    threshold when the window fits the buffer. Each program appends its segment's passing keys and
    columns to the row's buffer of ``CAP`` = 2 x topk, reserving room with one atomic per chunk
-   (the order does not matter: step 2 is order-free).
+   (the set does not depend on the order: step 2 picks tied keys by column, not by buffer slot).
 2. ``_select_kernel``, grid (rows,): if topk <= passed <= CAP, the k-th largest buffered key by a
    radix select in registers (4 passes of 8-bit histograms; with ``short_select`` the 4th only where
    the k-th key's 24-bit bucket is neither taken whole nor decided by one max or min, and both ranks
-   from one scan), then the columns above it and the first ones equal to it: exact, since every key
-   at or above the threshold is buffered. Else (the
+   from one scan), then the columns above it and, of those equal to it, the earliest (the tie rule:
+   ``_earliest_ties``): exact, since every key at or above the threshold is buffered. Else (the
    sample missed: rare) the same radix select over the whole window, chunk by chunk.
+Ties at the k-th score go to the earlier columns on every path (docs/dsa.md), as in ``topk_ref``.
 Measured on an H100 ([64, 32k], top-2048): the radix select alone over the window took 183 µs (the
 histograms are compute-bound: 40 chunk passes in one program per row); a sampled threshold with
 ``tl.sort`` of the buffer took 118-132 µs (the sorts dominate); these two parallel passes, 75 µs
@@ -286,13 +287,14 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     ``positions`` in decode). Unsorted; -1 padded where the window holds fewer than ``topk`` keys.
     ``scratch``: a zeroed int32 workspace of ``topk_scratch_shape`` (allocated here if not given).
     ``fallbacks`` (int32 [1], optional) counts the rows whose sample missed (tests, benchmarks).
-    ``segments``: programs per row of the candidate pass (default: about 4 per SM in all); the other
+    ``segments``: programs per row of the candidate pass (default: about 4 per SM in all; 1 appends in
+    column order, so the output's order, not only its set, follows from the row alone); the other
     keywords are tuning knobs (tools/bench_dsa.py --sweep). ``append_sem``: the memory order of the
     candidate pass's append atomic ("relaxed" is enough: see the kernel). ``short_select``: the select
     skips its 4th radix pass where a cheaper step is exact (``_kth_key_short``); None: on wherever it
     can be (topk <= 8192). Defaults: the fastest exact variant of ``bench_dsa.py --indexer-ab`` (H100,
     BENCHMARKS.md section 5: relaxed append, short select, 2-digit sample threshold). Every variant
-    selects the same set (the tied keys taken may differ, as between runs). ``path_counts`` (int32 [4],
+    selects the same set, ties to the earliest columns, on every run. ``path_counts`` (int32 [4],
     optional, with ``short_select``) counts the buffered rows by ``_kth_key_short``'s path (tests,
     tools/bench_dsa.py --indexer-ab).
     """
