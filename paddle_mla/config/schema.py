@@ -103,6 +103,10 @@ class EngineConfig:
     seed: int = 0
     max_model_len: Union[int, Literal["auto"]] = AUTO
     cuda_graph: Union[bool, Literal["auto"]] = AUTO
+    # true: the dsa backend's sparse decode rows run a plan that does not depend on the batch (one
+    # split of the top-k axis, candidates appended in column order); GEMMs, MoE and the triton_mla
+    # decode plan are not covered (docs/dsa.md, "Deterministic mode")
+    deterministic: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -9,7 +9,7 @@ rotation and FP8 scoring, which preserve the dot products):
   when the MLA rope is);
 - ``score[t, j] = sum_h relu(q_h . k_j) * head_dim**-0.5 * weights_proj(x)_h * n_heads**-0.5``.
 The scoring + top-k run in the attention backend (``backend.index_topk``); this module owns the
-projections.
+projections. Ties at the k-th score go to the earlier position in every backend (docs/dsa.md).
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ class ModelRunner:
         """The attention backend (with its start-up workspaces) and, for dsa, the indexer's key windows."""
         plan, arch, sc = self.plan, self.arch, self.cfg.scheduler
         swa_kwargs = plan.kv.swa.backend_kwargs() if plan.kv.swa is not None else {}
-        dsa_kwargs = {"index_topk": arch.indexer.topk} if plan.backend == "dsa" else {}
+        dsa_kwargs = dict(index_topk=arch.indexer.topk, deterministic=self.cfg.deterministic) \
+            if plan.backend == "dsa" else {}
         self.backend = create_backend(plan.backend, family=plan.family,
                                       dims=arch.gqa if plan.family == "gqa" else arch.mla,
                                       max_num_seqs=sc.max_num_seqs, max_model_len=plan.max_model_len,

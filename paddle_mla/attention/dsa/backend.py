@@ -35,7 +35,7 @@ from paddle_mla.platform import runtime
 from paddle_mla.attention.backend import MLADims, register_backend
 from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots
 from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select
-from paddle_mla.attention.dsa.sparse_mla import partial_rows, sparse_config, sparse_mla
+from paddle_mla.attention.dsa.sparse_mla import partial_rows, plan_splits, sparse_config, sparse_mla
 from paddle_mla.attention.triton_mla.backend import TritonMLABackend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.extend import plan_extend
@@ -48,9 +48,10 @@ PREFILL_TOPK_ROWS = 1024            # rows per chunk, at most (the top-k candida
 @register_backend("dsa")
 class DSABackend(TritonMLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
-                 max_num_batched_tokens: int = 0, index_topk: int = 0):
+                 max_num_batched_tokens: int = 0, index_topk: int = 0, deterministic: bool = False):
         """``index_topk``: the model's top-k; steps with prefill tokens whose contexts all fit it run
-        dense (``triton_mla``). 0: every step sparse."""
+        dense (``triton_mla``). 0: every step sparse. ``deterministic``: the sparse rows' plan does not
+        depend on the batch (``sparse_plan``, ``topk_segments``; docs/dsa.md)."""
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
         if not ok:
             raise RuntimeError(f"attention.backend 'dsa' cannot run here: {why}; use backend 'native'")
@@ -62,6 +63,17 @@ class DSABackend(TritonMLABackend):
         self._decode_ws = None
         self._prefill = None
         self.sparse_cfg = sparse_config(dims.num_heads)
+        self.deterministic = deterministic
+        # one split of the top-k axis: the split count otherwise follows the row count (programs to
+        # fill the GPU), and with it where the partial sums break and how they merge
+        self.forced_splits = 1 if deterministic else 0
+        # one candidate program per row appends in column order, so the selected positions come out
+        # in an order fixed by the row alone (0: programs per row from the row count)
+        self.topk_segments = 1 if deterministic else 0
+
+    def sparse_plan(self, rows: int, topk: int) -> tuple[int, int, int]:
+        """(splits, chunk length, slots per tile) of the sparse MLA over ``rows`` query rows."""
+        return plan_splits(rows, self.dims.num_heads, topk, self.sparse_cfg, self.forced_splits)
 
     def _workspace(self, meta, rows: int, topk: int):
         """Decode: the start-up workspace. Steps with prefill tokens: one per step, made by the first
@@ -111,7 +123,8 @@ class DSABackend(TritonMLABackend):
 
     def _alloc(self, rows: int, topk: int) -> dict:
         d, dev = self.dims, self.device
-        split_rows = partial_rows(rows, d.num_heads, topk, self.sparse_cfg)   # merge workspace: rows x splits
+        # merge workspace: rows x splits (none when the plan never splits)
+        split_rows = 0 if self.forced_splits == 1 else partial_rows(rows, d.num_heads, topk, self.sparse_cfg)
         return {
             "pos": torch.empty(rows, topk, dtype=torch.int64, device=dev),
             "topk_fallbacks": torch.zeros(1, dtype=torch.int32, device=dev),   # rows whose sample missed
@@ -152,7 +165,7 @@ class DSABackend(TritonMLABackend):
             index_scores(q[r0:r1], w[r0:r1], index_cache, meta.block_tables, bids[r0:r1], pos[r0:r1], width,
                          scores, **win)
             topk_select(scores, topk, ws["pos"][r0:r1], bids[r0:r1], pos[r0:r1], **win,
-                        scratch=ws["topk_scratch"], fallbacks=ws["topk_fallbacks"])
+                        scratch=ws["topk_scratch"], fallbacks=ws["topk_fallbacks"], segments=self.topk_segments)
         return ws["pos"][:T]
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
@@ -178,5 +191,5 @@ class DSABackend(TritonMLABackend):
         slots = positions_to_slots(topk_pos, bids, meta.block_tables, self.block_size, ws["slots"])
         q_lat = torch.bmm(q_nope.transpose(0, 1), w_kc).transpose(0, 1)            # [T, H, C]
         o_lat = sparse_mla(q_lat.contiguous(), q_pe, kv_cache, slots, d.softmax_scale, ws["part_o"],
-                           ws["part_lse"], ws["o_lat"], self.sparse_cfg)
+                           ws["part_lse"], ws["o_lat"], self.sparse_cfg, num_splits=self.forced_splits)
         return torch.bmm(o_lat.transpose(0, 1), w_vc).transpose(0, 1)

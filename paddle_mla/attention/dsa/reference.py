@@ -4,6 +4,7 @@ They are the oracle of the Triton kernels and what the ``native`` backend compos
 - positions are in the coordinates of one request's gathered keys: key j is the request's j-th
   token (cached prefix first, then the new tokens);
 - a top-k row holds key positions, ``-1`` where the query has fewer than ``topk`` keys;
+- ties at the k-th score go to the earlier position (``topk_ref``; docs/dsa.md);
 - indexer weights ``w`` [q, H] already carry ``softmax_scale * n_heads ** -0.5``.
 """
 
@@ -50,14 +51,28 @@ def masked_scores_ref(scores, ks, ke):
 
 
 def topk_ref(scores, topk: int):
-    """Columns of the ``topk`` largest finite scores per row, int64 [rows, topk], -1 padded."""
+    """Columns of the ``topk`` largest finite scores per row, int64 [rows, topk], ascending, -1 padded.
+
+    The tie rule (every path follows it): where keys tie at the k-th largest score, the EARLIER
+    columns are taken. ``-0.0`` ties with ``0.0``. ``torch.topk`` alone does not fix which of the
+    tied keys it returns, so it gives only the k-th value here; the columns follow from it.
+    """
     rows, n = scores.shape
     out = torch.full((rows, topk), -1, dtype=torch.int64, device=scores.device)
     k = min(topk, n)
     if k == 0 or rows == 0:
         return out
-    vals, idx = torch.topk(scores, k, dim=-1)
-    idx = torch.where(vals == float("-inf"), torch.full_like(idx, -1), idx.to(torch.int64))
+    kth = torch.topk(scores, k, dim=-1)[0][:, k - 1:k]                          # [rows, 1]
+    finite = scores > float("-inf")
+    above = (scores > kth) & finite
+    equal = (scores == kth) & finite
+    need = k - torch.sum(above.to(torch.int64), -1, keepdim=True)
+    take = above | (equal & (torch.cumsum(equal.to(torch.int64), -1) <= need))
+    cols = torch.arange(n, dtype=torch.int64, device=scores.device).unsqueeze(0)
+    # taken columns first, in column order (the others sort after them, shifted by n)
+    order = torch.argsort(torch.where(take, cols, cols + n), dim=-1)[:, :k]
+    taken = torch.gather(take.to(torch.int64), 1, order) > 0
+    idx = torch.where(taken, order.to(torch.int64), torch.full_like(order, -1).to(torch.int64))
     if k == topk:
         return idx
     return torch.cat([idx, out[:, k:]], 1)

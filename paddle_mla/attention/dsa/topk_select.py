@@ -14,13 +14,14 @@ order-preserving as a signed int32 (``key``):
    registers; every segment program finds the same one), so about topk to 1.5 x topk keys pass; no
    threshold when the window fits the buffer. Each program appends its segment's passing keys and
    columns to the row's buffer of ``CAP`` = 2 x topk, reserving room with one atomic per chunk
-   (the order does not matter: step 2 is order-free).
+   (the set does not depend on the order: step 2 picks tied keys by column, not by buffer slot).
 2. ``_select_kernel``, grid (rows,): if topk <= passed <= CAP, the k-th largest buffered key by a
    radix select in registers (4 passes of 8-bit histograms; with ``short_select`` the 4th only where
    the k-th key's 24-bit bucket is neither taken whole nor decided by one max or min, and both ranks
-   from one scan), then the columns above it and the first ones equal to it: exact, since every key
-   at or above the threshold is buffered. Else (the
+   from one scan), then the columns above it and, of those equal to it, the earliest (the tie rule:
+   ``_earliest_ties``): exact, since every key at or above the threshold is buffered. Else (the
    sample missed: rare) the same radix select over the whole window, chunk by chunk.
+Ties at the k-th score go to the earlier columns on every path (docs/dsa.md), as in ``topk_ref``.
 Measured on an H100 ([64, 32k], top-2048): the radix select alone over the window took 183 µs (the
 histograms are compute-bound: 40 chunk passes in one program per row); a sampled threshold with
 ``tl.sort`` of the buffer took 118-132 µs (the sorts dominate); these two parallel passes, 75 µs
@@ -56,8 +57,11 @@ def row_window(t, batch_ids, positions, ks, ke, cu_k, USE_WINDOW: tl.constexpr):
 
 @triton.jit
 def _sortable(x):
-    """fp32 -> int32 with the same order (for finite values and +-inf)."""
+    """fp32 -> int32 with the same order (for finite values and +-inf). -0.0 becomes +0.0's key: the
+    scores compare as floats (-0.0 == 0.0, as in the reference), so the two zeros must tie and fall
+    to the earlier position, not order by sign bit."""
     bits = x.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
@@ -151,6 +155,20 @@ def _kth_key_in_row(row, lo, hi, K, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _earliest_ties(equal, col, need):
+    """The ``need`` keys of ``equal`` (tied at the k-th score) with the smallest columns: the tie rule.
+    Buffered candidates sit in append order, not column order, so where more keys tie than the top-k
+    takes, a radix select over the columns (``~col``: the largest is the earliest column; columns are
+    distinct, so exactly ``need`` pass) picks the earliest. Rows without such a tie skip it."""
+    tied = tl.sum(equal.to(tl.int32), 0)
+    take = equal & (need > 0)
+    if (need > 0) & (tied > need):
+        first, _ = _kth_key_in_registers(~col, equal, need)
+        take = equal & (~col >= first)
+    return take
+
+
+@triton.jit
 def _candidates_kernel(
     scores, scratch, batch_ids, positions, ks, ke, cu_k, stride_st, stride_xt, K, MARGIN,
     USE_WINDOW: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr,
@@ -219,17 +237,17 @@ def _select_kernel(
             if STATS:
                 tl.atomic_add(paths + path, 1)
             above = valid & (key > thr)
-            equal = valid & (key == thr)
+            tie = _earliest_ties(valid & (key == thr), col, need)     # exactly ``need`` keys
             if SHORT:   # both ranks from one scan (each count <= CAP < 2**15: no overflow), one store
-                both = tl.cumsum(above.to(tl.int32) + (equal.to(tl.int32) << 16), 0)
-                ie = (both >> 16) - 1
-                at = tl.where(above, (both & 0xFFFF) - 1, (K - need) + ie)
-                tl.store(dst + at, col.to(tl.int64), mask=above | (equal & (ie < need)))
+                both = tl.cumsum(above.to(tl.int32) + (tie.to(tl.int32) << 16), 0)
+                at = tl.where(above, (both & 0xFFFF) - 1, (K - need) + (both >> 16) - 1)
+                tl.store(dst + at, col.to(tl.int64), mask=above | tie)
             else:
-                ie = tl.cumsum(equal.to(tl.int32), 0) - 1
+                ie = tl.cumsum(tie.to(tl.int32), 0) - 1
                 tl.store(dst + tl.cumsum(above.to(tl.int32), 0) - 1, col.to(tl.int64), mask=above)
-                tl.store(dst + (K - need) + ie, col.to(tl.int64), mask=equal & (ie < need))
-        else:   # the sample kept too few or too many keys: the same select over the whole window
+                tl.store(dst + (K - need) + ie, col.to(tl.int64), mask=tie)
+        else:   # the sample kept too few or too many keys: the same select over the whole window,
+            # in column order, so the tied keys taken are the first ``need`` (the earliest)
             tl.atomic_add(fallbacks, 1)
             thr, need = _kth_key_in_row(row, lo, hi, K, BLOCK)
             taken_above = tl.zeros((), tl.int32)
@@ -269,13 +287,14 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
     ``positions`` in decode). Unsorted; -1 padded where the window holds fewer than ``topk`` keys.
     ``scratch``: a zeroed int32 workspace of ``topk_scratch_shape`` (allocated here if not given).
     ``fallbacks`` (int32 [1], optional) counts the rows whose sample missed (tests, benchmarks).
-    ``segments``: programs per row of the candidate pass (default: about 4 per SM in all); the other
+    ``segments``: programs per row of the candidate pass (default: about 4 per SM in all; 1 appends in
+    column order, so the output's order, not only its set, follows from the row alone); the other
     keywords are tuning knobs (benchmarks.kernels.dsa --sweep). ``append_sem``: the memory order of the
     candidate pass's append atomic ("relaxed" is enough: see the kernel). ``short_select``: the select
     skips its 4th radix pass where a cheaper step is exact (``_kth_key_short``); None: on wherever it
-    can be (topk <= 8192). Defaults: the fastest exact variant of ``benchmarks.kernels.dsa --indexer-ab`` (H100,
-    BENCHMARKS.md, "DSA": relaxed append, short select, 2-digit sample threshold). Every variant
-    selects the same set (the tied keys taken may differ, as between runs). ``path_counts`` (int32 [4],
+    can be (topk <= 8192). Defaults: the fastest exact variant of ``benchmarks.kernels.dsa --indexer-ab``
+    (H100, BENCHMARKS.md, "DSA": relaxed append, short select, 2-digit sample threshold). Every variant
+    selects the same set, ties to the earliest columns, on every run. ``path_counts`` (int32 [4],
     optional, with ``short_select``) counts the buffered rows by ``_kth_key_short``'s path (tests,
     benchmarks.kernels.dsa --indexer-ab).
     """
