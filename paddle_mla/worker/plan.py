@@ -1,4 +1,4 @@
-"""RunPlan: every start-up decision, made once, before anything is built (ARCHITECTURE section 3).
+"""RunPlan: every start-up decision, made once, before anything is built (docs/architecture.md, "config" and "worker").
 
 ``resolve_plan(cfg, arch)`` turns the ``EngineConfig`` and the checkpoint's architecture (its
 config.json) into one frozen ``RunPlan``: runtime, device, dtype, quantization, attention backend,

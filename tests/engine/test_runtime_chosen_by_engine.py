@@ -1,4 +1,4 @@
-"""The runtime is chosen by the engine, never by an import (ARCHITECTURE section 2).
+"""The runtime is chosen by the engine, never by an import (docs/architecture.md, "platform").
 
 In a fresh process, importing every subpackage first must select nothing; then ``LLM`` with either
 runtime, whichever ``PADDLE_MLA_RUNTIME`` says, must load and generate on that runtime. A tensor

@@ -1,5 +1,5 @@
 """The install path yields compiled ops, and a missing build degrades to the reference with one
-warning (ARCHITECTURE section 3).
+warning (docs/architecture.md, "ops").
 
 The README's path is ``pip install -e .`` (ops build on first use into the cache; with
 ``--no-build-isolation`` setup.py prebuilds them). The first test proves it for the current
