@@ -171,7 +171,11 @@ def test_graphs_capture_the_runners_model_call_and_replay_its_logits():
                             "scheduler": {"max_num_seqs": 5, "max_num_batched_tokens": 256}})
     runner = ModelRunner(cfg, str(ensure_tiny_model()))
     assert runner.plan.cuda_graph_sizes == (1, 2, 4, 5) and runner.graphs.sizes == [1, 2, 4, 5]
+    # three first-token decodes, each in its own block: a row attends to its own key alone, so the
+    # replay and the eager run read what they wrote, whatever the cache held before
     batch = mp.dummy_decode_batch(3, runner.arch.vocab_size)
+    batch.num_cached[:] = 0
+    batch.block_tables = np.arange(3, dtype=np.int32)[:, None]
     replayed = runner.forward_step(batch).cpu().numpy()       # the 4-graph, one padded row
     eager = runner._forward_meta(ForwardMeta.build(batch, 16, runner.device), rows=None).cpu().numpy()
     np.testing.assert_allclose(replayed, eager, rtol=1e-4, atol=1e-4)
