@@ -15,8 +15,9 @@ Memory target (a model that does not fit one GPU's budget runs under TP=2):
 ``--gpu-memory-utilization U`` sizes the KV cache by the profile run (``cache.num_blocks: auto``)
 under that budget; a TP size whose engine cannot start in it is a row "does not fit" with the
 profile's reason, and TP=1 is then also run without the budget (a fixed cache) as the ratio's
-baseline, so one command measures both targets. At U=0.2 (28 GiB of an H200) the 27-layer model's
-31 GB of bf16 weights do not fit one GPU; under TP=2 each rank holds about half, and the step runs.
+baseline, so one command measures both targets. ``--gpu-memory-utilization auto`` picks U from
+this card's size: half the weights and half the batch's KV cache (one TP=2 rank's share) plus 6 GiB
+of activations and graphs, so the model cannot fit one GPU's budget and fits two, on any card.
 
     python -m benchmarks.e2e.tensor_parallel [--layers 27] [--batch 64] [--context 4096] [--tp 1,2]
         [--iters 30] [--json out.json] [--gpu-memory-utilization 0.2] [--checkpoint [--dir DIR]]
@@ -47,6 +48,7 @@ from benchmarks.harness.batches import PAGE, decode_batch  # noqa: E402
 from benchmarks.harness.checkpoints import write_checkpoint  # noqa: E402
 from benchmarks.harness.dims import SMOKE_MOE, V2_LITE  # noqa: E402
 from benchmarks.harness.models import time_steps  # noqa: E402
+from benchmarks.harness.roofline import decode_bytes, weight_counts  # noqa: E402
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
 from paddle_mla.platform.tensor_api import torch  # noqa: E402
@@ -56,7 +58,7 @@ def time_decode(llm: LLM, batch, iters: int) -> float:
     return time_steps(llm.runner, batch, iters)
 
 
-def run(tp: int, path: Path, args, budget: float) -> dict:
+def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
     need = args.batch * -(-args.context // PAGE)        # the decode batch's blocks
     num_blocks = need + args.batch + 8
     gpu = not args.smoke
@@ -70,7 +72,7 @@ def run(tp: int, path: Path, args, budget: float) -> dict:
         "cache": cache,
         # 2048-token chunks: the profile run's prefill (its activations) stays small beside the weights
         "scheduler": {"max_num_seqs": args.batch, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True},
-        "parallel": {"tensor_parallel_size": tp}})
+        "parallel": {"tensor_parallel_size": tp, "expert_parallel": ep}})
     t = time.perf_counter()
     try:
         llm = LLM(cfg)
@@ -84,7 +86,7 @@ def run(tp: int, path: Path, args, budget: float) -> dict:
     if error is not None:   # outside the except block: the failed engine's weights are free to go
         gc.collect()
         runtime.empty_cache()
-        return dict(tp=tp, budget=budget, step_ms=float("nan"), engine_start_s=time.perf_counter() - t,
+        return dict(tp=tp, ep=ep, budget=budget, step_ms=float("nan"), engine_start_s=time.perf_counter() - t,
                     rank0_peak_gib=0.0, fits=False, error=error)
     start_s = time.perf_counter() - t
     load_s = llm.runner.load_s
@@ -96,7 +98,7 @@ def run(tp: int, path: Path, args, budget: float) -> dict:
         del llm
         gc.collect()
         runtime.empty_cache()
-        return dict(tp=tp, budget=budget, step_ms=float("nan"), engine_start_s=start_s, rank0_peak_gib=0.0,
+        return dict(tp=tp, ep=ep, budget=budget, step_ms=float("nan"), engine_start_s=start_s, rank0_peak_gib=0.0,
                     fits=False, error=f"the KV cache holds {num_blocks} blocks, the decode batch needs {need}")
     for cache in llm.runner.kv_caches:       # rank 0's cache; the values do not change the work
         cache.normal_(0.0, 1.0)
@@ -107,8 +109,20 @@ def run(tp: int, path: Path, args, budget: float) -> dict:
     runtime.empty_cache()
     if gpu:
         torch.cuda.reset_peak_memory_stats()
-    return dict(tp=tp, budget=budget, step_ms=step_s * 1e3, engine_start_s=start_s, rank0_peak_gib=mem, fits=True,
+    return dict(tp=tp, ep=ep, budget=budget, step_ms=step_s * 1e3, engine_start_s=start_s, rank0_peak_gib=mem, fits=True,
                 rank0_weights_gib=weights_gib, kv_blocks=num_blocks, load_s=load_s)
+
+
+def fit_two_budget(cfg: dict, args) -> float:
+    """gpu_memory_utilization under which one TP=2 rank fits and a TP=1 engine cannot (0 on CPU)."""
+    if args.smoke or not torch.cuda.is_available():
+        return 0.0
+    c = weight_counts(cfg)
+    params = (c["layers"] * c["attn_per_layer"] + c["dense_layers"] * c["dense_mlp"] + 2 * c["lm_head"]
+              + c["moe_layers"] * (c["shared"] + c["router"] + cfg["n_routed_experts"] * c["expert"]))
+    _, kv = decode_bytes(cfg, [], args.batch, args.context, 2)
+    need = params * 2 / 2 + kv / 2 + 6 * 2**30
+    return round(need / torch.cuda.get_device_properties(0).total_memory, 3)
 
 
 def main() -> None:
@@ -120,16 +134,21 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--ep", action="store_true",
+                    help="also run each TP size > 1 with parallel.expert_parallel (experts whole per rank)")
     ap.add_argument("--checkpoint", action="store_true",
                     help="write (once) and load a random bf16 checkpoint instead of load_format: dummy")
     ap.add_argument("--dir", default="", help="with --checkpoint: its folder (default /tmp/bench_v2lite_<L>L)")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.0,
+    ap.add_argument("--gpu-memory-utilization", default="0",
                     help="size the KV cache by the profile run under this budget (the memory target); "
-                         "a TP size that does not fit is reported, not fatal (CPU: the budget is ignored)")
+                         "a TP size that does not fit is reported, not fatal (CPU: the budget is ignored); "
+                         "auto: one TP=2 rank's weights and KV share + 6 GiB, over this card's memory")
     args = ap.parse_args()
     cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_MOE if args.smoke else {}))
+    args.gpu_memory_utilization = fit_two_budget(cfg, args) if args.gpu_memory_utilization == "auto" \
+        else float(args.gpu_memory_utilization)
     if args.checkpoint:
         path = Path(args.dir or f"/tmp/bench_v2lite_{args.layers}L{'_smoke' if args.smoke else ''}")
         if not (path / "model.safetensors.index.json").exists():
@@ -145,6 +164,9 @@ def main() -> None:
         if not rows[-1]["fits"]:   # the ratio still needs this TP size: again without the budget (fixed cache)
             rows.append(run(tp, path, args, 0.0))
             print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        if args.ep and tp > 1:
+            rows.append(run(tp, path, args, rows[-1]["budget"], ep=True))
+            print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
     base = next((r["step_ms"] for r in rows if r["fits"] and r["tp"] == 1), float("nan"))
     print(f"# TP decode step: V2-Lite dims, {args.layers} layers, batch {args.batch}, context {args.context}, "
           + ("SMOKE (tiny dims, CPU fp32, native)" if args.smoke else
@@ -152,19 +174,19 @@ def main() -> None:
           + (f", gpu_memory_utilization {args.gpu_memory_utilization} (KV cache: auto)\n"
              if args.gpu_memory_utilization else "\n"))
     print(f"weights: {'checkpoint ' + str(path) if args.checkpoint else 'load_format: dummy (made on each GPU)'}\n")
-    print("| TP | gpu_memory_utilization | fits | step ms | vs TP=1 | engine start s | load s | rank-0 weights GiB "
+    print("| TP | EP | gpu_memory_utilization | fits | step ms | vs TP=1 | engine start s | load s | rank-0 weights GiB "
           "| KV blocks | rank-0 peak GiB |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         r["ratio"] = r["step_ms"] / base
         util = r["budget"] or "- (fixed cache)"
         if not r["fits"]:
-            print(f"| {r['tp']} | {util} | no: {r['error']} | - | - | {r['engine_start_s']:.0f} | - | - | - | - |")
+            print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {util} | no: {r['error']} | - | - | {r['engine_start_s']:.0f} | - | - | - | - |")
             continue
-        print(f"| {r['tp']} | {util} | yes | {r['step_ms']:.2f} | {r['ratio']:.2f}x | {r['engine_start_s']:.0f} | "
+        print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {util} | yes | {r['step_ms']:.2f} | {r['ratio']:.2f}x | {r['engine_start_s']:.0f} | "
               f"{r['load_s']:.1f} | "
               f"{r['rank0_weights_gib']:.1f} | {r['kv_blocks']} | {r['rank0_peak_gib']:.1f} |")
-    two = next((r for r in rows if r["tp"] == 2 and r["fits"]), None)
+    two = next((r for r in rows if r["tp"] == 2 and r["fits"] and not r["ep"]), None)
     two_budget = next((r for r in rows if r["tp"] == 2 and r["budget"]), None)
     if two is not None:
         verdict = "met" if two["ratio"] <= 0.6 else "NOT met"

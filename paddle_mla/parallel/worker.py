@@ -75,6 +75,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         # (a resource_tracker warning after the real error); a worker draws no bars
         tqdm.tqdm.set_lock(threading.RLock())
         from paddle_mla.worker.model_runner import ModelRunner
+        from paddle_mla.attention.forward_meta import StepBatch
         from paddle_mla.parallel.group import TPGroup
 
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
@@ -86,7 +87,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
             msg = conn.recv()     # the scheduler's plain-data StepInput, as rank 0's runner applies it
             if msg is None:
                 break
-            runner.forward_step(runner.step_batch(msg))
+            # the scheduler's changes (engine steps), or a whole StepBatch (benchmarks, tests)
+            runner.forward_step(msg if isinstance(msg, StepBatch) else runner.step_batch(msg))
             steps += 1
             if kill_after is not None and steps >= kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)

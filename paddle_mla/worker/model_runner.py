@@ -231,7 +231,11 @@ class ModelRunner:
         return self.model.compute_logits(hidden if rows is None else hidden[rows])
 
     def forward_step(self, batch: StepBatch):
-        """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32)."""
+        """Metadata once, the model, and the logits of the sampling rows [rows, vocab] (float32). A
+        batch built outside the scheduler (benchmarks, tests) goes to the tensor-parallel workers
+        whole; engine steps send only the scheduler's changes (``_gather``)."""
+        if self.tp_driver is not None:
+            self.tp_driver.send(batch)
         return self.run_model(batch)[0]
 
     def launch(self, msg: StepInput) -> "LaunchedStep":
