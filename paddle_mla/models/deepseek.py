@@ -229,7 +229,8 @@ class CausalLM:
         moe = next((layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)), None)
         if moe is not None:
             s = self.arch.moe
-            self.moe_exec.reserve(max_num_tokens, s.num_experts_per_tok, s.n_routed_experts, moe.inter_size,
+            # this rank's experts (all of them, unless expert parallel)
+            self.moe_exec.reserve(max_num_tokens, s.num_experts_per_tok, moe.w_gate.shape[0], moe.inter_size,
                                   self.arch.hidden_size, fp8=moe.fp8)
 
     def set_backend(self, backend) -> None:
