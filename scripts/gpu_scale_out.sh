@@ -3,12 +3,13 @@
 # (default "tp dp test"):
 #   full  benchmarks.e2e.fullsize: DeepSeek-V3 dims, FP8, load_format dummy, TP=2, 19 layers
 #         (BENCHMARKS.md, "Full size");
-#   tp    benchmarks.e2e.tensor_parallel --gpu-memory-utilization 0.2: both TP targets (step ratio, memory);
+#   tp    benchmarks.e2e.tensor_parallel --gpu-memory-utilization auto --ep: both TP targets (step ratio,
+#         memory), prefill and a 1k/1k run, and TP=2 with expert parallelism;
 #   dp    benchmarks.e2e.data_parallel: DP=2 vs DP=1 at 256 (the MoE workload) and 2048 requests;
-#   test  tests/parallel/test_tensor_parallel_gpu.py (TP=2 fp32 == TP=1).
+#   test  the 2-GPU tests: TP=2 fp32 == TP=1 (MLA and GQA), TP shutdown (exit within 5 s, Ctrl-C, a killed
+#         worker), expert parallelism, data parallelism.
 # The CUDA custom ops are built first (nvcc, ~35 s on a bare machine). Each step runs under its own
 # time limit (T_FULL / T_TP / T_DP / T_TEST seconds), so one that overruns leaves the others' results.
-# T_TP needs more than 140 s for the TP=2 row (BENCHMARKS.md, "Tensor and data parallel").
 #   bash scripts/gpu_scale_out.sh     STEPS="test" bash scripts/gpu_scale_out.sh     SMOKE=1 bash scripts/gpu_scale_out.sh (CPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ if [ -n "${SMOKE:-}" ]; then
   DP=(--smoke)
 else
   FULL=(--layers 19 --batches 1,16,64 --contexts 1024,8192 --prefills 8x1024,1x8192 --e2e 32 --iters 10)
-  TP=(--iters 20)
+  TP=(--iters 20 --ep)
   DP=()
 fi
 STEPS="${STEPS:-tp dp test}"
@@ -43,8 +44,8 @@ if has full; then
   timeout "${T_FULL:-180}" python3 -m benchmarks.e2e.fullsize "${FULL[@]}" --json "$OUT/fullsize.json" 2>&1 | tee "$OUT/fullsize.md"
 fi
 if has tp; then
-  stamp "bench_tp: TP=1 vs TP=2, gpu_memory_utilization 0.2"
-  timeout "${T_TP:-240}" python3 -m benchmarks.e2e.tensor_parallel "${TP[@]}" --gpu-memory-utilization 0.2 --json "$OUT/tp.json" 2>&1 \
+  stamp "bench_tp: TP=1 vs TP=2 (and EP), gpu_memory_utilization auto"
+  timeout "${T_TP:-480}" python3 -m benchmarks.e2e.tensor_parallel "${TP[@]}" --gpu-memory-utilization auto --json "$OUT/tp.json" 2>&1 \
     | tee "$OUT/tp.md"
 fi
 if has dp; then
@@ -54,8 +55,9 @@ if has dp; then
   done
 fi
 if has test; then
-  stamp "tests/parallel/test_tensor_parallel_gpu.py"
-  TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-240}" python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/parallel/test_tensor_parallel_gpu.py 2>&1 | tee "$OUT/tp_test.txt"
+  stamp "tests/parallel/*_gpu.py"
+  TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/parallel/test_tensor_parallel_gpu.py tests/parallel/test_tp_shutdown_gpu.py \
+    tests/parallel/test_expert_parallel_gpu.py tests/parallel/test_data_parallel_gpu.py 2>&1 | tee "$OUT/tp_test.txt"
 fi
 stamp "done"

@@ -10,6 +10,9 @@ present) and loads it from the files. Per TP size: one engine (triton_mla, CUDA 
 step of ``--batch`` requests at ``--context`` tokens each (paged latent cache, random block tables),
 timed as the engine runs it: ``forward_step`` (rank 0 sends the batch to the worker, metadata,
 model, gathered logits) + greedy argmax + the one host read. Target: TP=2 <= 0.6x TP=1.
+Then, on the same engine, two whole runs through ``LLM.generate`` (greedy, ignore_eos, token ids):
+prefill (``--prefill-requests`` prompts of 1024 tokens, one output token each: prompt tok/s) and a
+1k/1k run (``--e2e`` requests of 1024 in / 1024 out: output tok/s).
 
 Memory target (a model that does not fit one GPU's budget runs under TP=2):
 ``--gpu-memory-utilization U`` sizes the KV cache by the profile run (``cache.num_blocks: auto``)
@@ -38,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 from paddle_mla.platform import runtime  # noqa: E402
@@ -51,11 +56,27 @@ from benchmarks.harness.models import time_steps  # noqa: E402
 from benchmarks.harness.roofline import decode_bytes, weight_counts  # noqa: E402
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
+from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
 from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 
 def time_decode(llm: LLM, batch, iters: int) -> float:
     return time_steps(llm.runner, batch, iters)
+
+
+def time_generate(llm: LLM, requests: int, prompt_len: int, max_tokens: int) -> float:
+    """Seconds for one whole ``generate`` of ``requests`` random-token prompts (greedy, ignore_eos)."""
+    if requests <= 0:
+        return float("nan")
+    rng = np.random.default_rng(requests)
+    vocab = llm.runner.arch.vocab_size
+    reqs = [GenerationRequest(i, rng.integers(3, vocab, prompt_len).tolist(),
+                              SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for i in range(requests)]
+    runtime.synchronize()
+    t = time.perf_counter()
+    llm.generate(reqs, use_tqdm=False)
+    runtime.synchronize()
+    return time.perf_counter() - t
 
 
 def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
@@ -103,6 +124,9 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
     for cache in llm.runner.kv_caches:       # rank 0's cache; the values do not change the work
         cache.normal_(0.0, 1.0)
     step_s = time_decode(llm, decode_batch(num_blocks, args.batch, args.context), args.iters)
+    io = 32 if args.smoke else 1024       # tokens in, and out for the whole run
+    prefill_s = time_generate(llm, args.prefill_requests, io, 1)
+    e2e_s = time_generate(llm, args.e2e, io, io)
     mem = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
     llm.close()
     del llm
@@ -110,7 +134,8 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     return dict(tp=tp, ep=ep, budget=budget, step_ms=step_s * 1e3, engine_start_s=start_s, rank0_peak_gib=mem, fits=True,
-                rank0_weights_gib=weights_gib, kv_blocks=num_blocks, load_s=load_s)
+                rank0_weights_gib=weights_gib, kv_blocks=num_blocks, load_s=load_s,
+                prefill_tok_s=args.prefill_requests * io / prefill_s, e2e_out_tok_s=args.e2e * io / e2e_s)
 
 
 def fit_two_budget(cfg: dict, args) -> float:
@@ -134,6 +159,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--prefill-requests", type=int, default=64, help="prompts of 1024 tokens for the prefill run (0: skip)")
+    ap.add_argument("--e2e", type=int, default=64, help="requests of 1024 in / 1024 out for the whole run (0: skip)")
     ap.add_argument("--ep", action="store_true",
                     help="also run each TP size > 1 with parallel.expert_parallel (experts whole per rank)")
     ap.add_argument("--checkpoint", action="store_true",
@@ -175,17 +202,18 @@ def main() -> None:
              if args.gpu_memory_utilization else "\n"))
     print(f"weights: {'checkpoint ' + str(path) if args.checkpoint else 'load_format: dummy (made on each GPU)'}\n")
     print("| TP | EP | gpu_memory_utilization | fits | step ms | vs TP=1 | engine start s | load s | rank-0 weights GiB "
-          "| KV blocks | rank-0 peak GiB |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| KV blocks | rank-0 peak GiB | prefill tok/s | 1k/1k out tok/s |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         r["ratio"] = r["step_ms"] / base
         util = r["budget"] or "- (fixed cache)"
         if not r["fits"]:
-            print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {util} | no: {r['error']} | - | - | {r['engine_start_s']:.0f} | - | - | - | - |")
+            print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {util} | no: {r['error']} | - | - | {r['engine_start_s']:.0f} | - | - | - | - | - | - |")
             continue
         print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {util} | yes | {r['step_ms']:.2f} | {r['ratio']:.2f}x | {r['engine_start_s']:.0f} | "
               f"{r['load_s']:.1f} | "
-              f"{r['rank0_weights_gib']:.1f} | {r['kv_blocks']} | {r['rank0_peak_gib']:.1f} |")
+              f"{r['rank0_weights_gib']:.1f} | {r['kv_blocks']} | {r['rank0_peak_gib']:.1f} | "
+              f"{r['prefill_tok_s']:.0f} | {r['e2e_out_tok_s']:.0f} |")
     two = next((r for r in rows if r["tp"] == 2 and r["fits"] and not r["ep"]), None)
     two_budget = next((r for r in rows if r["tp"] == 2 and r["budget"]), None)
     if two is not None:
