@@ -270,50 +270,9 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
       paddle-mla validate configs/triton_mla.yaml --set cache.enable_prefix_caching=true
     """
     interrupts.arm()
-    import yaml
+    from paddle_mla.cli.validate_files import validate_files
 
-    from paddle_mla.cli.bench.workloads import is_workload_file
-    from paddle_mla.cli.validate_files import echo_file_errors, validate_workload_file
-    from paddle_mla.engine.run_info import model_problem
-
-    failed = 0
-    for i, path in enumerate(configs):
-        if is_workload_file(path):
-            failed += not validate_workload_file(path, separator=i > 0)
-            continue
-        try:
-            cfg = load_config(path, overrides)
-            problem = model_problem(cfg.model)
-            if problem:
-                raise ConfigError([f"'model': {problem}"])
-        except ConfigError as exc:
-            failed += 1
-            echo_file_errors(path, exc.errors)
-            continue
-        if i:
-            click.echo("---")
-        click.echo(f"# {path}")
-        click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
-        plan = _plan_or_note(cfg)
-        # as comments, so the printed document stays a config that loads as it is
-        text = f"plan: {plan}" if isinstance(plan, str) else yaml.safe_dump({"plan": plan.to_dict()}, sort_keys=False)
-        click.echo("\n".join("# " + line for line in text.rstrip().splitlines()))
-    sys.exit(EXIT_USAGE if failed else EXIT_OK)
-
-
-def _plan_or_note(cfg: EngineConfig):
-    """The config's ``RunPlan``, or why it does not resolve here. Not a config error: the plan
-    depends on the checkpoint (bench configs name ``tiny`` as a stand-in for the ``--model`` they
-    are run with) and, under device auto, on this machine, which ``generate`` checks at start-up."""
-    from paddle_mla.engine.run_info import plan_run
-    from paddle_mla.platform import runtime
-
-    try:
-        runtime.select(None if cfg.runtime == "auto" else cfg.runtime)
-        return plan_run(cfg, device_kind=None if cfg.device == "auto" else cfg.device)
-    except (RuntimeError, ValueError) as exc:      # ConfigError is a ValueError
-        reasons = exc.errors if isinstance(exc, ConfigError) else [str(exc)]
-        return "not resolved with this checkpoint on this machine: " + "; ".join(reasons)
+    sys.exit(EXIT_USAGE if validate_files(configs, overrides) else EXIT_OK)
 
 
 @main.command("make-tiny-model", short_help="Write a tiny random checkpoint to try things on CPU.", epilog="""\b

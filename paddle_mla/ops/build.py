@@ -25,11 +25,9 @@ Env: ``PADDLE_MLA_DISABLE_CUSTOM_OPS=1`` uses the reference without building or 
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import platform
 import shutil
@@ -49,6 +47,7 @@ import torch  # the real torch on the torch runtime; used only there
 
 from paddle_mla.platform import runtime
 from paddle_mla.ops import reference
+from paddle_mla.ops.build_output import logging_off, output_to
 
 KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "append_attention_common.h",
                   "append_attention_cpu.h", "append_attention_cuda.h", "append_attention_device.cuh",
@@ -252,7 +251,7 @@ def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str,
     sources = [str(src / name) for name in BINDINGS[rt] + (CUDA_SOURCES if with_cuda else ())]
     defines = ["-DPADDLE_MLA_WITH_CUDA"] if with_cuda else []
     verbose = _env_flag("PADDLE_MLA_OPS_VERBOSE")
-    with _output_to(None if verbose else out / "build.log"), warnings.catch_warnings():
+    with output_to(None if verbose else out / "build.log"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if rt == "paddle":
             from paddle.utils import cpp_extension
@@ -272,31 +271,6 @@ def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str,
     if not lib.is_file():
         raise FileNotFoundError(f"build finished but {lib} is missing")
     return str(lib), module
-
-
-@contextlib.contextmanager
-def _output_to(log: Path | None):
-    """Send this process's stdout/stderr (fd level: compiler subprocesses too) to ``log``."""
-    if log is None:
-        yield
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        with open(log, "ab") as f:
-            os.dup2(f.fileno(), 1)
-            os.dup2(f.fileno(), 2)
-            try:
-                yield
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved:
-            os.close(fd)
 
 
 def _paddle_arch_flags() -> list[str]:
@@ -351,22 +325,11 @@ def _cpu_only(name: str, fn: Callable[..., Any], on_gpu: Callable[[Any], bool]) 
 def _paddle_module(lib: str):
     """Register a cached library's operators and return their Python API module (what
     cpp_extension.load returns, without its setup.py subprocess, which costs seconds)."""
-    with warnings.catch_warnings(), _logging_off():
+    with warnings.catch_warnings(), logging_off():
         warnings.simplefilter("ignore")  # its import warns that ccache is missing
         from paddle.utils.cpp_extension import extension_utils
 
         return extension_utils._import_module_from_library(LIB_NAME, str(Path(lib).parent), False)
-
-
-@contextlib.contextmanager
-def _logging_off():
-    """Paddle logs an INFO line per loaded library through its own handlers."""
-    previous = logging.root.manager.disable
-    logging.disable(max(previous, logging.INFO))
-    try:
-        yield
-    finally:
-        logging.disable(previous)
 
 
 def _register_torch_fakes() -> None:
