@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: install, build the CUDA custom ops, then run the GPU tests of the given files
 # (default: every GPU test file but the tensor-/data-parallel ones) as SHARDS pytest processes side
-# by side under one time limit (LIMIT seconds). Logs land in $OUT (or ./.bench_out).
+# by side under one time limit (LIMIT seconds), then the memory-profile test alone (it reads the
+# GPU's free memory, which the shards beside it would change). Logs land in $OUT (or ./.bench_out).
 #   SHARDS=4 LIMIT=500 bash scripts/gpu_tests.sh [test files...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,10 +19,19 @@ from paddle_mla.ops.build import load_ops
 t = time.time(); ops = load_ops(); print("ops:", ops, f"({time.time() - t:.1f} s)")
 assert ops is not None, "custom ops did not build"
 PY
+ALONE=tests/engine/test_memory_profile_gpu.py
 files=("$@")
+alone=()
 if [ ${#files[@]} -eq 0 ]; then
-  mapfile -t files < <(grep -rlE "mark\.gpu|pytestmark.*gpu" tests --include='test_*.py' | grep -v '^tests/parallel/' | sort)
+  mapfile -t files < <(grep -rlE "mark\.gpu|pytestmark.*gpu" tests --include='test_*.py' | grep -v '^tests/parallel/' \
+    | grep -vx "$ALONE" | sort)
+  alone=("$ALONE")
 fi
 python3 scripts/pytest_shards.py -n "${SHARDS:-4}" --timeout "${LIMIT:-500}" --log "$OUT/gpu_tests_full.txt" \
   -- -m gpu "${files[@]}" 2>&1 | tee "$OUT/gpu_tests.txt"
-exit "${PIPESTATUS[0]}"
+status=${PIPESTATUS[0]}
+if [ ${#alone[@]} -gt 0 ]; then
+  python3 -m pytest -q -p no:cacheprovider -m gpu "${alone[@]}" 2>&1 | tee -a "$OUT/gpu_tests.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+exit "$status"
