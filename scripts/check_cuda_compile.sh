@@ -22,7 +22,7 @@ for std in c++17 c++20; do
     fi
   done
   # The CPU headers must stay plain C++ too (the CUDA kernels share their per-element helpers).
-  for hdr in metadata_cpu.h append_attention_cpu.h; do
+  for hdr in metadata_cpu.h append_attention_cpu.h mla_decode_cuda.h; do
     if echo "#include \"$hdr\"" | c++ -std=$std -Wall -Wextra -Werror -fsyntax-only -Icustom_ops -x c++ -; then
       echo "ok    custom_ops/$hdr (c++, $std)"
     else

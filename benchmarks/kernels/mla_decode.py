@@ -11,8 +11,12 @@ split counts {1,2,4,...,64}, from ./third_party/sglang_decode (scripts/fetch_sgl
   python -m benchmarks.kernels.mla_decode --preset variants    (the register/split variants against today's config and SGLang, < 4 min)
   python -m benchmarks.kernels.mla_decode --preset b1          (h=16 pipeline depth / merge variants)
   python -m benchmarks.kernels.mla_decode --preset targets     (the decode target points; split caps at b=1)
+  python -m benchmarks.kernels.mla_decode --preset cuda        (the SM90 CUDA op at the issue's target points)
 Writes JSON to $OUT/bench_mla_decode.json when OUT is set. Every variant gets its own row (µs, graph
 µs, TB/s, TFLOPS, registers/spills, workspace MiB, ratio to the default config and to SGLang). The default
+config is the backend's Triton one; where the ``mla_decode`` CUDA op can run (SM90, built with
+CUDA), it is timed on the same case as well (its own plan and config, ``cuda_decode.CudaDecode``),
+with its graph µs, TFLOPS, % of copy bandwidth and speedups over ours-Triton and SGLang. The default
 config is the backend's: ``decode_config(h, small_batch=True)`` at b <= decode.SMALL_BATCH (variants apply on
 top; ``small_batch=0`` selects the large-batch config), with the backend's split cap
 (``decode.split_cap``; the variant key ``max_splits=N`` sets another).
@@ -65,6 +69,12 @@ PRESETS = {
         ("128", "1", "4096,16384", "max_splits=32;max_splits=512"),
         ("16,128", "64,128", "4096,16384", ""),
     ],
+    # the CUDA op's target points (issue: h=128 b>=64 -> TFLOPS; h=16 b>=64 -> % of copy; b=1 -> graph µs)
+    "cuda": [
+        ("128", "64,128", "4096,16384", ""),
+        ("16", "64,128", "4096", ""),
+        ("16,128", "1", "4096", ""),
+    ],
     "b1": [
         ("16", "1,16,64,128", "1024,4096,16384",
          "small_batch=0;num_stages=5;num_stages=5,merge_splits=64;num_stages=5,merge_splits=64,pdl=1;"
@@ -98,6 +108,29 @@ def run_ours(case, h, cfg_override):
     return t, t_plan, out.clone(), splits, cfg, regs, t_graph, ws.nbytes
 
 
+def run_cuda(case, h, override=None):
+    """The CUDA op on the case (``override``: ``ops.mla_decode.launch_config`` fields): (µs, graph µs,
+    out) or None where it cannot run."""
+    from paddle_mla.attention.triton_mla import cuda_decode
+
+    cache, tables, q, lens = case
+    if cuda_decode.unavailable_reason(LORA, D, torch.bfloat16, "cuda"):
+        return None
+    b = q.shape[0]
+    dec = cuda_decode.CudaDecode(h, b, "cuda", **(override or {}))
+    out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    dec.plan(lens, b)
+    fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)
+    fn()
+    t = median_us(fn)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()  # plan + decode, as the engine's decode step replays them
+    with torch.cuda.graph(graph):
+        dec.plan(lens, b)
+        fn()
+    return t, median_us(graph.replay), out.clone()
+
+
 def run_sglang(sg_fwd, case, h):
     cache, tables, q, _ = case
     b, s = q.shape[0], tables.shape[1] * PAGE
@@ -124,7 +157,7 @@ def run_sglang(sg_fwd, case, h):
     return best
 
 
-def run_case(b, h, s, variants, sg_fwd, copy_gbs):
+def run_case(b, h, s, variants, sg_fwd, copy_gbs, cuda_variants=()):
     """Every variant (the default first) and SGLang on one case: (summary row, per-variant rows)."""
     case = make_decode_case(b, h, s)
     uniq = b * s * D * 2 + b * h * D * 2 + b * h * LORA * 2
@@ -151,6 +184,21 @@ def run_case(b, h, s, variants, sg_fwd, copy_gbs):
     elif sg_fwd is not None:
         ts, ns, osg = run_sglang(sg_fwd, case, h)
         row.update(sg_us=ts, sg_splits=ns, speedup=ts / t, rel_err_vs_sg=rel_err(out, osg))
+    cuda = run_cuda(case, h)
+    if cuda is not None:
+        tc, tcg, oc = cuda
+        row.update(cuda_us=tc, cuda_graph_us=tcg, cuda_tflops=flops / (tc * 1e-6) / 1e12,
+                   cuda_pct_copy=100 * uniq / (tc * 1e-6) / 1e9 / copy_gbs, cuda_vs_triton=t / tc,
+                   cuda_rel_err_vs_triton=rel_err(oc, out))
+        if osg is not None:
+            row.update(cuda_vs_sglang=row["sg_us"] / tc, cuda_rel_err_vs_sg=rel_err(oc, osg))
+        row["cuda_variants"] = {}
+        for v in cuda_variants:   # launch-config variants of the CUDA op, beside its default
+            try:
+                tv, tvg, ov = run_cuda(case, h, v)
+                row["cuda_variants"][json.dumps(v)] = [round(tv, 2), round(tvg, 2), rel_err(ov, out)]
+            except Exception as e:  # noqa: BLE001  (a variant may not exist for this head count)
+                row["cuda_variants"][json.dumps(v)] = repr(e)[:160]
     vrows = []
     for r in res:
         vt = r[0]
@@ -179,6 +227,23 @@ def print_tables(rows, vrows, copy_gbs):
         print(f"| {r['b']} | {r['h']} | {r['s']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['gbs']:.0f} | "
               f"{100 * r['gbs'] / copy_gbs:.0f}% | {r['tflops']:.0f} | {r['mean_splits']:.1f} | {sg} | "
               f"{r['best_us']:.1f} {json.dumps(r['best_variant']) if r['best_variant'] else ''} |")
+    cuda_rows = [r for r in rows if "cuda_us" in r]
+    if cuda_rows:
+        print()
+        print("CUDA op (SM90) beside ours-Triton and SGLang (speedups > 1: the CUDA op is faster):")
+        print("| b | h | s | CUDA µs | CUDA graph µs | TFLOPS | % copy | Triton µs | vs Triton | SGLang µs | vs SGLang "
+              "| rel err vs Triton | rel err vs SGLang |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in cuda_rows:
+            sg = (f"{r['sg_us']:.1f} | {r['cuda_vs_sglang']:.2f}x" if "cuda_vs_sglang" in r else "- | -")
+            esg = f"{r['cuda_rel_err_vs_sg']:.1e}" if "cuda_rel_err_vs_sg" in r else "-"
+            print(f"| {r['b']} | {r['h']} | {r['s']} | {r['cuda_us']:.1f} | {r['cuda_graph_us']:.1f} | "
+                  f"{r['cuda_tflops']:.0f} | {r['cuda_pct_copy']:.0f}% | {r['us']:.1f} | {r['cuda_vs_triton']:.2f}x | "
+                  f"{sg} | {r['cuda_rel_err_vs_triton']:.1e} | {esg} |")
+        for r in cuda_rows:
+            if r.get("cuda_variants"):
+                print(f"CUDA variants b={r['b']} h={r['h']} s={r['s']} [µs, graph µs, rel err vs Triton]: "
+                      f"{json.dumps(r['cuda_variants'])}")
     print()
     print("Per variant ({} = today's config; vs default / vs SGLang > 1 means faster):")
     print("| b | h | s | variant | µs | graph µs | TB/s | % copy | TFLOPS | regs, spills | splits | workspace MiB "
@@ -201,6 +266,7 @@ def main():
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="named sets of (h, b, s, variants) instead of --h/--b/--s/--variants")
     ap.add_argument("--no-sglang", action="store_true")
+    ap.add_argument("--cuda-variants", default="", help="';'-separated CUDA op launch_config overrides")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ints = lambda x: [int(v) for v in x.split(",") if v]
@@ -222,7 +288,7 @@ def main():
                 for s in ints(ss):
                     if b * s * D * 2 > 12e9:
                         continue
-                    row, vr = run_case(b, h, s, variants, sg_fwd, copy_gbs)
+                    row, vr = run_case(b, h, s, variants, sg_fwd, copy_gbs, parse_variants(args.cuda_variants)[1:])
                     if row is not None:
                         rows.append(row)
                         vrows.extend(vr)

@@ -37,6 +37,10 @@ class AttentionConfig:
     # seed's baseline, uniform tables and one pool, SWA heads walk the whole context and mask it
     # (same outputs, a benchmark reference; no recycling)
     swa_mode: Literal["skip", "mask"] = "skip"
+    # triton_mla / dsa decode rows on SM90 through the mla_decode CUDA op when the custom ops are
+    # built with CUDA (bf16, kv_lora 512 + rope 64); off by default until scripts/gpu_mla_cuda.sh
+    # has passed on an H100 (its kernel tests, the benchmark, the engine tests): then the default
+    cuda_decode: bool = False
 
 
 @dataclass

@@ -53,10 +53,10 @@ KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "a
                   "append_attention_cpu.h", "append_attention_cuda.h", "append_attention_device.cuh",
                   "append_attention_prefill.cuh", "append_attention_prefill_tc.cuh",
                   "append_attention_decode_tc.cuh", "append_attention_decode_mma.cuh", "append_attention_mma.cuh",
-                  "append_attention_kernels.cu")
-CUDA_SOURCES = ("metadata_kernels.cu", "append_attention_kernels.cu")
-BINDINGS = {"paddle": ("paddle_binding.cc", "paddle_binding_attention.cc"),
-            "torch": ("torch_binding.cc", "torch_binding_attention.cc")}
+                  "append_attention_kernels.cu", "mla_decode_cuda.h", "mla_decode_kernel.cuh", "mla_decode_kernels.cu")
+CUDA_SOURCES = ("metadata_kernels.cu", "append_attention_kernels.cu", "mla_decode_kernels.cu")
+BINDINGS = {"paddle": ("paddle_binding.cc", "paddle_binding_attention.cc", "paddle_binding_mla.cc"),
+            "torch": ("torch_binding.cc", "torch_binding_attention.cc", "torch_binding_mla.cc")}
 LIB_NAME = "paddle_mla_ops"
 CXX_FLAGS = ["-O3"]  # the C++ standard comes from the framework (torch 2.14 headers need C++20)
 CUDA_FLAGS = ["-O3"]
@@ -74,6 +74,7 @@ class CompiledOps:
     #  cos_sin, out, workspace, softmax_scale, neox, rot_dim, num_swa_heads, window, sink, swa_mask,
     #  decode_only): updates k_cache, v_cache, out in place; see paddle_mla/ops/append_attention.py
     append_attention: Callable[..., Any]
+    mla_decode: Callable[..., Any]  # writes out in place; GPU only; see paddle_mla/ops/mla_decode.py
     runtime: str
     with_cuda: bool
     build_dir: str
@@ -289,6 +290,8 @@ def _bind(rt: str, lib: str, module: Any) -> dict[str, Callable[..., Any]]:
             "compute_slot_mapping": lambda tables, ids, pos, bs: module.pmla_compute_slot_mapping(
                 tables, ids, pos, int(bs)),
             "append_attention": lambda *args: module.pmla_append_attention(*args[:13], float(args[13]), *args[14:]),
+            "mla_decode": lambda *args: module.pmla_mla_decode(*args[:11], int(args[11]), float(args[12]),
+                                                               *(int(x) for x in args[13:])),
         }
         on_gpu = lambda x: x.place.is_gpu_place()
     else:
@@ -300,12 +303,14 @@ def _bind(rt: str, lib: str, module: Any) -> dict[str, Callable[..., Any]]:
             "get_cu_seqlens": lambda this, dec, n: ns.get_cu_seqlens(this, dec, int(n)),
             "compute_slot_mapping": lambda tables, ids, pos, bs: ns.compute_slot_mapping(tables, ids, pos, int(bs)),
             "append_attention": ns.append_attention,
+            "mla_decode": ns.mla_decode,
         }
         on_gpu = lambda x: x.is_cuda
     if wants_cuda():
         return ops
-    # append_attention has no plain-tensor twin in ops.reference: its wrapper checks with_cuda itself
-    return {name: fn if name == "append_attention" else _cpu_only(name, fn, on_gpu) for name, fn in ops.items()}
+    # append_attention and mla_decode have no twin in ops.reference: their wrappers check with_cuda
+    return {name: fn if name in ("append_attention", "mla_decode") else _cpu_only(name, fn, on_gpu)
+            for name, fn in ops.items()}
 
 
 def _cpu_only(name: str, fn: Callable[..., Any], on_gpu: Callable[[Any], bool]) -> Callable[..., Any]:
@@ -355,6 +360,8 @@ def _register_torch_fakes() -> None:
     def _(q, k, v, k_cache, v_cache, tables, cu_q, lens, ids, pos, cos_sin, out, ws, scale, neox, rot, swa, window,
           sink, swa_mask, decode_only):
         return None  # mutates k_cache, v_cache, out
+
+    torch.library.register_fake("paddle_mla::mla_decode")(lambda *args: None)  # mutates out and the partials
 
 
 def main() -> int:

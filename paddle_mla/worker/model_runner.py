@@ -100,13 +100,15 @@ class ModelRunner:
         """The attention backend (with its start-up workspaces) and, for dsa, the indexer's key windows."""
         plan, arch, sc = self.plan, self.arch, self.cfg.scheduler
         swa_kwargs = plan.kv.swa.backend_kwargs() if plan.kv.swa is not None else {}
-        dsa_kwargs = dict(index_topk=arch.indexer.topk, deterministic=self.cfg.deterministic) \
+        backend_kwargs = dict(index_topk=arch.indexer.topk, deterministic=self.cfg.deterministic) \
             if plan.backend == "dsa" else {}
+        if plan.backend in ("triton_mla", "dsa"):
+            backend_kwargs["cuda_decode"] = self.cfg.attention.cuda_decode
         self.backend = create_backend(plan.backend, family=plan.family,
                                       dims=arch.gqa if plan.family == "gqa" else arch.mla,
                                       max_num_seqs=sc.max_num_seqs, max_model_len=plan.max_model_len,
                                       block_size=plan.memory.block_size, device=self.device, dtype=self.dtype,
-                                      max_num_batched_tokens=sc.max_num_batched_tokens, **swa_kwargs, **dsa_kwargs)
+                                      max_num_batched_tokens=sc.max_num_batched_tokens, **swa_kwargs, **backend_kwargs)
         self.model.set_backend(self.backend)
         self.key_windows = None
         if plan.backend == "dsa":   # the indexer's [ks, ke), once per step with prefill tokens

@@ -48,7 +48,8 @@ PREFILL_TOPK_ROWS = 1024            # rows per chunk, at most (the top-k candida
 @register_backend("dsa")
 class DSABackend(TritonMLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
-                 max_num_batched_tokens: int = 0, index_topk: int = 0, deterministic: bool = False):
+                 max_num_batched_tokens: int = 0, index_topk: int = 0, deterministic: bool = False,
+                 cuda_decode: bool = False):
         """``index_topk``: the model's top-k; steps with prefill tokens whose contexts all fit it run
         dense (``triton_mla``). 0: every step sparse. ``deterministic``: the sparse rows' plan does not
         depend on the batch (``sparse_plan``, ``topk_segments``; docs/dsa.md)."""
@@ -58,7 +59,7 @@ class DSABackend(TritonMLABackend):
         # dense steps send every extend row through the extend kernels (their contexts are short):
         # no absorbed short extends, so the scheduler's absorbed-context cap stays off for dsa, as before
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens,
-                         short_extend_tokens=0)
+                         short_extend_tokens=0, cuda_decode=cuda_decode)
         self.dense_max_context = index_topk
         self._decode_ws = None
         self._prefill = None

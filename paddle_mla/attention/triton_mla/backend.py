@@ -3,8 +3,9 @@
 Every step writes the new latent rows into the paged cache first. Then the batch is split:
 - decode rows (the leading rows with one new token each: the scheduler puts decodes first,
   ``ForwardMeta.num_decode_reqs`` counts them): absorbed MLA (q_nope @ W_UK || q_pe) over the
-  paged latent cache with the two-stage split-KV kernel. The split plan for exactly these rows is
-  built on the GPU once per step in ``prepare``. A decode row is never expanded through kv_b_proj,
+  paged latent cache with the two-stage split-KV kernel, or with ``cuda_decode`` on SM90 (bf16,
+  custom ops built with CUDA) the ``mla_decode`` CUDA op (``cuda_decode.py``). The split plan for
+  exactly these rows is built on the GPU once per step in ``prepare``. A decode row is never expanded through kv_b_proj,
   whatever else runs in the step;
 - short extend rows (few new tokens, e.g. a prefix-cache hit's tail over a long cached prefix):
   each new token as a pseudo decode row through the same decode kernel, a few consecutive tokens
@@ -29,6 +30,7 @@ import torch
 from paddle_mla.platform import runtime
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
+from paddle_mla.attention.triton_mla.cuda_decode import CudaDecode, unavailable_reason
 from paddle_mla.attention.triton_mla.decode import (
     SMALL_BATCH, alloc_decode_workspace, build_decode_plan, decode_config, mla_decode, split_cap,
 )
@@ -39,10 +41,12 @@ from paddle_mla.attention.triton_mla.short_extend import PseudoRows, crossover_t
 @register_backend("triton_mla")
 class TritonMLABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
-                 max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0, short_extend_tokens: int = -1):
+                 max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0, short_extend_tokens: int = -1,
+                 cuda_decode: bool = False):
         """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``).
         ``short_extend_tokens``: extend rows of at most this many new tokens run absorbed (-1: the FLOP
-        crossover from the dims, ``short_extend.crossover_tokens``; 0: never)."""
+        crossover from the dims, ``short_extend.crossover_tokens``; 0: never). ``cuda_decode``: decode
+        rows take the CUDA op where it can run (``cuda_decode.unavailable_reason``); False: Triton."""
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
         if not ok:
@@ -57,8 +61,11 @@ class TritonMLABackend(MLABackend):
         # compact split workspace: (max_num_seqs + programs) rows of partials, not max_num_seqs x 32;
         # allocated before the KV-cache profile, so what it does not take goes to the cache. The split
         # cap (``split_cap``): the programs, up to 64 split windows per request
-        self.ws = alloc_decode_workspace(max_num_seqs, H, L, split_cap(self.cfg.programs), device,
-                                         programs=self.cfg.programs)
+        why_not_cuda = unavailable_reason(L, dims.latent_dim, dtype, device) if cuda_decode else "turned off"
+        self.cuda = None if why_not_cuda else CudaDecode(H, max_num_seqs, device)
+        # the CUDA decode plans into its own workspace (its tiles and grid differ from the Triton config's)
+        self.ws = self.cuda.ws if self.cuda else alloc_decode_workspace(
+            max_num_seqs, H, L, split_cap(self.cfg.programs), device, programs=self.cfg.programs)
         self.q_buf = torch.zeros(max_num_seqs, H, dims.latent_dim, dtype=dtype, device=device)
         self.o_buf = torch.zeros(max_num_seqs, H, L, dtype=dtype, device=device)
         step_tokens = max_num_batched_tokens or max(max_model_len, max_num_seqs)
@@ -70,7 +77,8 @@ class TritonMLABackend(MLABackend):
                                  device, dtype, max_seqs=max_num_seqs) if self.short_max_q else None
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
             print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
-                  f"partial rows x {H} heads x {L}; config {self.cfg}), pseudo-row workspace "
+                  f"partial rows x {H} heads x {L}; config {self.cuda.launch if self.cuda else self.cfg}; CUDA decode: "
+                  f"{why_not_cuda or 'on'}), pseudo-row workspace "
                   f"{self.pseudo.ws.nbytes / 2**20 if self.pseudo else 0:.1f} MiB", file=sys.stderr, flush=True)
 
     def _num_decode_rows(self, meta) -> int:
@@ -78,7 +86,9 @@ class TritonMLABackend(MLABackend):
 
     def prepare(self, meta) -> None:
         nd = self._num_decode_rows(meta)
-        if nd:
+        if nd and self.cuda:
+            self.cuda.plan(meta.seq_lens_k_dev, nd)
+        elif nd:
             build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
                               self.cfg.min_tiles)
         if not meta.is_decode_only:
@@ -130,6 +140,9 @@ class TritonMLABackend(MLABackend):
         q[:, :, :L].copy_(torch.bmm(q_nope[:bs].transpose(0, 1), w_kc).transpose(0, 1))
         q[:, :, L:].copy_(q_pe[:bs])
         out = self.o_buf[:bs]
-        mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L,
-                   self.dims.softmax_scale, self.cfg_small if bs <= SMALL_BATCH else self.cfg)
+        if self.cuda:
+            self.cuda.run(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, bs, self.dims.softmax_scale)
+        else:
+            mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L,
+                       self.dims.softmax_scale, self.cfg_small if bs <= SMALL_BATCH else self.cfg)
         return torch.bmm(out.transpose(0, 1), w_vc).transpose(0, 1)

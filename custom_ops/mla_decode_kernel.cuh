@@ -1,0 +1,277 @@
+// mla_decode, the split kernel: one program = one block of 16 * RB query heads over a range of key
+// tiles of the plan (mla_decode_cuda.h), tensor cores through mma.sync m16n8k16 (sm_80+; sized for
+// the 227 KB of shared memory of an SM90 block).
+//
+// Warps: RB row blocks (16 heads each, the MMA's M) x CS column warps. The CS warps of a row block
+// share one 576-deep QK^T: each takes 576 / CS of its depth, and the partial scores are summed
+// through shared memory in a fixed order, so every warp of the block holds the same scores, runs the
+// same online softmax and feeds P straight from its accumulators into P V for its own 512 / CS value
+// columns. Splitting the 512-wide output is what keeps a warp's fp32 accumulator at 512 / CS columns
+// (128 registers at CS = 2) instead of spilling a whole row; splitting the depth keeps QK^T computed
+// once. The value operand is the first 512 columns of the key tile already in shared memory (the
+// latent is read from memory once per head block).
+//
+// Key tiles of BN tokens stream in through the block table with 16-byte cp.async, NST stages deep
+// (NST - 1 tiles in flight while one is computed); tokens past the row's length are zero-filled, so a
+// masked key never multiplies garbage into the output. Q stays in shared memory for the request
+// (ldmatrix per k-step) to leave the registers to the accumulator.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "append_attention_mma.cuh"
+#include "mla_decode_cuda.h"
+
+namespace paddle_mla {
+namespace mla {
+
+constexpr int kKeyDim = static_cast<int>(kMlaKeyDim);
+constexpr int kLatent = static_cast<int>(kMlaLatentDim);
+// +8 elements a row: the 8 rows of an ldmatrix fall in distinct banks (1168-byte rows)
+constexpr int kPitch = kKeyDim + 8;
+constexpr int kChunks = kKeyDim / 8;  // 16-byte chunks a row
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared memory: Q rows, NST key tiles, the score-exchange buffer (host and device compute it alike).
+struct SplitLayout {
+  size_t kv, stage, red, total;
+  __host__ __device__ static size_t up(size_t x) { return (x + 127) / 128 * 128; }
+  __host__ __device__ SplitLayout(int rb, int cs, int bn, int nst) {
+    kv = up(static_cast<size_t>(16) * rb * kPitch * 2);
+    stage = up(static_cast<size_t>(bn) * kPitch * 2);
+    red = kv + nst * stage;
+    total = red + (cs > 1 ? up(static_cast<size_t>(cs) * 16 * rb * (bn + 4) * 4) : 0);
+  }
+};
+
+// 16-byte async copy; `valid` false zero-fills the destination without reading `src`.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// Barrier of the `count` threads of one row block (ids 1.. : 0 is __syncthreads').
+__device__ __forceinline__ void row_block_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count));
+}
+
+template <int RB, int CS, int BN, int NST>
+__global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDecodeArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using T = __nv_bfloat16;
+  constexpr int NT = 32 * RB * CS, HB = 16 * RB, E = 2;
+  constexpr int KPW = kKeyDim / 16 / CS;  // QK^T k-steps of one warp
+  constexpr int NV = kLatent / CS;        // value columns of one warp
+  constexpr int NB = BN / 8;              // n8 blocks of scores
+  constexpr int RP = BN + 4;              // score-exchange row pitch (floats)
+  static_assert((kKeyDim / 16) % CS == 0 && NV % 16 == 0 && BN % 16 == 0 && NST >= 2, "unsupported config");
+  extern __shared__ __align__(128) uint8_t smem[];
+  const SplitLayout L(RB, CS, BN, NST);
+  float* red = reinterpret_cast<float*>(smem + L.red);
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int rb = warp / CS, cs = warp % CS;
+  const int hg = static_cast<int>(blockIdx.x), pid = static_cast<int>(blockIdx.y);
+  const int bs = static_cast<int>(a.batch), H = static_cast<int>(a.num_heads);
+  const int q_tiles = a.tiles_per_prog[0];
+  const int p_start = pid * q_tiles;
+  const int p_end = min(p_start + q_tiles, a.cu_tiles[bs]);
+  if (p_start >= p_end) return;
+  int lo = 0, hi = bs;  // the first request whose tiles end after p_start
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (a.cu_tiles[mid + 1] <= p_start) lo = mid + 1; else hi = mid;
+  }
+  const T* kv = static_cast<const T*>(a.kv_cache);
+  const int page = static_cast<int>(a.page_size);
+  const bool tile_in_page = page % BN == 0;  // a tile's rows are consecutive rows of one page
+  const float qk_scale = a.softmax_scale * kLog2e;
+  const uint32_t q_smem = attn::smem_u32(smem), kv_smem = attn::smem_u32(smem + L.kv);
+  // ldmatrix lane addresses (bytes): Q as the A operand; keys as QK's B operand (rows are its
+  // columns: no transpose); the same rows as P V's B operand (ldmatrix.trans)
+  const uint32_t q_lane = q_smem + ((rb * 16 + lane % 16) * kPitch + (lane / 16) * 8) * E;
+  const uint32_t k_lane = ((lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8) * E;
+  const uint32_t v_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8 + cs * NV) * E;
+  const int col0 = (lane % 4) * 2;
+
+  for (int b = lo; b < bs; ++b) {
+    const int c0 = a.cu_tiles[b];
+    if (c0 >= p_end) break;
+    const int t0 = max(c0, p_start) - c0, t1 = min(a.cu_tiles[b + 1], p_end) - c0;
+    if (t1 <= t0) continue;  // a zero-length row: the combine kernel writes its zeros
+    const int seq_len = a.seq_lens[b];
+    const int32_t* bt = a.block_tables + b * a.bt_stride;
+    const T* qrow = static_cast<const T*>(a.q) + b * a.q_stride_b;
+    for (int c = tid; c < HB * kChunks; c += NT) {  // Q rows; heads past H are zeros
+      const int r = c / kChunks, part = c - r * kChunks, head = hg * HB + r;
+      const bool ok = head < H;
+      cp_async16(q_smem + (r * kPitch + part * 8) * E, qrow + (ok ? head * a.q_stride_h + part * 8 : 0), ok);
+    }
+    auto issue = [&](int t, int st) {  // key tile t of this request into stage st
+      const uint32_t dst = kv_smem + st * static_cast<uint32_t>(L.stage);
+      const int tok0 = t * BN;
+      const T* tile = kv;
+      if (tile_in_page && tok0 < seq_len)
+        tile = kv + bt[tok0 / page] * a.kv_stride_block + (tok0 % page) * a.kv_stride_token;
+      for (int c = tid; c < BN * kChunks; c += NT) {
+        const int n = c / kChunks, part = c - n * kChunks, tok = tok0 + n;
+        const bool ok = tok < seq_len;
+        const T* src = kv;
+        if (ok) {
+          src = tile_in_page ? tile + n * a.kv_stride_token
+                             : kv + bt[tok / page] * a.kv_stride_block + (tok % page) * a.kv_stride_token;
+          src += part * 8;
+        }
+        cp_async16(dst + (n * kPitch + part * 8) * E, src, ok);
+      }
+    };
+    const int nt = t1 - t0;
+#pragma unroll
+    for (int s = 0; s < NST - 1; ++s) {  // the first group carries Q too
+      if (s < nt) issue(t0 + s, s);
+      cp_async_commit();
+    }
+    float acc[NV / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < NV / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane / 4 and lane / 4 + 8 (log2 units)
+
+    for (int i = 0; i < nt; ++i) {
+      // tile i landed for every thread, and every warp is done with tile i - 1, whose stage
+      // (and the score-exchange buffer) may be overwritten now
+      cp_async_wait<NST - 2>();
+      __syncthreads();
+      if (i + NST - 1 < nt) issue(t0 + i + NST - 1, (i + NST - 1) % NST);
+      cp_async_commit();
+      const uint32_t kt = kv_smem + (i % NST) * static_cast<uint32_t>(L.stage);
+      float s[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < KPW; ++j) {  // this warp's share of the depth of S = Q K^T
+        const int ks = cs * KPW + j;
+        uint32_t qa[4];
+        attn::ldsm_x4(qa, q_lane + ks * 16 * E);
+#pragma unroll
+        for (int n2 = 0; n2 < NB / 2; ++n2) {
+          uint32_t kb[4];
+          attn::ldsm_x4(kb, kt + k_lane + (n2 * 16 * kPitch + ks * 16) * E);
+          attn::mma16816<T>(s[2 * n2], qa, kb[0], kb[1]);
+          attn::mma16816<T>(s[2 * n2 + 1], qa, kb[2], kb[3]);
+        }
+      }
+      if constexpr (CS > 1) {  // sum the CS partial scores, in warp order, in every warp of the row block
+        float* mine = red + (cs * HB + rb * 16) * RP;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(mine + (lane / 4 + 8 * h) * RP + nb * 8 + col0) =
+                make_float2(s[nb][2 * h], s[nb][2 * h + 1]);
+        }
+        row_block_barrier(1 + rb, 32 * CS);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float x = 0.0f, y = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CS; ++c) {
+              const float2 v = *reinterpret_cast<const float2*>(red + (c * HB + rb * 16 + lane / 4 + 8 * h) * RP +
+                                                                nb * 8 + col0);
+              x += v.x;
+              y += v.y;
+            }
+            s[nb][2 * h] = x;
+            s[nb][2 * h + 1] = y;
+          }
+        }
+      }
+      const int key0 = (t0 + i) * BN;
+      if (key0 + BN > seq_len) {  // the row's last tile: keys past its length get -inf
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (key0 + nb * 8 + col0 + (e & 1) >= seq_len) s[nb][e] = -INFINITY;
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // online softmax of row lane / 4 + 8 h (a quad of lanes shares it)
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * h], s[nb][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[h], mx * qk_scale);  // finite: a tile holds at least one key
+        const float keep = attn::fast_exp2(m[h] - m_new);
+        m[h] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int x = 2 * h; x < 2 * h + 2; ++x) {
+            s[nb][x] = attn::fast_exp2(fmaf(s[nb][x], qk_scale, -m_new));
+            sum += s[nb][x];
+          }
+        }
+        l[h] = l[h] * keep + sum;
+#pragma unroll
+        for (int nd = 0; nd < NV / 8; ++nd) {
+          acc[nd][2 * h] *= keep;
+          acc[nd][2 * h + 1] *= keep;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {  // O += P V over this warp's value columns
+        uint32_t pa[4];
+        pa[0] = attn::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = attn::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = attn::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = attn::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < NV / 16; ++dp) {
+          uint32_t vb[4];
+          attn::ldsm_x4_trans(vb, kt + v_lane + (kk * 16 * kPitch + dp * 16) * E);
+          attn::mma16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
+          attn::mma16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // Q and the stages are free for the next request
+
+    const int n_split = a.num_splits[b];
+    const int64_t prow = a.split_start[b] + (pid - c0 / q_tiles);  // this split's partial row
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = 1.0f / sum;
+      const int head = hg * HB + rb * 16 + lane / 4 + 8 * h;
+      if (head >= H) continue;
+      if (n_split == 1) {
+        T* o = static_cast<T*>(a.out) + b * a.out_stride_b + head * a.out_stride_h + cs * NV + col0;
+#pragma unroll
+        for (int nd = 0; nd < NV / 8; ++nd)
+          *reinterpret_cast<uint32_t*>(o + nd * 8) = attn::pack2<T>(acc[nd][2 * h] * inv, acc[nd][2 * h + 1] * inv);
+      } else {
+        float* po = a.partial_out + prow * a.po_stride_row + head * a.po_stride_head + cs * NV + col0;
+#pragma unroll
+        for (int nd = 0; nd < NV / 8; ++nd)
+          *reinterpret_cast<float2*>(po + nd * 8) = make_float2(acc[nd][2 * h] * inv, acc[nd][2 * h + 1] * inv);
+        if (cs == 0 && lane % 4 == 0) a.partial_lse[prow * a.lse_stride_row + head * a.lse_stride_head] = m[h] + log2f(sum);
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace mla
+}  // namespace paddle_mla

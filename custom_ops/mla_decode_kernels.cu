@@ -1,0 +1,99 @@
+// mla_decode, CUDA launcher and the split combine. Framework-neutral: nvcc compiles this file alone
+// (scripts/check_cuda_compile.sh). Contract: mla_decode_cuda.h; split kernel: mla_decode_kernel.cuh.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "mla_decode_cuda.h"
+#include "mla_decode_kernel.cuh"
+
+namespace paddle_mla {
+namespace {
+
+constexpr int kCombineThreads = kMlaLatentDim / 4;  // 4 value columns a thread (one float4)
+constexpr int kMaxDevices = 64;
+
+// One program per (row, head): rows with several splits merge their partials by log2-sum-exp, in
+// split order (run-to-run identical); zero-length rows get zeros; single-split rows were written by
+// the split kernel.
+__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(MlaDecodeArgs a) {
+  const int64_t b = blockIdx.x, h = blockIdx.y;
+  const int col = static_cast<int>(threadIdx.x) * 4;
+  __nv_bfloat16* o = static_cast<__nv_bfloat16*>(a.out) + b * a.out_stride_b + h * a.out_stride_h + col;
+  const __nv_bfloat162 zero = __floats2bfloat162_rn(0.0f, 0.0f);
+  if (a.seq_lens[b] <= 0) {
+    reinterpret_cast<__nv_bfloat162*>(o)[0] = zero;
+    reinterpret_cast<__nv_bfloat162*>(o)[1] = zero;
+    return;
+  }
+  const int n = a.num_splits[b];
+  if (n <= 1) return;
+  const int64_t r0 = a.split_start[b];
+  const float* lse = a.partial_lse + r0 * a.lse_stride_row + h * a.lse_stride_head;
+  float mx = -INFINITY;
+  for (int s = 0; s < n; ++s) mx = fmaxf(mx, lse[s * a.lse_stride_row]);
+  float den = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float* po = a.partial_out + r0 * a.po_stride_row + h * a.po_stride_head + col;
+  for (int s = 0; s < n; ++s) {
+    const float w = exp2f(lse[s * a.lse_stride_row] - mx);
+    const float4 p = *reinterpret_cast<const float4*>(po + s * a.po_stride_row);
+    den += w;
+    acc.x += w * p.x;
+    acc.y += w * p.y;
+    acc.z += w * p.z;
+    acc.w += w * p.w;
+  }
+  const float inv = 1.0f / den;
+  reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+  reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+}
+
+const char* launched() {
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <int RB, int CS, int BN, int NST>
+const char* launch_split(const MlaDecodeArgs& a, cudaStream_t stream) {
+  const size_t smem = mla::SplitLayout(RB, CS, BN, NST).total;
+  auto kernel = mla::mla_decode_split_kernel<RB, CS, BN, NST>;
+  // once per device and instantiation, on the first (eager) call: graph captures then only launch
+  static bool smem_set[kMaxDevices] = {};
+  int dev = -1;
+  const bool known = cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices;
+  if (!known || !smem_set[dev]) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+    if (known) smem_set[dev] = true;
+  }
+  const int head_groups = static_cast<int>((a.num_heads + 16 * RB - 1) / (16 * RB));
+  kernel<<<dim3(head_groups, static_cast<unsigned>(a.programs)), 32 * RB * CS, smem, stream>>>(a);
+  return launched();
+}
+
+}  // namespace
+
+const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
+  const char* bad = check_mla_decode_args(a);
+  if (bad != nullptr) return bad;
+  if (a.batch == 0) return nullptr;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  // the configs of paddle_mla/ops/mla_decode.py (launch_config and its variants)
+  const int64_t key = ((a.row_blocks * 10 + a.col_splits) * 100 + a.block_n) * 10 + a.stages;
+  const char* err = nullptr;
+  switch (key) {
+    case ((1 * 10 + 4) * 100 + 32) * 10 + 4: err = launch_split<1, 4, 32, 4>(a, stream); break;
+    case ((1 * 10 + 4) * 100 + 32) * 10 + 2: err = launch_split<1, 4, 32, 2>(a, stream); break;
+    case ((2 * 10 + 4) * 100 + 32) * 10 + 3: err = launch_split<2, 4, 32, 3>(a, stream); break;
+    case ((4 * 10 + 2) * 100 + 32) * 10 + 3: err = launch_split<4, 2, 32, 3>(a, stream); break;
+    case ((4 * 10 + 2) * 100 + 32) * 10 + 2: err = launch_split<4, 2, 32, 2>(a, stream); break;
+    default: return "unsupported launch config (row_blocks, col_splits, block_n, stages)";
+  }
+  if (err != nullptr) return err;
+  mla_combine_kernel<<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_heads)), kCombineThreads, 0,
+                       stream>>>(a);
+  return launched();
+}
+
+}  // namespace paddle_mla

@@ -1,0 +1,63 @@
+"""The SM90 fast path of the ``triton_mla`` decode: the ``mla_decode`` CUDA op (``ops.mla_decode``)
+on the same GPU-built split plan as the Triton kernel (``decode_plan``), with its own launch config
+(key tiles, programs, fewest tiles a split) and a workspace sized for it at start-up.
+
+Used when the backend is asked to (``attention.cuda_decode``) and ``unavailable_reason`` is empty:
+a GPU of compute capability 9.x (the kernel's shared memory is sized for an SM90 block), a bf16
+cache, kv_lora_rank 512 + rope 64, and a CUDA build of the custom ops. Everywhere else the Triton
+decode runs.
+"""
+
+from __future__ import annotations
+
+from paddle_mla.platform import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
+import torch
+
+from paddle_mla.attention.triton_mla._util import interpreting, num_sms
+from paddle_mla.attention.triton_mla.decode_plan import alloc_decode_workspace, build_decode_plan, split_cap
+from paddle_mla.ops import mla_decode as op
+
+
+def gpu_arch(device_index: int = 0) -> int:
+    """Compute capability as major * 10 + minor (90 on an H100), 0 off CUDA (runtime-neutral: asks Triton)."""
+    import triton
+
+    target = triton.runtime.driver.active.get_current_target()
+    return int(target.arch) if target.backend == "cuda" and isinstance(target.arch, int) else 0
+
+
+def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str) -> str:
+    """'' when the CUDA decode can serve these dims on this device, else why not."""
+    if device == "cpu" or interpreting():
+        return "not on a GPU"
+    if (kv_lora_rank, latent_dim) != (op.LATENT_DIM, op.KEY_DIM):
+        return f"dims kv_lora_rank {kv_lora_rank} + rope {latent_dim - kv_lora_rank} (the kernel takes 512 + 64)"
+    if dtype != torch.bfloat16:
+        return f"cache dtype {dtype} (the kernel takes bf16)"
+    arch = gpu_arch()
+    if arch // 10 != 9:
+        return f"compute capability {arch / 10:.1f} (the kernel is sized for SM90)"
+    return op.available()
+
+
+class CudaDecode:
+    """Plan + launch of the CUDA decode for up to ``max_bs`` rows of ``num_heads`` heads."""
+
+    def __init__(self, num_heads: int, max_bs: int, device: str, **override):
+        self.launch = op.launch_config(num_heads, num_sms(), **override)
+        p = self.launch.programs
+        self.ws = alloc_decode_workspace(max_bs, num_heads, op.LATENT_DIM, split_cap(p), device, programs=p)
+
+    def plan(self, seq_lens_k, bs: int) -> None:
+        """The split plan of rows [0, bs) on the GPU (once per step, before ``run``)."""
+        build_decode_plan(seq_lens_k, bs, self.ws, self.launch.block_n, self.launch.programs, self.launch.min_tiles)
+
+    def run(self, q, kv_cache, block_tables, seq_lens_k, out, bs: int, sm_scale: float):
+        """q [>= bs, H, 576] -> out [>= bs, H, 512] over the plan from ``plan`` (same rows)."""
+        ws = self.ws
+        return op.mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws.num_kv_splits, ws.cu_tiles,
+                             ws.split_start, ws.tiles_per_prog, ws.partial_out, ws.partial_lse, bs, sm_scale,
+                             self.launch)

@@ -1,0 +1,101 @@
+"""The ``mla_decode`` custom op: absorbed-MLA decode over the paged bf16 latent cache, a CUDA kernel
+tuned for SM90 (contract: custom_ops/mla_decode_cuda.h; kernel: custom_ops/mla_decode_kernel.cuh).
+
+It runs on the split plan that ``attention.triton_mla.decode_plan.build_decode_plan`` writes on the
+GPU (built with this config's ``block_n``, ``programs`` and ``min_tiles``) and into that plan's
+preallocated partial workspace, so a call allocates nothing and reads nothing back (CUDA-graph safe).
+The plain-tensor reference is ``attention.triton_mla.reference.mla_decode_ref``. Without a CUDA
+build the call raises; ``available()`` says whether it can run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from paddle_mla.platform import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
+import torch  # noqa: F401  (runtime-selected tensor library; tensors come from the caller)
+
+from paddle_mla.ops import build
+
+LATENT_DIM = 512   # kv_lora_rank: the value width
+KEY_DIM = 576      # kv_lora_rank + qk_rope_head_dim
+# (row_blocks, col_splits, block_n, stages) instantiated in custom_ops/mla_decode_kernels.cu
+SUPPORTED = frozenset({(1, 4, 32, 4), (1, 4, 32, 2), (2, 4, 32, 3), (4, 2, 32, 3), (4, 2, 32, 2)})
+
+
+@dataclass(frozen=True)
+class MlaDecodeLaunch:
+    """Launch config: 16 * ``row_blocks`` heads a program; ``col_splits`` warps per 16-head row block
+    share its QK^T depth and split the 512 value columns; ``block_n``-token key tiles, ``stages``
+    deep; ``programs`` programs per head block (the plan's persistent grid); ``min_tiles``: fewest
+    tiles per split (bounds the partial-output traffic: one split of 16 heads writes 32 KB of fp32
+    partials, about one 32-token tile of the latent)."""
+
+    row_blocks: int
+    col_splits: int
+    block_n: int
+    stages: int
+    programs: int
+    min_tiles: int
+
+    @property
+    def heads_per_program(self) -> int:
+        return 16 * self.row_blocks
+
+    def head_groups(self, num_heads: int) -> int:
+        return -(-num_heads // self.heads_per_program)
+
+
+def launch_config(num_heads: int, num_sms: int, **override) -> MlaDecodeLaunch:
+    """The config for ``num_heads`` (16..128) on a GPU of ``num_sms`` SMs; ``override`` (or env
+    PADDLE_MLA_CUDA_DECODE_CFG="stages=2,min_tiles=4") sets fields for tuning.
+
+    Up to 32 heads: memory-bound, so 4 column warps per row block and deep pipelines; more heads:
+    64-head programs of 8 warps (2 column warps per row block: a 256-column fp32 accumulator each,
+    no spills). Shared memory admits one program per SM, so the grid is one program per SM.
+    """
+    if num_heads < 1:
+        raise ValueError("num_heads must be >= 1")
+    if num_heads <= 16:
+        cfg = {"row_blocks": 1, "col_splits": 4, "block_n": 32, "stages": 4, "min_tiles": 2}
+    elif num_heads <= 32:
+        cfg = {"row_blocks": 2, "col_splits": 4, "block_n": 32, "stages": 3, "min_tiles": 2}
+    else:
+        cfg = {"row_blocks": 4, "col_splits": 2, "block_n": 32, "stages": 3, "min_tiles": 4}
+    env = os.environ.get("PADDLE_MLA_CUDA_DECODE_CFG", "")
+    cfg.update({k.strip(): int(v) for k, v in (kv.split("=") for kv in env.split(",") if kv.strip())})
+    cfg.update(override)
+    groups = -(-num_heads // (16 * cfg["row_blocks"]))
+    cfg.setdefault("programs", max(int(num_sms) // groups, 1))
+    launch = MlaDecodeLaunch(**cfg)
+    if (launch.row_blocks, launch.col_splits, launch.block_n, launch.stages) not in SUPPORTED:
+        raise ValueError(f"mla_decode has no kernel for {launch}; supported (row_blocks, col_splits, block_n, "
+                         f"stages): {sorted(SUPPORTED)}")
+    return launch
+
+
+def available() -> str:
+    """'' when the compiled op can run GPU tensors, else why not."""
+    ops = build.load_ops()
+    if ops is None:
+        return build.unavailable_reason() or "custom ops not built"
+    return "" if ops.with_cuda else "the custom ops were built without CUDA (nvcc or GPU not found)"
+
+
+def mla_decode(q, kv_cache, block_tables, seq_lens, out, num_splits, cu_tiles, split_start, tiles_per_prog,
+               partial_out, partial_lse, batch: int, softmax_scale: float, launch: MlaDecodeLaunch):
+    """q bf16 [>= batch, H, 576] -> out bf16 [>= batch, H, 512] (rows [0, batch) written in place);
+    kv_cache bf16 [num_blocks, page, 1, 576]; block_tables / seq_lens int32; the plan tensors and
+    the fp32 partials as ``decode_plan.DecodeWorkspace`` holds them. Returns ``out``."""
+    why = available()
+    if why:
+        raise RuntimeError(f"the mla_decode op cannot run: {why}; use the Triton decode")
+    build.load_ops().mla_decode(q, kv_cache, block_tables, seq_lens, num_splits, cu_tiles, split_start,
+                                tiles_per_prog, out, partial_out, partial_lse, int(batch), float(softmax_scale),
+                                int(launch.programs), int(launch.block_n), int(launch.row_blocks),
+                                int(launch.col_splits), int(launch.stages))
+    return out

@@ -1,0 +1,66 @@
+"""Host side of the ``mla_decode`` CUDA op (CPU): the launch config per head count, its overrides,
+the shared-memory budget of every instantiated config against an SM90 block's 227 KB (the same
+layout formula as custom_ops/mla_decode_kernel.cuh), and the CPU fallbacks (the op refuses, the
+backend keeps Triton)."""
+
+import pytest
+
+from paddle_mla.ops import mla_decode as op
+
+SM90_SMEM = 227 * 1024
+PITCH = 576 + 8
+
+
+def _up(x):
+    return (x + 127) // 128 * 128
+
+
+def _smem(rb, cs, bn, nst):
+    """Bytes of mla_decode_kernel.cuh's SplitLayout: Q rows, the key stages, the score exchange."""
+    kv = _up(16 * rb * PITCH * 2)
+    red = kv + nst * _up(bn * PITCH * 2)
+    return red + (_up(cs * 16 * rb * (bn + 4) * 4) if cs > 1 else 0)
+
+
+@pytest.mark.parametrize("heads,blocks,groups", [(16, 1, 1), (20, 2, 1), (32, 2, 1), (40, 4, 1), (64, 4, 1),
+                                                 (100, 4, 2), (128, 4, 2)])
+def test_launch_config_by_heads(heads, blocks, groups):
+    c = op.launch_config(heads, 132)
+    assert c.row_blocks == blocks and c.head_groups(heads) == groups
+    assert c.heads_per_program * groups >= heads > c.heads_per_program * (groups - 1)
+    assert c.programs == 132 // groups   # one program per SM over all head groups
+    assert (c.row_blocks, c.col_splits, c.block_n, c.stages) in op.SUPPORTED
+
+
+def test_every_instantiated_config_fits_an_sm90_block():
+    for rb, cs, bn, nst in op.SUPPORTED:
+        assert _smem(rb, cs, bn, nst) <= SM90_SMEM, (rb, cs, bn, nst)
+        assert (576 // 16) % cs == 0 and (512 // cs) % 16 == 0 and bn % 16 == 0
+
+
+def test_overrides_and_env(monkeypatch):
+    assert op.launch_config(128, 132, stages=2).stages == 2
+    assert op.launch_config(16, 132, programs=7).programs == 7
+    monkeypatch.setenv("PADDLE_MLA_CUDA_DECODE_CFG", "stages=2,min_tiles=8")
+    c = op.launch_config(16, 132)
+    assert (c.stages, c.min_tiles) == (2, 8)
+    with pytest.raises(ValueError, match="no kernel"):
+        op.launch_config(16, 132, block_n=64)
+
+
+def test_cpu_falls_back_to_triton():
+    from paddle_mla.attention.backend import MLADims
+    from paddle_mla.attention.triton_mla import cuda_decode
+    from paddle_mla.attention.triton_mla.backend import TritonMLABackend
+    from paddle_mla.platform import runtime
+    from paddle_mla.platform.tensor_api import torch
+
+    assert cuda_decode.unavailable_reason(512, 576, torch.bfloat16, "cpu") == "not on a GPU"
+    assert "dims" in cuda_decode.unavailable_reason(256, 320, torch.bfloat16, "cuda") or \
+        cuda_decode.unavailable_reason(256, 320, torch.bfloat16, "cuda") == "not on a GPU"
+    if not runtime.supports_triton_on("cpu")[0]:
+        pytest.skip("the triton_mla backend needs Triton on this CPU (TRITON_INTERPRET=1)")
+    dims = MLADims(num_heads=16, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                   softmax_scale=192 ** -0.5)
+    be = TritonMLABackend(dims, 4, 256, 64, "cpu", torch.float32)
+    assert be.cuda is None and be.ws.programs == be.cfg.programs
