@@ -147,7 +147,7 @@ class ModelRunner:
         self.swa_num_blocks = None
         if kv.table_heads:
             usable = usable_num_blocks(sc.max_num_seqs, plan.max_model_len, bs)
-            num_blocks, self.swa_num_blocks = head_ranges(kv.swa, num_blocks, bs, sc, usable)
+            num_blocks, self.swa_num_blocks = head_ranges(kv.swa, num_blocks, bs, sc, usable, plan.max_model_len)
         self.limits = RunnerLimits(plan.max_model_len, int(num_blocks), plan.memory.max_blocks_per_seq)
         if self.swa_num_blocks is not None:
             self.kv_caches = allocate_flat_gqa_caches(kv.num_layers,
