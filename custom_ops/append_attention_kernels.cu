@@ -5,8 +5,9 @@
 // 1. rope_write_kernel, one block per token: ropes k into the paged caches, copies v, and zeroes the
 //    output rows of padding tokens.
 // 2. decode_kernel for requests with exactly one new token: grid (batch, KV head x head chunk, split);
-//    the split owns a contiguous part of the request's visible keys (for an SWA head only its sinks
-//    and window), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
+//    split s owns keys [s c, (s + 1) c) of the (request, KV head)'s visible keys (for an SWA head only
+//    its sinks and window), c the same for the whole launch (decode_split_keys: every split about the
+//    same work, so a short row takes few splits and a long one many), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
 //    query heads at once, merge in shared memory, and write either the output (one split) or a
 //    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
 //    bf16 / fp16 caches with head_dim % 16 == 0 (<= 256) and group <= 16 take decode_tc_kernel instead
@@ -34,7 +35,7 @@ namespace {
 
 using attn::kTileKeys;
 
-constexpr int kMaxDecodeSplits = 16;  // == MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py
+constexpr int kMaxDecodeSplits = 64;  // >= MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py (the workspace's)
 constexpr int kMaxSmem = 160 * 1024;  // dynamic shared memory a decode block may take
 
 template <typename T>
@@ -62,7 +63,7 @@ __global__ void rope_write_kernel(AppendAttentionArgs a) {
 }
 
 struct DecodeGeometry {
-  int row_bytes, q_stride, nwarps, hchunks, splits;
+  int row_bytes, q_stride, nwarps, hchunks, splits, target;
   size_t smem;
 };
 
@@ -77,7 +78,8 @@ __global__ void decode_kernel(AppendAttentionArgs a, DecodeGeometry geo, float* 
   const int64_t p = a.positions[t0];
   const KeyRanges keys = key_ranges(a, g, p);
   const int64_t nvis = keys.count(), split = blockIdx.z;
-  const SplitWindow win = split_window(nvis, geo.splits, split, kTileKeys);
+  const int64_t chunk = geo.splits > 1 ? attn::decode_split_keys(a, geo.splits, geo.target, kTileKeys) : nvis;
+  const SplitWindow win = split_window(nvis, chunk, split);
   const int64_t lo = win.lo, hi = win.hi;
   const int64_t head_row = b * a.num_q_heads + g * group + h0;  // first (request, query head) row
   if (lo >= hi) {  // nothing to see in this split (every split, when an SWA head has no window)
@@ -217,15 +219,32 @@ int tile_row_bytes(int64_t head_dim) {
   return bytes + ((bytes / 4) % 2 == 0 ? 4 : 0);
 }
 
-// Decode splits from shapes only: enough blocks for the GPU, at least ~256 keys of a full row per
-// split, and no more than the workspace holds. Shared by both decode kernels.
-int decode_splits(const AppendAttentionArgs& a, int hchunks, int64_t ws_floats) {
-  const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * hchunks);
-  int64_t splits = (4 * sm_count() + blocks - 1) / blocks;
+// A decode launch's split plan from shapes only (CUDA-graph replayable): `splits` is the grid's z,
+// the most splits one (row, KV head) may take, and `target` the splits of the whole launch that
+// decode_split_keys spreads the visible keys over. `target` is two waves of the blocks the GPU
+// holds at once (`kernel`'s occupancy), so equal splits leave no half-empty last wave; `splits` is
+// sized for the heads that read whole rows (with SWA heads skipping, the full heads alone), at most
+// one split per 256 keys of the longest row and what the workspace holds. Shared by every decode kernel.
+struct DecodePlan {
+  int splits, target;
+};
+
+template <typename K>
+DecodePlan decode_plan(const AppendAttentionArgs& a, K kernel, int threads, size_t smem, int hchunks,
+                       int64_t ws_floats) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess || per_sm < 1)
+    per_sm = 1;
+  const int64_t target = std::max<int64_t>(1, 2 * static_cast<int64_t>(per_sm) * sm_count() / hchunks);
+  const bool skipping = a.num_swa_heads > 0 && !a.swa_mask && a.num_swa_heads < a.num_kv_heads;
+  const int64_t long_heads = skipping ? a.num_kv_heads - a.num_swa_heads : a.num_kv_heads;
+  const int64_t rows = std::max<int64_t>(1, a.batch * long_heads);
+  int64_t splits = (target + rows - 1) / rows;
   splits = std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256);
   const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
   splits = std::min<int64_t>(splits, per_split_floats > 0 ? ws_floats / per_split_floats : 0);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits)));
+  splits = std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits));
+  return {static_cast<int>(splits), static_cast<int>(std::min<int64_t>(target, 1 << 30))};
 }
 
 // Combines the splits' partials (nothing to do for one split: the kernel wrote the output).
@@ -251,11 +270,13 @@ const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_fl
   // The warps' (m, l, o) exchange reuses the stages; only tiny head dims need more than they hold.
   const size_t merge = static_cast<size_t>(geo.nwarps) * R * (32 * DPL + 2) * sizeof(float);
   geo.smem = base + std::max(geo.nwarps * per_warp, merge);
-  geo.splits = decode_splits(a, geo.hchunks, ws_floats);
-  float* ws_o = geo.splits > 1 ? ws : nullptr;
-  float* ws_lse = geo.splits > 1 ? ws + a.batch * a.num_q_heads * geo.splits * a.head_dim : nullptr;
   auto kernel = decode_kernel<T, VB, R, DPL>;
   if (const char* err = allow_smem(kernel, geo.smem)) return err;
+  const DecodePlan plan = decode_plan(a, kernel, 32 * geo.nwarps, geo.smem, geo.hchunks, ws_floats);
+  geo.splits = plan.splits;
+  geo.target = plan.target;
+  float* ws_o = geo.splits > 1 ? ws : nullptr;
+  float* ws_lse = geo.splits > 1 ? ws + a.batch * a.num_q_heads * geo.splits * a.head_dim : nullptr;
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads * geo.hchunks),
                   static_cast<unsigned>(geo.splits));
   kernel<<<grid, 32 * geo.nwarps, geo.smem, stream>>>(a, geo, ws_o, ws_lse);
@@ -292,12 +313,13 @@ bool use_decode_tc(const AppendAttentionArgs& a) {
 template <typename T, typename K>
 const char* launch_split_decode(const AppendAttentionArgs& a, K kernel, int threads, size_t smem, float* ws,
                                 int64_t ws_floats, cudaStream_t stream) {
-  const int splits = decode_splits(a, 1, ws_floats);
+  if (const char* err = allow_smem(kernel, smem)) return err;
+  const DecodePlan plan = decode_plan(a, kernel, threads, smem, 1, ws_floats);
+  const int splits = plan.splits;
   float* ws_o = splits > 1 ? ws : nullptr;
   float* ws_lse = splits > 1 ? ws + a.batch * a.num_q_heads * splits * a.head_dim : nullptr;
-  if (const char* err = allow_smem(kernel, smem)) return err;
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads), static_cast<unsigned>(splits));
-  kernel<<<grid, threads, smem, stream>>>(a, splits, ws_o, ws_lse);
+  kernel<<<grid, threads, smem, stream>>>(a, splits, plan.target, ws_o, ws_lse);
   if (const char* err = launched()) return err;
   return launch_merge<T>(a, splits, ws_o, ws_lse, stream);
 }

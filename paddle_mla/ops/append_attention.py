@@ -17,8 +17,9 @@ import torch
 
 from paddle_mla.ops import build
 
-# Must equal kMaxDecodeSplits in custom_ops/append_attention_kernels.cu (a smaller workspace only
-# lowers the number of splits the kernel uses; it never overflows it).
+# Splits of every row the workspace holds at max_num_seqs rows. The kernel takes more (up to
+# kMaxDecodeSplits in custom_ops/append_attention_kernels.cu) when fewer rows decode: few long rows
+# need many splits to fill the GPU. It never takes more than the workspace holds.
 MAX_DECODE_SPLITS = 16
 
 
