@@ -272,10 +272,10 @@ def split_head_blocks(total_head_blocks: int, spec: HeadWiseSwa, block_size: int
     """(full-head, SWA-head) range sizes for a budget of ``total_head_blocks`` blocks of one head.
     Without recycling every head needs the whole context: equal ranges. With recycling an SWA row
     holds at most the sink blocks, the window's blocks and those of the step's new tokens, so the
-    SWA ranges get exactly what the resident rows can use and the full heads the rest. Resident
-    rows: ``max_num_seqs``, or fewer when ``max_model_len`` is given and the budget cannot hold that
-    many rows of it (a large max_num_seqs would otherwise size SWA ranges for rows whose full heads
-    never fit, leaving the full heads no room)."""
+    SWA ranges get exactly what ``max_num_seqs`` such rows can use and the full heads the rest.
+    When that reaches the equal split (a large max_num_seqs: recycling would free nothing) and
+    ``max_model_len`` is given, the SWA ranges are sized for the rows the budget holds at
+    max_model_len instead (when it holds one at all), so the full heads keep room for them."""
     equal = total_head_blocks // spec.num_kv_heads
     if not spec.recycle or spec.num_full_heads == 0:
         return equal, equal
@@ -283,11 +283,11 @@ def split_head_blocks(total_head_blocks: int, spec: HeadWiseSwa, block_size: int
     per_seq = spec.sink_blocks(block_size) + window_blocks
     chunk = -(-max_num_batched_tokens // block_size)
     rows = max_num_seqs
-    if max_model_len > 0:
+    if rows * per_seq + chunk + rows >= equal and max_model_len > 0:
         row_blocks = -(-max_model_len // block_size)
         fit = (total_head_blocks - spec.num_swa_heads * chunk) // (
             spec.num_full_heads * row_blocks + spec.num_swa_heads * (per_seq + 1))
-        rows = max(1, min(rows, fit))
+        rows = min(rows, fit) if fit >= 1 else rows     # no max_model_len row fits: the budget is not for them
     swa = min(equal, rows * per_seq + chunk + rows)
     full = (total_head_blocks - spec.num_swa_heads * swa) // spec.num_full_heads
     return full, swa
