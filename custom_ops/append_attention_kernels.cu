@@ -35,7 +35,7 @@ namespace {
 
 using attn::kTileKeys;
 
-constexpr int kMaxDecodeSplits = 64;  // >= MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py (the workspace's)
+constexpr int kMaxDecodeSplits = 128;  // >= MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py (the workspace's)
 constexpr int kMaxSmem = 160 * 1024;  // dynamic shared memory a decode block may take
 
 template <typename T>

@@ -261,9 +261,10 @@ def main() -> None:
         t = time.perf_counter()
         rows[mode] = mode_in_subprocess(mode, args)
         print(f"{mode}: {time.perf_counter() - t:.0f} s (engine build {rows[mode]['build_s']:.0f} s)", flush=True)
+        print(json.dumps(rows[mode]), flush=True)      # each mode's runs as they finish (a cut-off run keeps them)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     report(rows, cfg, args)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

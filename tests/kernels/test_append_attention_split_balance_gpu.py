@@ -70,7 +70,7 @@ def test_bf16_decode_kernels_match_reference(table, kernel, monkeypatch):
 
 @pytest.mark.parametrize("ws_seqs", [1, 8])
 def test_small_workspace_caps_the_splits(ws_seqs):
-    """One long row may take up to 64 splits; a workspace for one row of 16 splits holds fewer: the
+    """One long row may take up to 128 splits; a workspace for one row of 16 splits holds fewer: the
     split size grows so the row still fits, and the result is the same."""
     c = Case(ONE_LONG + ((3000, 1),), 20, 4, 128, 128, True, 64, True, (2, 512, 64), seed=31)
     data = bf16_exact(make_data(c))
