@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
   const int64_t p = a.positions[t0];
   const KeyRanges keys = key_ranges(a, g, p);
   const int64_t nvis = keys.count();
-  const int64_t chunk = splits > 1 ? decode_split_keys(a, splits, target, TK) : nvis;
+  const int64_t chunk = splits > 1 ? decode_split_keys(a, splits, target, TK, nvis) : nvis;
   const SplitWindow win = split_window(nvis, chunk, split);
   const int64_t lo = win.lo, hi = win.hi;
   const int64_t head_row = b * a.num_q_heads + g * group;  // first (request, query head) row

@@ -276,9 +276,14 @@ __device__ void load_q_rows(const AppendAttentionArgs& a, const int64_t* tokens,
 // row's next one instead of leaving it idle while the full heads' few long splits run. At least
 // enough that the longest (row, head) fits in the grid's `splits`; whole tiles of `tile` keys. Each
 // block computes it from the batch's positions itself (no pre-pass launch, CUDA-graph replayable).
-// Every thread of the block must call it (a block-wide reduction).
+// Every thread of the block must call it (a block-wide reduction). `target` 0: this (row, head)'s
+// `nvis` keys in `splits` equal parts instead (the PADDLE_MLA_GQA_SPLITS=equal measurement switch).
 __device__ inline int64_t decode_split_keys(const AppendAttentionArgs& a, int64_t splits, int64_t target,
-                                           int64_t tile) {
+                                           int64_t tile, int64_t nvis) {
+  if (target <= 0) {
+    const int64_t equal = ((nvis + splits - 1) / splits + tile - 1) / tile * tile;
+    return equal > tile ? equal : tile;
+  }
   __shared__ unsigned long long total_keys, longest;
   if (threadIdx.x == 0) total_keys = longest = 0;
   __syncthreads();

@@ -78,7 +78,7 @@ __global__ void decode_kernel(AppendAttentionArgs a, DecodeGeometry geo, float* 
   const int64_t p = a.positions[t0];
   const KeyRanges keys = key_ranges(a, g, p);
   const int64_t nvis = keys.count(), split = blockIdx.z;
-  const int64_t chunk = geo.splits > 1 ? attn::decode_split_keys(a, geo.splits, geo.target, kTileKeys) : nvis;
+  const int64_t chunk = geo.splits > 1 ? attn::decode_split_keys(a, geo.splits, geo.target, kTileKeys, nvis) : nvis;
   const SplitWindow win = split_window(nvis, chunk, split);
   const int64_t lo = win.lo, hi = win.hi;
   const int64_t head_row = b * a.num_q_heads + g * group + h0;  // first (request, query head) row
@@ -229,9 +229,25 @@ struct DecodePlan {
   int splits, target;
 };
 
+static bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// PADDLE_MLA_GQA_SPLITS=equal (a measurement switch, read per call): every (row, KV head) split into
+// the same number of equal parts, z for 4 blocks an SM over every head, at most 16 (target 0 tells
+// decode_split_keys), so a benchmark can set the length-sized splits beside equal ones.
 template <typename K>
 DecodePlan decode_plan(const AppendAttentionArgs& a, K kernel, int threads, size_t smem, int hchunks,
                        int64_t ws_floats) {
+  const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
+  const int64_t ws_splits = per_split_floats > 0 ? ws_floats / per_split_floats : 0;
+  if (env_is("PADDLE_MLA_GQA_SPLITS", "equal")) {
+    const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * hchunks);
+    int64_t splits = (4 * sm_count() + blocks - 1) / blocks;
+    splits = std::min<int64_t>(std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256), ws_splits);
+    return {static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, 16))), 0};
+  }
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess || per_sm < 1)
     per_sm = 1;
@@ -241,8 +257,7 @@ DecodePlan decode_plan(const AppendAttentionArgs& a, K kernel, int threads, size
   const int64_t rows = std::max<int64_t>(1, a.batch * long_heads);
   int64_t splits = (target + rows - 1) / rows;
   splits = std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256);
-  const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
-  splits = std::min<int64_t>(splits, per_split_floats > 0 ? ws_floats / per_split_floats : 0);
+  splits = std::min<int64_t>(splits, ws_splits);
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits));
   return {static_cast<int>(splits), static_cast<int>(std::min<int64_t>(target, 1 << 30))};
 }
@@ -339,10 +354,6 @@ const char* launch_decode_mma(const AppendAttentionArgs& a, float* ws, int64_t w
                                 ws_floats, stream);
 }
 
-static bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
 
 // Tensor-core decode: the register-O kernel for head_dim 64, 80, 96, 128 (2 stages: ~75 KB a block at
 // head_dim 128, three blocks an SM); the WMMA kernel above 128. Measurement switches, read per call:

@@ -22,7 +22,8 @@ Per run, from the engine's per-request metrics (RequestOutput.metrics): TTFT = f
 (p50 and mean over requests, queueing included: the KV-bound stream waits for blocks), TBT = gaps
 between a request's tokens (p50 and mean over every gap). On the device (CUDA events around
 ``runner.launch``): decode tok/s over decode-only steps, the full-batch TBT (decode-only steps with the
-most rows, the steady batch) and peak concurrent requests (most rows decoding in one step).
+most rows, the steady batch), device idle time before a decode-only step's work (> 0: the host is the
+bound) and peak concurrent requests (most rows decoding in one step).
 Physics line: the fraction of bytes (weights + KV) a steady-batch decode step of uniform_mask no longer
 reads with head-wise tables (harness.swa_modes.decode_step_bytes), beside the measured full-batch TBT gain.
 
@@ -119,14 +120,15 @@ class StepClock:
         self.steps.append((len(msg.scheduled), decoding, start, self.mark()))
         return launched
 
-    def close(self) -> list[tuple[int, int, float]]:
-        """(rows, rows decoding, period s) per step."""
+    def close(self) -> list[tuple[int, int, float, float]]:
+        """(rows, rows decoding, period s, device idle s before the step's work began) per step."""
         self.runner.launch = self.launch
         sync()
         sec = (lambda a, b: a.elapsed_time(b) / 1e3) if self.gpu else (lambda a, b: b - a)
         out, prev = [], None
         for rows, decoding, start, end in self.steps:
-            out.append((rows, decoding, sec(start if prev is None else prev, end)))
+            idle = 0.0 if prev is None else max(0.0, sec(prev, start))
+            out.append((rows, decoding, sec(start if prev is None else prev, end), idle))
             prev = end
         return out
 
@@ -149,14 +151,16 @@ def run(llm: LLM, args, n: int, output: int, seed: int) -> dict:
     assert all(o.error is None for o in outs), [o.error for o in outs if o.error]
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
     tbt = [g for o in outs for g in np.diff(o.metrics.token_times).tolist()]
-    dec = [(rows, period) for rows, decoding, period in steps if decoding == rows and rows]
-    peak = max([d for _, d, _ in steps] + [0])
+    dec = [(rows, period) for rows, decoding, period, _ in steps if decoding == rows and rows]
+    idle = [i for rows, decoding, _, i in steps if decoding == rows and rows]
+    peak = max([d for _, d, _, _ in steps] + [0])
     full = [period for rows, period in dec if rows == peak]
     return {"ttft_p50_ms": float(np.median(ttft)) * 1e3, "ttft_mean_ms": float(np.mean(ttft)) * 1e3,
             "tbt_p50_ms": float(np.median(tbt)) * 1e3 if tbt else 0.0,
             "tbt_mean_ms": float(np.mean(tbt)) * 1e3 if tbt else 0.0,
             "decode_tok_s": sum(r for r, _ in dec) / max(sum(p for _, p in dec), 1e-9),
             "full_tbt_ms": float(np.mean(full)) * 1e3 if full else 0.0, "full_steps": len(full),
+            "idle_ms": float(np.mean(idle)) * 1e3 if idle else 0.0,
             "peak_concurrent": peak, "preemptions": llm.scheduler.num_preemptions - preempted,
             "seconds": seconds, "out_tok_s": n * output / seconds}
 
@@ -196,12 +200,13 @@ def report(rows: dict, cfg: dict, args) -> None:
           f"S {args.sink}, KV budget {args.num_blocks} blocks x {cfg['num_key_value_heads']} heads x 64 tokens, "
           f"max_num_seqs {args.max_num_seqs}, {args.requests} requests x {args.output} tokens, {args.repeats} repeats")
     print("| mode | run | TTFT p50 ms | TTFT mean ms | TBT p50 ms | TBT mean ms | decode tok/s | full-batch TBT ms "
-          "| peak concurrent | preemptions | run s | out tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| idle ms/step | peak concurrent | preemptions | run s | out tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows.values():
         for i, x in enumerate(r["runs"]):
             print(f"| {r['mode']} | {i + 1} | {x['ttft_p50_ms']:.1f} | {x['ttft_mean_ms']:.1f} | {x['tbt_p50_ms']:.2f} | "
-                  f"{x['tbt_mean_ms']:.2f} | {x['decode_tok_s']:.0f} | {x['full_tbt_ms']:.2f} | {x['peak_concurrent']} | "
+                  f"{x['tbt_mean_ms']:.2f} | {x['decode_tok_s']:.0f} | {x['full_tbt_ms']:.2f} | {x['idle_ms']:.3f} | "
+                  f"{x['peak_concurrent']} | "
                   f"{x['preemptions']} | {x['seconds']:.1f} | {x['out_tok_s']:.1f} |")
     base = rows.get("uniform_mask")
     if base and "headwise" in rows:
