@@ -269,15 +269,15 @@ __device__ void load_q_rows(const AppendAttentionArgs& a, const int64_t* tokens,
   }
 }
 
-// Keys per split of one decode launch, the same in every block of it: the decode rows' visible keys
+// Keys per split of one decode launch (PADDLE_MLA_GQA_SPLITS=length), the same in every block of it: the decode rows' visible keys
 // (each (row, KV head) by its own length: an SWA head counts only its sinks and window) spread over
 // `target` splits, so a full head's long row takes many splits and an SWA head's short row few, and
 // every split streams about as many keys: a short row's finished split frees its SM for a long
 // row's next one instead of leaving it idle while the full heads' few long splits run. At least
 // enough that the longest (row, head) fits in the grid's `splits`; whole tiles of `tile` keys. Each
 // block computes it from the batch's positions itself (no pre-pass launch, CUDA-graph replayable).
-// Every thread of the block must call it (a block-wide reduction). `target` 0: this (row, head)'s
-// `nvis` keys in `splits` equal parts instead (the PADDLE_MLA_GQA_SPLITS=equal measurement switch).
+// Every thread of the block must call it (a block-wide reduction). `target` 0 (the default plan):
+// this (row, head)'s `nvis` keys in `splits` equal parts instead (decode_plan).
 __device__ inline int64_t decode_split_keys(const AppendAttentionArgs& a, int64_t splits, int64_t target,
                                            int64_t tile, int64_t nvis) {
   if (target <= 0) {

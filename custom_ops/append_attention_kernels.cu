@@ -6,8 +6,8 @@
 //    output rows of padding tokens.
 // 2. decode_kernel for requests with exactly one new token: grid (batch, KV head x head chunk, split);
 //    split s owns keys [s c, (s + 1) c) of the (request, KV head)'s visible keys (for an SWA head only
-//    its sinks and window), c the same for the whole launch (decode_split_keys: every split about the
-//    same work, so a short row takes few splits and a long one many), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
+//    its sinks and window): c = that count / z by default, or one c for the whole launch with
+//    PADDLE_MLA_GQA_SPLITS=length (decode_split_keys; decode_plan says when each wins), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
 //    query heads at once, merge in shared memory, and write either the output (one split) or a
 //    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
 //    bf16 / fp16 caches with head_dim % 16 == 0 (<= 256) and group <= 16 take decode_tc_kernel instead
@@ -35,7 +35,8 @@ namespace {
 
 using attn::kTileKeys;
 
-constexpr int kMaxDecodeSplits = 128;  // >= MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py (the workspace's)
+constexpr int kEqualMaxSplits = 16;    // == MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py (the workspace's)
+constexpr int kMaxDecodeSplits = 128;  // splits sized by length (PADDLE_MLA_GQA_SPLITS=length), where the workspace holds them
 constexpr int kMaxSmem = 160 * 1024;  // dynamic shared memory a decode block may take
 
 template <typename T>
@@ -219,12 +220,19 @@ int tile_row_bytes(int64_t head_dim) {
   return bytes + ((bytes / 4) % 2 == 0 ? 4 : 0);
 }
 
-// A decode launch's split plan from shapes only (CUDA-graph replayable): `splits` is the grid's z,
-// the most splits one (row, KV head) may take, and `target` the splits of the whole launch that
-// decode_split_keys spreads the visible keys over. `target` is two waves of the blocks the GPU
-// holds at once (`kernel`'s occupancy), so equal splits leave no half-empty last wave; `splits` is
-// sized for the heads that read whole rows (with SWA heads skipping, the full heads alone), at most
-// one split per 256 keys of the longest row and what the workspace holds. Shared by every decode kernel.
+// A decode launch's split plan from shapes only (CUDA-graph replayable): `splits` is the grid's z, the
+// most splits one (row, KV head) may take. Two plans:
+// - equal (the default): every (row, KV head) in `splits` equal parts, z for 4 blocks an SM over every
+//   head, at most 16 (`target` 0 tells decode_split_keys).
+// - by length (PADDLE_MLA_GQA_SPLITS=length, read per call): one split size for the launch, the
+//   decode rows' visible keys over `target` splits (decode_split_keys), `target` two waves of the
+//   blocks the GPU holds at once (`kernel`'s occupancy), z sized for the heads that read whole rows
+//   (with SWA heads skipping, the full heads alone), at most kMaxDecodeSplits.
+// Both take at most one split per 256 keys of the longest row and what the workspace holds. On an
+// H200 (BENCHMARKS.md, "Head-wise SWA") by length was faster where equal splits leave a half-empty
+// last wave (8 rows of 32k, ERNIE-4.5 heads: 178 vs 204 µs) and slower where it cuts 2-3 rows into
+// short splits (3 rows: 112 vs 92 µs; a split's fixed cost then outweighs the balance), so equal
+// stays the default. Shared by every decode kernel.
 struct DecodePlan {
   int splits, target;
 };
@@ -234,19 +242,16 @@ static bool env_is(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
-// PADDLE_MLA_GQA_SPLITS=equal (a measurement switch, read per call): every (row, KV head) split into
-// the same number of equal parts, z for 4 blocks an SM over every head, at most 16 (target 0 tells
-// decode_split_keys), so a benchmark can set the length-sized splits beside equal ones.
 template <typename K>
 DecodePlan decode_plan(const AppendAttentionArgs& a, K kernel, int threads, size_t smem, int hchunks,
                        int64_t ws_floats) {
   const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
   const int64_t ws_splits = per_split_floats > 0 ? ws_floats / per_split_floats : 0;
-  if (env_is("PADDLE_MLA_GQA_SPLITS", "equal")) {
+  if (!env_is("PADDLE_MLA_GQA_SPLITS", "length")) {
     const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * hchunks);
     int64_t splits = (4 * sm_count() + blocks - 1) / blocks;
     splits = std::min<int64_t>(std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256), ws_splits);
-    return {static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, 16))), 0};
+    return {static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, kEqualMaxSplits))), 0};
   }
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess || per_sm < 1)

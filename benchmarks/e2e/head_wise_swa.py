@@ -8,8 +8,9 @@ Window W = 4096 and sink S = 64: 32k prompts are 8 windows long, so an SWA head 
 the context); 4096 is the window of the public SWA models (Mistral-7B v0.1, Gemma-2's local layers);
 S = 64 is one cache block, the least a block pool can keep, and more than the few attention-sink
 tokens StreamingLLM needs.
-KV budget: ``--num-blocks`` blocks of 64 tokens per KV head (2100: four 32k requests at a time with
-uniform tables), ``scheduler.max_num_seqs`` 256, so the pool and not the slot count limits concurrency.
+KV budget: ``--num-blocks`` blocks of 64 tokens per KV head (1560: three 32k requests at a time with
+uniform tables; recycling fits five), ``scheduler.max_num_seqs`` 256, so the pool and not the slot
+count limits concurrency.
 A stream of ``--requests`` prompts of ``--context`` random tokens, ``--output`` tokens each, all
 arriving at the start. Modes, each in its own process with its own engine, ``--repeats`` runs each:
   uniform_mask     the seed's baseline: uniform 1D tables, every head walks the whole row and SWA heads
@@ -27,7 +28,7 @@ bound) and peak concurrent requests (most rows decoding in one step).
 Physics line: the fraction of bytes (weights + KV) a steady-batch decode step of uniform_mask no longer
 reads with head-wise tables (harness.swa_modes.decode_step_bytes), beside the measured full-batch TBT gain.
 
-  python -m benchmarks.e2e.head_wise_swa                     # the seed preset, 3 repeats
+  python -m benchmarks.e2e.head_wise_swa                     # the seed preset, 3 repeats (about 100 s on an H200)
   python -m benchmarks.e2e.head_wise_swa --quick             # one run per mode
   python -m benchmarks.e2e.head_wise_swa --preset qwen3_8b --requests 12 --output 32
   python -m benchmarks.e2e.head_wise_swa --tiny --device cpu --context 256 --window 64 --num-blocks 16
@@ -242,9 +243,9 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=64)
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--sink", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--num-blocks", type=int, default=2100,
-                    help="blocks of 64 tokens per KV head (default: 4 requests of 32k at a time, uniform)")
+    ap.add_argument("--requests", type=int, default=6)
+    ap.add_argument("--num-blocks", type=int, default=1560,
+                    help="blocks of 64 tokens per KV head (default: 3 requests of 32k at a time, uniform)")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default=DEFAULT_MODES)

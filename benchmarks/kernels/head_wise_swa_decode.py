@@ -6,8 +6,9 @@ decode step (``decode_only``: RoPE + cache write of the step's token, split-KV a
   full          no SWA heads (the bytes every head reads whole)
   uniform_mask  uniform tables, SWA heads walk the whole row and mask it (the seed's baseline)
   headwise      head-wise tables, SWA heads read only sink + window
-each with the split plan the op uses (splits sized by each (row, KV head)'s visible keys) and with
-PADDLE_MLA_GQA_SPLITS=equal (every (row, head) in the same number of equal splits). Per case: median
+each with the op's two decode split plans: equal (the default: every (row, head) in the same number
+of equal splits) and by length (PADDLE_MLA_GQA_SPLITS=length: one split size for the launch from
+each (row, KV head)'s visible keys). Per case: median
 µs (do_bench), the K/V bytes the mode must read, those bytes / time against the measured copy rate,
 and headwise's time saved against uniform_mask beside the fraction of bytes it skips.
 
@@ -85,8 +86,8 @@ def main() -> None:
     for b in (int(v) for v in args.b.split(",")):
         x = inputs(b, args.s, args.window, args.sink)
         for plan in ("by length", "equal"):
-            if plan == "equal":
-                os.environ["PADDLE_MLA_GQA_SPLITS"] = "equal"
+            if plan == "by length":
+                os.environ["PADDLE_MLA_GQA_SPLITS"] = "length"
             else:
                 os.environ.pop("PADDLE_MLA_GQA_SPLITS", None)
             t = {m: median_us(call(x, m, args.window, args.sink)) for m in ("full", "uniform_mask", "headwise")}

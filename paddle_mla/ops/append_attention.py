@@ -17,9 +17,10 @@ import torch
 
 from paddle_mla.ops import build
 
-# Splits of every row the workspace holds at max_num_seqs rows. The kernel takes more (up to
-# kMaxDecodeSplits in custom_ops/append_attention_kernels.cu) when fewer rows decode: few long rows
-# need many splits to fill the GPU. It never takes more than the workspace holds.
+# Splits of every row the workspace holds at max_num_seqs rows: kEqualMaxSplits in
+# custom_ops/append_attention_kernels.cu, the default plan's most. The plan by length
+# (PADDLE_MLA_GQA_SPLITS=length) takes more when fewer rows decode; neither takes more than the
+# workspace holds.
 MAX_DECODE_SPLITS = 16
 
 

@@ -1,7 +1,8 @@
-"""Decode splits sized by each (row, KV head)'s own length (decode_split_keys): full and SWA heads
-mixed in one launch, ragged rows (a few tokens beside 8k), one long row alone (the most splits a row
-may take), a workspace that holds fewer splits, and a CUDA graph replayed with new lengths (the split
-size is computed on the device from the step's positions). Every decode kernel against the
+"""Decode split plans, by each (row, KV head)'s own length (PADDLE_MLA_GQA_SPLITS=length,
+decode_split_keys) and equal (the default): full and SWA heads mixed in one launch, ragged rows (a
+few tokens beside 8k), one long row alone (the most splits a row may take), a workspace that holds
+fewer splits, and a CUDA graph replayed with new lengths (the split size by length is computed on
+the device from the step's positions). Every decode kernel against the
 plain-tensor reference (fp32 on the GPU), with SWA rows' out-of-window blocks -1 and NaN-poisoned.
 Run on the GPU machine: ``python -m pytest -q -m gpu tests/kernels/test_append_attention_split_balance_gpu.py``.
 """
@@ -25,11 +26,22 @@ ONE_LONG = ((8191, 1),)
 # (block size, head-wise tables, (SWA heads, window, sink)) at ERNIE-4.5's 20 query / 4 KV heads
 SWA_TABLES = [(64, True, (2, 512, 64)), (16, True, (3, 256, 16)), (64, True, (4, 1000, 0)), (64, False, (2, 300, 64))]
 # Which decode kernel runs (bf16): the register-O tensor-core one, the WMMA one, the CUDA-core one.
+PLANS = {"length": "length", "equal": None}
 KERNELS = {"mma": {}, "wmma": {"PADDLE_MLA_GQA_TC_KERNEL": "wmma"}, "cudacore": {"PADDLE_MLA_GQA_TC": "0"}}
 
 
 def gpu() -> str:
     return runtime.device_string("gpu")
+
+
+@pytest.fixture(params=sorted(PLANS))
+def plan(request, monkeypatch):
+    """The decode split plan under test (custom_ops/append_attention_kernels.cu, decode_plan)."""
+    if PLANS[request.param]:
+        monkeypatch.setenv("PADDLE_MLA_GQA_SPLITS", PLANS[request.param])
+    else:
+        monkeypatch.delenv("PADDLE_MLA_GQA_SPLITS", raising=False)
+    return request.param
 
 
 def bf16_exact(data):
@@ -47,7 +59,7 @@ def check(got, want, tol):
 
 @pytest.mark.parametrize("reqs", [RAGGED, ONE_LONG], ids=["ragged", "one_long"])
 @pytest.mark.parametrize("table", SWA_TABLES, ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
-def test_fp32_decode_matches_reference(table, reqs):
+def test_fp32_decode_matches_reference(table, reqs, plan):
     bs, head_wise, swa = table
     c = Case(reqs, 20, 4, 128, 128, True, bs, head_wise, swa, pad=2, seed=23)
     data = make_data(c)
@@ -57,7 +69,7 @@ def test_fp32_decode_matches_reference(table, reqs):
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 @pytest.mark.parametrize("table", SWA_TABLES[:3], ids=lambda t: f"bs{t[0]}swa{t[2][0]}")
-def test_bf16_decode_kernels_match_reference(table, kernel, monkeypatch):
+def test_bf16_decode_kernels_match_reference(table, kernel, plan, monkeypatch):
     for name, value in KERNELS[kernel].items():
         monkeypatch.setenv(name, value)
     bs, head_wise, swa = table
@@ -69,9 +81,10 @@ def test_bf16_decode_kernels_match_reference(table, kernel, monkeypatch):
 
 
 @pytest.mark.parametrize("ws_seqs", [1, 8])
-def test_small_workspace_caps_the_splits(ws_seqs):
-    """One long row may take up to 128 splits; a workspace for one row of 16 splits holds fewer: the
+def test_small_workspace_caps_the_splits(ws_seqs, monkeypatch):
+    """One long row may take up to 128 splits by length; a workspace for one row of 16 splits holds fewer: the
     split size grows so the row still fits, and the result is the same."""
+    monkeypatch.setenv("PADDLE_MLA_GQA_SPLITS", "length")
     c = Case(ONE_LONG + ((3000, 1),), 20, 4, 128, 128, True, 64, True, (2, 512, 64), seed=31)
     data = bf16_exact(make_data(c))
     ws = torch.empty(op.workspace_numel(ws_seqs, 20, 128), dtype=torch.float32, device=gpu())
@@ -79,9 +92,11 @@ def test_small_workspace_caps_the_splits(ws_seqs):
     check(got, run_case(c, append_attention_reference, torch.float32, gpu(), data), TOL["bfloat16"])
 
 
-def test_head_wise_swa_decode_replays_in_a_cuda_graph():
+def test_head_wise_swa_decode_replays_in_a_cuda_graph(monkeypatch):
     """Captured once at short lengths; replayed with ragged ones (one row 60x the others), mixed
-    full and SWA heads: the split size follows the replayed positions and matches an eager call."""
+    full and SWA heads: the split size by length follows the replayed positions (it is computed on
+    the device) and matches an eager call."""
+    monkeypatch.setenv("PADDLE_MLA_GQA_SPLITS", "length")
     dev, B, hq, hkv, d, bs, M = gpu(), 6, 20, 4, 128, 64, 80
     swa = dict(num_swa_heads=2, window=512, sink=64)
     g = torch.Generator(device="cpu").manual_seed(1)
