@@ -205,7 +205,8 @@ def report(rows: dict, cfg: dict, args) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows.values():
         for i, x in enumerate(r["runs"]):
-            print(f"| {r['mode']} | {i + 1} | {x['ttft_p50_ms']:.1f} | {x['ttft_mean_ms']:.1f} | {x['tbt_p50_ms']:.2f} | "
+            print(f"| {r['mode']} | {i + 1} | {x['ttft_p50_ms']:.1f} | {x['ttft_mean_ms']:.1f} | "
+                  f"{x['tbt_p50_ms']:.2f} | "
                   f"{x['tbt_mean_ms']:.2f} | {x['decode_tok_s']:.0f} | {x['full_tbt_ms']:.2f} | {x['idle_ms']:.3f} | "
                   f"{x['peak_concurrent']} | "
                   f"{x['preemptions']} | {x['seconds']:.1f} | {x['out_tok_s']:.1f} |")
@@ -221,7 +222,8 @@ def report(rows: dict, cfg: dict, args) -> None:
                                      args.sink, 0.5)
             g = gain(b["full_tbt_ms"], h["full_tbt_ms"])
             print(f"| {i + 1} | {gain(b['ttft_p50_ms'], h['ttft_p50_ms']):+.1%} | "
-                  f"{gain(b['ttft_mean_ms'], h['ttft_mean_ms']):+.1%} | {gain(b['tbt_p50_ms'], h['tbt_p50_ms']):+.1%} | "
+                  f"{gain(b['ttft_mean_ms'], h['ttft_mean_ms']):+.1%} | "
+                  f"{gain(b['tbt_p50_ms'], h['tbt_p50_ms']):+.1%} | "
                   f"{gain(b['tbt_mean_ms'], h['tbt_mean_ms']):+.1%} | {g:+.1%} | {step.skipped_fraction:.1%} "
                   f"(weights {step.weights / 1e9:.1f} GB, KV {step.kv_uniform / 1e9:.1f} GB, skipped "
                   f"{step.kv_skipped / 1e9:.1f} GB) | {g / max(step.skipped_fraction, 1e-9):.2f} |")

@@ -141,7 +141,7 @@ class StreamingLoader:
             row = n // shape[0]
             raw = f.read_into(name, self._buffer(row * shard.size, fresh), offset=row * shard.start,
                               count=row * shard.size).view(view).reshape(shard.shape(shape))
-        else:                    # columns (or two row ranges): the whole tensor through the reusable buffer, the slice kept
+        else:   # columns, or two row ranges: the whole tensor through the reusable buffer, the slice kept
             whole = f.read_into(name, self._buffer(n, False)).view(view).reshape(shape)
             raw = np.ascontiguousarray(whole[shard.numpy_index()])
         t = torch.from_numpy(raw)

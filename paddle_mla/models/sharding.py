@@ -21,8 +21,9 @@ Expert parallel (``expert_parallel``): the routed experts are placed whole, rank
 contiguous id range ``expert_range(E, r, size)``; shared experts, dense MLPs and attention keep the
 splits above.
 
-Splits are contiguous ranges (but the GQA heads' two under head-wise SWA); the vocabulary and MLP ranges may be uneven (ceil-sized chunks, the
-last rank takes the rest); heads must divide evenly. 1-D tensors are only split as GQA / MLP biases.
+Splits are contiguous ranges (the GQA heads' two under head-wise SWA); the vocabulary and MLP ranges
+may be uneven (ceil-sized chunks, the last rank takes the rest); heads must divide evenly. 1-D
+tensors are only split as GQA / MLP biases.
 """
 
 from __future__ import annotations

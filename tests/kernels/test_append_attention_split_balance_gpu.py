@@ -113,8 +113,8 @@ def test_head_wise_swa_decode_replays_in_a_cuda_graph(monkeypatch):
     out = torch.empty_like(q)
     ws = torch.empty(op.workspace_numel(B, hq, d), dtype=torch.float32, device=dev)
     kw = dict(softmax_scale=d ** -0.5, neox=True, rot_dim=d, workspace=ws, decode_only=True, **swa)
-    call = lambda kc_, vc_, out_: op.append_attention(q, k, v, kc_, vc_, tables, cu, lens, ids, pos, cs, out_,  # noqa: E731
-                                                      **kw)
+    def call(kc_, vc_, out_):
+        return op.append_attention(q, k, v, kc_, vc_, tables, cu, lens, ids, pos, cs, out_, **kw)
     call(kc, vc, out)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
