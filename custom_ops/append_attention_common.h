@@ -115,17 +115,15 @@ PMLA_HD inline int32_t raw_table_entry(const AppendAttentionArgs& a, int64_t b, 
   return t >= 0 ? a.block_tables[t] : -1;
 }
 
-// Split `split` of `splits` of a decode row's `nvis` visible keys: [lo, hi), whole tiles of `tile`
-// keys each (empty when the row has fewer tiles than splits). Every decode kernel splits this way,
-// so the merge reads the same windows whichever kernel wrote them.
+// Split `split` of a decode (row, KV head)'s `nvis` visible keys, `chunk` keys per split (whole tiles;
+// decode_split_keys sizes it for the launch): [lo, hi), empty past the row's last split. Every decode
+// kernel splits this way, so the merge reads the same windows whichever kernel wrote them.
 struct SplitWindow {
   int64_t lo, hi;
 };
-PMLA_HD inline SplitWindow split_window(int64_t nvis, int64_t splits, int64_t split, int64_t tile) {
-  int64_t per_split = (nvis + splits - 1) / splits;
-  per_split = (per_split + tile - 1) / tile * tile;
-  const int64_t lo = split * per_split;
-  const int64_t end = lo + per_split;
+PMLA_HD inline SplitWindow split_window(int64_t nvis, int64_t chunk, int64_t split) {
+  const int64_t lo = split * chunk;
+  const int64_t end = lo + chunk;
   return {lo, nvis < end ? nvis : end};
 }
 

@@ -45,8 +45,8 @@ struct DmLayout {
 };
 
 template <typename T, int D, int NST>
-__global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAttentionArgs a, int splits, float* ws_o,
-                                                                   float* ws_lse) {
+__global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAttentionArgs a, int splits, int target,
+                                                                   float* ws_o, float* ws_lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int TK = kDmKeys, KD = D / 16, ND = D / 8, P = D + 8, E = static_cast<int>(sizeof(T));
   constexpr int SLOTS = NST + 1;
@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
   const int64_t p = a.positions[t0];
   const KeyRanges keys = key_ranges(a, g, p);
   const int64_t nvis = keys.count();
-  const SplitWindow win = split_window(nvis, splits, split, TK);
+  const int64_t chunk = splits > 1 ? decode_split_keys(a, splits, target, TK, nvis) : nvis;
+  const SplitWindow win = split_window(nvis, chunk, split);
   const int64_t lo = win.lo, hi = win.hi;
   const int64_t head_row = b * a.num_q_heads + g * group;  // first (request, query head) row
   T* out = static_cast<T*>(a.out) + (t0 * a.num_q_heads + g * group) * D;

@@ -60,8 +60,8 @@ struct TcLayout {
 };
 
 template <typename T, int DMAX, int TK>
-__global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentionArgs a, int splits, float* ws_o,
-                                                                  float* ws_lse) {
+__global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentionArgs a, int splits, int target,
+                                                                  float* ws_o, float* ws_lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace nvcuda;
   static_assert(TK == 32 || TK == 64, "the softmax step gives each lane TK / 32 keys");
@@ -74,7 +74,8 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
   const int64_t p = a.positions[t0];
   const KeyRanges keys = key_ranges(a, g, p);
   const int64_t nvis = keys.count();
-  const SplitWindow win = split_window(nvis, splits, split, TK);
+  const int64_t chunk = splits > 1 ? decode_split_keys(a, splits, target, TK, nvis) : nvis;
+  const SplitWindow win = split_window(nvis, chunk, split);
   const int64_t lo = win.lo, hi = win.hi;
   const int64_t head_row = b * a.num_q_heads + g * group;  // first (request, query head) row
   T* out = static_cast<T*>(a.out) + (t0 * a.num_q_heads + g * group) * a.head_dim;

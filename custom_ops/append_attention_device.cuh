@@ -269,5 +269,45 @@ __device__ void load_q_rows(const AppendAttentionArgs& a, const int64_t* tokens,
   }
 }
 
+// Keys per split of one decode launch (PADDLE_MLA_GQA_SPLITS=length), the same in every block of it: the decode rows' visible keys
+// (each (row, KV head) by its own length: an SWA head counts only its sinks and window) spread over
+// `target` splits, so a full head's long row takes many splits and an SWA head's short row few, and
+// every split streams about as many keys: a short row's finished split frees its SM for a long
+// row's next one instead of leaving it idle while the full heads' few long splits run. At least
+// enough that the longest (row, head) fits in the grid's `splits`; whole tiles of `tile` keys. Each
+// block computes it from the batch's positions itself (no pre-pass launch, CUDA-graph replayable).
+// Every thread of the block must call it (a block-wide reduction). `target` 0 (the default plan):
+// this (row, head)'s `nvis` keys in `splits` equal parts instead (decode_plan).
+__device__ inline int64_t decode_split_keys(const AppendAttentionArgs& a, int64_t splits, int64_t target,
+                                           int64_t tile, int64_t nvis) {
+  if (target <= 0) {
+    const int64_t equal = ((nvis + splits - 1) / splits + tile - 1) / tile * tile;
+    return equal > tile ? equal : tile;
+  }
+  __shared__ unsigned long long total_keys, longest;
+  if (threadIdx.x == 0) total_keys = longest = 0;
+  __syncthreads();
+  unsigned long long mine = 0, most = 0;
+  const int64_t swa_heads = a.num_swa_heads, full_heads = a.num_kv_heads - swa_heads;
+  for (int64_t b = threadIdx.x; b < a.batch; b += blockDim.x) {
+    const int32_t t0 = a.cu_seqlens_q[b];
+    if (a.cu_seqlens_q[b + 1] - t0 != 1 || token_request(a, t0) != b) continue;  // not a decode row
+    const int64_t p = a.positions[t0];
+    const int64_t full = p + 1, swa = swa_heads > 0 ? key_ranges(a, a.num_kv_heads - 1, p).count() : 0;
+    mine += static_cast<unsigned long long>(full_heads * full + swa_heads * swa);
+    const unsigned long long row_most = static_cast<unsigned long long>(full_heads > 0 ? (full > swa ? full : swa) : swa);
+    most = most > row_most ? most : row_most;
+  }
+  if (mine) atomicAdd(&total_keys, mine);
+  if (most) atomicMax(&longest, most);
+  __syncthreads();
+  const int64_t total = static_cast<int64_t>(total_keys), max_keys = static_cast<int64_t>(longest);
+  int64_t chunk = (total + target - 1) / target;
+  const int64_t fit = (max_keys + splits - 1) / splits;
+  chunk = chunk > fit ? chunk : fit;
+  chunk = (chunk + tile - 1) / tile * tile;
+  return chunk > tile ? chunk : tile;
+}
+
 }  // namespace attn
 }  // namespace paddle_mla

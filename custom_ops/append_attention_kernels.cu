@@ -5,8 +5,9 @@
 // 1. rope_write_kernel, one block per token: ropes k into the paged caches, copies v, and zeroes the
 //    output rows of padding tokens.
 // 2. decode_kernel for requests with exactly one new token: grid (batch, KV head x head chunk, split);
-//    the split owns a contiguous part of the request's visible keys (for an SWA head only its sinks
-//    and window), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
+//    split s owns keys [s c, (s + 1) c) of the (request, KV head)'s visible keys (for an SWA head only
+//    its sinks and window): c = that count / z by default, or one c for the whole launch with
+//    PADDLE_MLA_GQA_SPLITS=length (decode_split_keys; decode_plan says when each wins), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
 //    query heads at once, merge in shared memory, and write either the output (one split) or a
 //    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
 //    bf16 / fp16 caches with head_dim % 16 == 0 (<= 256) and group <= 16 take decode_tc_kernel instead
@@ -23,6 +24,7 @@
 #include <cstring>
 
 #include "append_attention_cuda.h"
+#include "append_attention_decode_plan.cuh"
 #include "append_attention_decode_mma.cuh"
 #include "append_attention_decode_tc.cuh"
 #include "append_attention_device.cuh"
@@ -34,7 +36,6 @@ namespace {
 
 using attn::kTileKeys;
 
-constexpr int kMaxDecodeSplits = 16;  // == MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py
 constexpr int kMaxSmem = 160 * 1024;  // dynamic shared memory a decode block may take
 
 template <typename T>
@@ -62,7 +63,7 @@ __global__ void rope_write_kernel(AppendAttentionArgs a) {
 }
 
 struct DecodeGeometry {
-  int row_bytes, q_stride, nwarps, hchunks, splits;
+  int row_bytes, q_stride, nwarps, hchunks, splits, target;
   size_t smem;
 };
 
@@ -77,7 +78,8 @@ __global__ void decode_kernel(AppendAttentionArgs a, DecodeGeometry geo, float* 
   const int64_t p = a.positions[t0];
   const KeyRanges keys = key_ranges(a, g, p);
   const int64_t nvis = keys.count(), split = blockIdx.z;
-  const SplitWindow win = split_window(nvis, geo.splits, split, kTileKeys);
+  const int64_t chunk = geo.splits > 1 ? attn::decode_split_keys(a, geo.splits, geo.target, kTileKeys, nvis) : nvis;
+  const SplitWindow win = split_window(nvis, chunk, split);
   const int64_t lo = win.lo, hi = win.hi;
   const int64_t head_row = b * a.num_q_heads + g * group + h0;  // first (request, query head) row
   if (lo >= hi) {  // nothing to see in this split (every split, when an SWA head has no window)
@@ -166,78 +168,6 @@ __global__ void decode_kernel(AppendAttentionArgs a, DecodeGeometry geo, float* 
   }
 }
 
-template <typename T>
-__global__ void merge_kernel(AppendAttentionArgs a, int splits, const float* ws_o, const float* ws_lse) {
-  const int64_t b = blockIdx.x, h = blockIdx.y;
-  const int32_t t0 = a.cu_seqlens_q[b];
-  if (a.cu_seqlens_q[b + 1] - t0 != 1 || token_request(a, t0) != b) return;
-  const int64_t row = b * a.num_q_heads + h;
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ws_lse[row * splits + s]);
-  for (int64_t d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-    float l = 0.0f, o = 0.0f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float lse = ws_lse[row * splits + s];
-        if (lse == -INFINITY) continue;
-        const float f = exp2f(lse - mx);
-        l += f;
-        o += f * ws_o[(row * splits + s) * a.head_dim + d];
-      }
-    }
-    static_cast<T*>(a.out)[(t0 * a.num_q_heads + h) * a.head_dim + d] = attn::from_f<T>(l > 0.0f ? o / l : 0.0f);
-  }
-}
-
-const char* launched() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
-template <typename K>
-const char* allow_smem(K kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return nullptr;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(bytes));
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 132;
-  return n > 0 ? n : 132;
-}
-
-// Row pitch of a K/V tile row: VB-byte vectors of consecutive lanes fall in distinct banks.
-template <typename T, int VB>
-int tile_row_bytes(int64_t head_dim) {
-  const int bytes = static_cast<int>(head_dim * sizeof(T));
-  if (VB == 16) return bytes + 16;
-  return bytes + ((bytes / 4) % 2 == 0 ? 4 : 0);
-}
-
-// Decode splits from shapes only: enough blocks for the GPU, at least ~256 keys of a full row per
-// split, and no more than the workspace holds. Shared by both decode kernels.
-int decode_splits(const AppendAttentionArgs& a, int hchunks, int64_t ws_floats) {
-  const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * hchunks);
-  int64_t splits = (4 * sm_count() + blocks - 1) / blocks;
-  splits = std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256);
-  const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
-  splits = std::min<int64_t>(splits, per_split_floats > 0 ? ws_floats / per_split_floats : 0);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits)));
-}
-
-// Combines the splits' partials (nothing to do for one split: the kernel wrote the output).
-template <typename T>
-const char* launch_merge(const AppendAttentionArgs& a, int splits, const float* ws_o, const float* ws_lse,
-                         cudaStream_t stream) {
-  if (splits == 1) return nullptr;
-  merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)), 128, 0, stream>>>(
-      a, splits, ws_o, ws_lse);
-  return launched();
-}
-
 template <typename T, int VB, int R, int DPL>
 const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
   DecodeGeometry geo{};
@@ -251,11 +181,13 @@ const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_fl
   // The warps' (m, l, o) exchange reuses the stages; only tiny head dims need more than they hold.
   const size_t merge = static_cast<size_t>(geo.nwarps) * R * (32 * DPL + 2) * sizeof(float);
   geo.smem = base + std::max(geo.nwarps * per_warp, merge);
-  geo.splits = decode_splits(a, geo.hchunks, ws_floats);
-  float* ws_o = geo.splits > 1 ? ws : nullptr;
-  float* ws_lse = geo.splits > 1 ? ws + a.batch * a.num_q_heads * geo.splits * a.head_dim : nullptr;
   auto kernel = decode_kernel<T, VB, R, DPL>;
   if (const char* err = allow_smem(kernel, geo.smem)) return err;
+  const DecodePlan plan = decode_plan(a, kernel, 32 * geo.nwarps, geo.smem, geo.hchunks, ws_floats);
+  geo.splits = plan.splits;
+  geo.target = plan.target;
+  float* ws_o = geo.splits > 1 ? ws : nullptr;
+  float* ws_lse = geo.splits > 1 ? ws + a.batch * a.num_q_heads * geo.splits * a.head_dim : nullptr;
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads * geo.hchunks),
                   static_cast<unsigned>(geo.splits));
   kernel<<<grid, 32 * geo.nwarps, geo.smem, stream>>>(a, geo, ws_o, ws_lse);
@@ -292,12 +224,13 @@ bool use_decode_tc(const AppendAttentionArgs& a) {
 template <typename T, typename K>
 const char* launch_split_decode(const AppendAttentionArgs& a, K kernel, int threads, size_t smem, float* ws,
                                 int64_t ws_floats, cudaStream_t stream) {
-  const int splits = decode_splits(a, 1, ws_floats);
+  if (const char* err = allow_smem(kernel, smem)) return err;
+  const DecodePlan plan = decode_plan(a, kernel, threads, smem, 1, ws_floats);
+  const int splits = plan.splits;
   float* ws_o = splits > 1 ? ws : nullptr;
   float* ws_lse = splits > 1 ? ws + a.batch * a.num_q_heads * splits * a.head_dim : nullptr;
-  if (const char* err = allow_smem(kernel, smem)) return err;
   const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_kv_heads), static_cast<unsigned>(splits));
-  kernel<<<grid, threads, smem, stream>>>(a, splits, ws_o, ws_lse);
+  kernel<<<grid, threads, smem, stream>>>(a, splits, plan.target, ws_o, ws_lse);
   if (const char* err = launched()) return err;
   return launch_merge<T>(a, splits, ws_o, ws_lse, stream);
 }
@@ -317,10 +250,6 @@ const char* launch_decode_mma(const AppendAttentionArgs& a, float* ws, int64_t w
                                 ws_floats, stream);
 }
 
-static bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
 
 // Tensor-core decode: the register-O kernel for head_dim 64, 80, 96, 128 (2 stages: ~75 KB a block at
 // head_dim 128, three blocks an SM); the WMMA kernel above 128. Measurement switches, read per call:

@@ -50,6 +50,14 @@ QWEN3_8B = dict(   # Qwen3-8B's published config.json
     max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False,
     tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16")
 
+ERNIE45_21B_A3B = dict(   # ERNIE-4.5-21B-A3B's published config.json (the -PT checkpoint)
+    model_type="ernie4_5_moe", architectures=["Ernie4_5_MoeForCausalLM"], vocab_size=103424, hidden_size=2560,
+    intermediate_size=12288, num_hidden_layers=28, num_attention_heads=20, num_key_value_heads=4, head_dim=128,
+    moe_num_experts=64, moe_k=6, moe_num_shared_experts=2, moe_intermediate_size=1536, moe_layer_start_index=1,
+    moe_layer_interval=1, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, use_bias=False,
+    tie_word_embeddings=True, hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    torch_dtype="bfloat16")
+
 # CPU smoke dims (tiny, same structure): the MoE override applied on V2_LITE, the MLA one on V3_DENSE,
 # the GQA one on QWEN3_8B.
 SMOKE_MOE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -61,6 +69,7 @@ SMOKE_MLA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_atte
                  v_head_dim=16)
 SMOKE_GQA = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=16)
+SMOKE_ERNIE_MOE = dict(SMOKE_GQA, num_hidden_layers=2, moe_num_experts=8, moe_k=2, moe_intermediate_size=32)
 
 
 @dataclass(frozen=True)

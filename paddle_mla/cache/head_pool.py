@@ -268,29 +268,39 @@ class HeadWisePool:
 
 
 def split_head_blocks(total_head_blocks: int, spec: HeadWiseSwa, block_size: int, max_num_seqs: int,
-                      max_num_batched_tokens: int) -> tuple[int, int]:
+                      max_num_batched_tokens: int, max_model_len: int = 0) -> tuple[int, int]:
     """(full-head, SWA-head) range sizes for a budget of ``total_head_blocks`` blocks of one head.
     Without recycling every head needs the whole context: equal ranges. With recycling an SWA row
     holds at most the sink blocks, the window's blocks and those of the step's new tokens, so the
-    SWA ranges get exactly what ``max_num_seqs`` such rows can use and the full heads the rest."""
+    SWA ranges get exactly what ``max_num_seqs`` such rows can use and the full heads the rest.
+    When that reaches the equal split (a large max_num_seqs: recycling would free nothing) and
+    ``max_model_len`` is given, the SWA ranges are sized for the rows the budget holds at
+    max_model_len instead (when it holds one at all), so the full heads keep room for them."""
     equal = total_head_blocks // spec.num_kv_heads
     if not spec.recycle or spec.num_full_heads == 0:
         return equal, equal
     window_blocks = -(-(spec.window - 1) // block_size) + 1     # (p - W, p] spans at most this many
     per_seq = spec.sink_blocks(block_size) + window_blocks
-    swa = min(equal, max_num_seqs * per_seq + -(-max_num_batched_tokens // block_size) + max_num_seqs)
+    chunk = -(-max_num_batched_tokens // block_size)
+    rows = max_num_seqs
+    if rows * per_seq + chunk + rows >= equal and max_model_len > 0:
+        row_blocks = -(-max_model_len // block_size)
+        fit = (total_head_blocks - spec.num_swa_heads * chunk) // (
+            spec.num_full_heads * row_blocks + spec.num_swa_heads * (per_seq + 1))
+        rows = min(rows, fit) if fit >= 1 else rows     # no max_model_len row fits: the budget is not for them
+    swa = min(equal, rows * per_seq + chunk + rows)
     full = (total_head_blocks - spec.num_swa_heads * swa) // spec.num_full_heads
     return full, swa
 
 
-def head_ranges(spec: HeadWiseSwa, num_blocks: int, block_size: int, sched, usable_blocks: int
-                ) -> tuple[int, int | None]:
+def head_ranges(spec: HeadWiseSwa, num_blocks: int, block_size: int, sched, usable_blocks: int,
+                max_model_len: int = 0) -> tuple[int, int | None]:
     """(full heads' range, SWA heads' range or None when equal) for a budget of ``num_blocks`` blocks
     per KV head (``cache.num_blocks``, or what the memory profile fits): split_head_blocks, the full
     heads capped at ``usable_blocks`` (kv_cache.usable_num_blocks: more are never used). Unequal
     ranges go into one flat cache of flat_cache_blocks(...) <= num_kv_heads x num_blocks blocks."""
     full, swa = split_head_blocks(spec.num_kv_heads * num_blocks, spec, block_size, sched.max_num_seqs,
-                                  sched.max_num_batched_tokens)
+                                  sched.max_num_batched_tokens, max_model_len)
     if swa == full:
         return num_blocks, None
     return min(full, usable_blocks), swa

@@ -60,18 +60,32 @@ class HeadWiseSwa:
         return {"num_swa_heads": self.num_swa_heads, "window": self.window, "sink": self.sink, "swa_mask": self.mask}
 
 
-def head_wise_swa(cfg: EngineConfig, family: str, num_kv_heads: int) -> HeadWiseSwa | None:
-    """The head-wise SWA plan of ``cfg`` for a model of ``family`` with ``num_kv_heads`` KV heads;
-    None when the ratio is 0 (every head full: uniform block tables, exactly today's engine).
-    ConfigError when the model cannot take it."""
+def per_rank_swa_heads(num_kv_heads: int, num_swa_heads: int, tp_size: int) -> int:
+    """SWA heads of each tensor-parallel rank. The ranks hold equal shares of the full heads and of
+    the SWA heads (the loader picks each rank's heads so: models.sharding), so their attention
+    time and KV memory stay equal and every rank runs one local plan, its SWA heads last.
+    ConfigError when either count does not split evenly."""
+    full = num_kv_heads - num_swa_heads
+    if full % tp_size or num_swa_heads % tp_size:
+        raise ConfigError([f"'parallel.tensor_parallel_size' {tp_size} must divide both the {full} full and the "
+                           f"{num_swa_heads} SWA KV heads of head-wise SWA (each rank holds an equal share of "
+                           f"each); choose a head_wise_swa_ratio or tensor_parallel_size that splits both"])
+    return num_swa_heads // tp_size
+
+
+def head_wise_swa(cfg: EngineConfig, family: str, num_kv_heads: int, tp_size: int = 1) -> HeadWiseSwa | None:
+    """The head-wise SWA plan of one rank of ``cfg`` for a model of ``family`` with ``num_kv_heads``
+    KV heads in all, over ``tp_size`` tensor-parallel ranks; None when the ratio is 0 (every head
+    full: uniform block tables, exactly today's engine). ConfigError when the model cannot take it."""
     a = cfg.attention
     if a.head_wise_swa_ratio == 0:
         return None
     if family != "gqa":
         raise ConfigError([f"'attention.head_wise_swa_ratio' is {a.head_wise_swa_ratio}: head-wise sliding-window "
                            f"attention needs a GQA model (qwen3, ernie4_5, llama); this checkpoint is {family!r}"])
-    return HeadWiseSwa(num_kv_heads, swa_heads(a.head_wise_swa_ratio, num_kv_heads), a.sliding_window,
-                       a.sink_tokens, cfg.cache.swa_recycle, a.swa_mode == "mask")
+    local_swa = per_rank_swa_heads(num_kv_heads, swa_heads(a.head_wise_swa_ratio, num_kv_heads), tp_size)
+    return HeadWiseSwa(num_kv_heads // tp_size, local_swa, a.sliding_window, a.sink_tokens, cfg.cache.swa_recycle,
+                       a.swa_mode == "mask")
 
 
 def swa_needed_blocks(spec: HeadWiseSwa, num_cached_blocks: int, block_size: int) -> list[int]:

@@ -239,11 +239,6 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(not (par.tensor_parallel_size > 1 and cfg.runtime == "paddle"),
          "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only for now: "
          "it runs on torch.distributed; the paddle runtime has no paddle.distributed path yet)")
-    need(not (par.tensor_parallel_size > 1 and cfg.attention.head_wise_swa_ratio > 0),
-         f"'attention.head_wise_swa_ratio' is {cfg.attention.head_wise_swa_ratio} with "
-         f"'parallel.tensor_parallel_size' {par.tensor_parallel_size}: head-wise SWA is not built for tensor "
-         "parallelism (the SWA heads are the last KV heads globally, so ranks would hold different SWA counts "
-         "under one block pool); set one of them off")
     backend = cfg.attention.backend
     if backend == AUTO and cfg.device != AUTO:
         backend = resolve_backend(backend, cfg.device)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paddle_mla.cache.head_pool import make_block_pool
 from paddle_mla.config.schema import EngineConfig
 from paddle_mla.engine.output_processor import OutputProcessor, RequestGroup, completion_seed
 from paddle_mla.sched.request import (EngineStats, GenerationRequest, RequestMetrics, RequestOutput, Sequence, Status,
@@ -190,8 +189,7 @@ def build_core(config: EngineConfig, runner, tokenizer) -> EngineCore:
     """The core of an engine over ``runner`` (its limits size the block pool, which the runner
     then reads for head-wise tables): pool, scheduler, output processor."""
     lim = runner.limits
-    pool = make_block_pool(lim.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
-                           runner.head_wise_swa, runner.swa_num_blocks)
+    pool = runner.new_block_pool()
     runner.attach_pool(pool)
     scheduler = Scheduler(config.scheduler, pool, lim.max_model_len,
                           absorbed_max_new=getattr(runner.backend, "short_max_q", 0))   # GQA backends: none

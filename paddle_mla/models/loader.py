@@ -91,10 +91,12 @@ class StreamingLoader:
 
     def __init__(self, model_dir: str | Path, arch: ModelArch, dtype: Any, device: str, keep_fp8: bool = False,
                  expert_fp8: bool = False, threads: int | None = None, progress: bool = True,
-                 tp_rank: int = 0, tp_size: int = 1, reader=None, expert_parallel: bool = False):
-        # ``reader``: another source of the same tensors (load_format: dummy's DummyReader)
+                 tp_rank: int = 0, tp_size: int = 1, reader=None, expert_parallel: bool = False,
+                 swa_kv_heads: int = 0):
+        # ``reader``: another source of the same tensors (load_format: dummy's DummyReader);
+        # ``swa_kv_heads``: head-wise SWA's KV heads, balanced over the ranks (sharding._gqa_shard)
         self.reader = reader if reader is not None else CheckpointReader(model_dir)
-        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.tp_rank, self.tp_size, self.swa_kv_heads = tp_rank, tp_size, swa_kv_heads
         self.expert_parallel = expert_parallel and tp_size > 1
         self.arch, self.dtype, self.device = arch, dtype, device
         self.on_cpu = device == "cpu"
@@ -135,11 +137,11 @@ class StreamingLoader:
         view = RAW_VIEW_DTYPES[st]
         if shard is None:
             raw = f.read_into(name, self._buffer(n, fresh)).view(view).reshape(shape)
-        elif shard.dim == 0:     # rows are contiguous: read only this rank's bytes
+        elif shard.dim == 0 and shard.contiguous:     # rows are contiguous: read only this rank's bytes
             row = n // shape[0]
             raw = f.read_into(name, self._buffer(row * shard.size, fresh), offset=row * shard.start,
                               count=row * shard.size).view(view).reshape(shard.shape(shape))
-        else:                    # columns: the whole tensor through the reusable buffer, the slice kept
+        else:   # columns, or two row ranges: the whole tensor through the reusable buffer, the slice kept
             whole = f.read_into(name, self._buffer(n, False)).view(view).reshape(shape)
             raw = np.ascontiguousarray(whole[shard.numpy_index()])
         t = torch.from_numpy(raw)
@@ -165,7 +167,7 @@ class StreamingLoader:
         if self.tp_size == 1:
             return None
         return checkpoint_shard(name, self.reader.file_of(name).shape(name), self.arch, self.tp_rank, self.tp_size,
-                                self.expert_parallel)
+                                self.expert_parallel, self.swa_kv_heads)
 
     def _shape(self, name: str) -> list[int]:
         """Shape of what this rank holds of ``name``."""
@@ -351,7 +353,7 @@ def load_weights(model_dir: str | Path, arch: ModelArch, dtype: Any, device: str
 
 def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "auto", expert_fp8: bool | None = None,
                threads: int | None = None, progress: bool = True, tp=None,
-               load_format: str = "auto") -> CausalLM | GQACausalLM:
+               load_format: str = "auto", swa_kv_heads: int = 0) -> CausalLM | GQACausalLM:
     """Load a checkpoint folder (deepseek_v2/v3/v32: CausalLM; qwen3, ernie4_5, llama: GQACausalLM)
     onto ``device`` with weights in ``dtype``.
 
@@ -361,7 +363,8 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
     ``tp`` (``paddle_mla.parallel.group.TPGroup``): load this rank's shards only.
     ``load_format`` (config key): auto reads the checkpoint; dummy makes random weights of the
     checkpoint's layout on the device from config.json alone (``paddle_mla.models.dummy_weights``;
-    benchmarks only).
+    benchmarks only). ``swa_kv_heads``: head-wise SWA's KV heads (the last ones), which tensor
+    parallelism spreads evenly over the ranks.
     """
     arch = load_arch(model_dir)
     if device == "cuda":
@@ -376,7 +379,7 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
         expert_fp8 = keep
     # expert parallel: a TPGroup formed with it (parallel.expert_parallel) places routed experts whole
     kwargs = dict(keep_fp8=keep, expert_fp8=expert_fp8, tp_rank=rank, tp_size=size,
-                  expert_parallel=bool(getattr(tp, "expert_parallel", False)))
+                  expert_parallel=bool(getattr(tp, "expert_parallel", False)), swa_kv_heads=swa_kv_heads)
     if load_format == "dummy":
         from paddle_mla.models.dummy_weights import dummy_weights
 

@@ -10,15 +10,20 @@ Megatron-style splits of the DeepSeek layers over ``size`` ranks:
 - ``embed_tokens`` and ``lm_head``: vocabulary-parallel (rows split by token id).
 - GQA (qwen3, ernie4_5, llama and their MoE): KV heads split (``num_key_value_heads`` % size == 0,
   never replicated), q heads with their groups; q/k/v projections and their biases column-parallel,
-  ``o_proj`` row-parallel; per-head q/k norms replicated (no collective).
+  ``o_proj`` row-parallel; per-head q/k norms replicated (no collective). With head-wise SWA
+  (``swa_kv_heads`` > 0: the last ones are SWA heads) a rank holds its share of the full heads and
+  then its share of the SWA heads (two ranges), so every rank has the same number of each, its SWA
+  heads last: the attention time and KV memory of the ranks stay equal, and each rank runs the
+  same local plan (``cache.swa.per_rank_swa_heads``).
 - Everything else (norms, the router, the V3.2 indexer, o_proj / down_proj biases) is replicated.
 
 Expert parallel (``expert_parallel``): the routed experts are placed whole, rank r holding the
 contiguous id range ``expert_range(E, r, size)``; shared experts, dense MLPs and attention keep the
 splits above.
 
-Splits are contiguous ranges; the vocabulary and MLP ranges may be uneven (ceil-sized chunks, the
-last rank takes the rest); heads must divide evenly. 1-D tensors are only split as GQA / MLP biases.
+Splits are contiguous ranges (the GQA heads' two under head-wise SWA); the vocabulary and MLP ranges
+may be uneven (ceil-sized chunks, the last rank takes the rest); heads must divide evenly. 1-D
+tensors are only split as GQA / MLP biases.
 """
 
 from __future__ import annotations
@@ -27,20 +32,29 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from paddle_mla.cache.swa import per_rank_swa_heads
+
 _LAYER_NAME = re.compile(r"^model\.layers\.\d+\.")
 
 
 @dataclass(frozen=True)
 class Shard:
-    """Rows (``dim`` 0) or columns (``dim`` 1) ``[start, stop)`` of a 2-D checkpoint tensor."""
+    """Rows (``dim`` 0) or columns (``dim`` 1) ``[start, stop)`` of a 2-D checkpoint tensor, then
+    ``[start2, stop2)`` when that is not empty (a rank's SWA heads after its full heads)."""
 
     dim: int
     start: int
     stop: int
+    start2: int = 0
+    stop2: int = 0
+
+    @property
+    def contiguous(self) -> bool:
+        return self.stop2 == self.start2
 
     @property
     def size(self) -> int:
-        return self.stop - self.start
+        return self.stop - self.start + self.stop2 - self.start2
 
     def shape(self, full: list[int]) -> list[int]:
         out = list(full)
@@ -48,7 +62,9 @@ class Shard:
         return out
 
     def numpy_index(self) -> tuple:
-        return (slice(None),) * self.dim + (slice(self.start, self.stop),)
+        if self.contiguous:
+            return (slice(None),) * self.dim + (slice(self.start, self.stop),)
+        return (slice(None),) * self.dim + (list(range(self.start, self.stop)) + list(range(self.start2, self.stop2)),)
 
 
 def split_range(n: int, rank: int, size: int) -> tuple[int, int]:
@@ -107,27 +123,41 @@ def _mlp_shard(name: str, shape: list[int], rank: int, size: int) -> Shard | Non
     return None
 
 
-def _gqa_shard(name: str, arch, rank: int, size: int) -> Shard | None:
-    """q heads split with their groups (q head i belongs to KV head i // group, and both are split
-    in contiguous equal ranges, so a rank's q heads are exactly those of its KV heads); q/k/v rows
-    and biases column-parallel, o_proj columns row-parallel (its bias replicated, added once)."""
+def _head_ranges(arch, rank: int, size: int, swa_kv_heads: int) -> tuple[int, int, int, int]:
+    """``rank``'s KV heads as two ranges [a, b) + [c, d): its share of the full heads, then of the
+    SWA heads (the second empty without SWA heads, the first without full heads)."""
+    n = arch.gqa.num_kv_heads
+    swa = per_rank_swa_heads(n, swa_kv_heads, size)
+    full = (n - swa_kv_heads) // size
+    first_swa = n - swa_kv_heads
+    if full == 0:      # every head an SWA head: one contiguous range
+        return rank * swa, (rank + 1) * swa, 0, 0
+    if swa == 0:
+        return rank * full, (rank + 1) * full, 0, 0
+    return rank * full, (rank + 1) * full, first_swa + rank * swa, first_swa + (rank + 1) * swa
+
+
+def _gqa_shard(name: str, arch, rank: int, size: int, swa_kv_heads: int = 0) -> Shard | None:
+    """q heads split with their groups (q head i belongs to KV head i // group: a rank's q heads are
+    exactly those of its KV heads, in their order); q/k/v rows and biases column-parallel, o_proj
+    columns row-parallel (its bias replicated, added once)."""
     d = arch.gqa
-    q, kv = d.num_heads // size * d.head_dim, d.num_kv_heads // size * d.head_dim
-    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
-        return Shard(0, rank * q, (rank + 1) * q)
+    group = d.num_heads // d.num_kv_heads
+    a, b, c, e = _head_ranges(arch, rank, size, swa_kv_heads)
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.o_proj.weight")):
+        unit = group * d.head_dim
+        return Shard(1 if name.endswith("o_proj.weight") else 0, a * unit, b * unit, c * unit, e * unit)
     if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias",
                       "self_attn.v_proj.weight", "self_attn.v_proj.bias")):
-        return Shard(0, rank * kv, (rank + 1) * kv)
-    if name.endswith("self_attn.o_proj.weight"):
-        return Shard(1, rank * q, (rank + 1) * q)
+        return Shard(0, a * d.head_dim, b * d.head_dim, c * d.head_dim, e * d.head_dim)
     return None
 
 
 def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int,
-                     expert_parallel: bool = False) -> Shard | None:
+                     expert_parallel: bool = False, swa_kv_heads: int = 0) -> Shard | None:
     """The slice of checkpoint tensor ``name`` (of ``shape``) that ``rank`` holds; None: all of it
     (under ``expert_parallel`` a routed expert is whole; which experts a rank loads at all is
-    ``expert_range``'s)."""
+    ``expert_range``'s). ``swa_kv_heads``: the model's head-wise SWA heads (GQA), balanced over ranks."""
     if size == 1 or len(shape) not in (1, 2):
         return None
     if len(shape) == 2 and name in ("model.embed_tokens.weight", "lm_head.weight"):
@@ -139,7 +169,7 @@ def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int,
     if ".mlp." in name:
         return _mlp_shard(name, shape, rank, size)
     if arch.family == "gqa":
-        return _gqa_shard(name, arch, rank, size)
+        return _gqa_shard(name, arch, rank, size, swa_kv_heads)
     if len(shape) != 2:
         return None
     d = arch.mla
@@ -156,9 +186,9 @@ def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int,
 
 
 def scale_shard(shard: Shard | None, full_shape: list[int], block: tuple[int, int]) -> Shard | None:
-    """The block-scale rows/columns of an FP8 weight's ``shard``; None when the shard does not
-    start and end on block boundaries (the caller dequantizes the whole weight, then slices)."""
-    if shard is None:
+    """The block-scale rows/columns of an FP8 weight's ``shard``; None when the shard is not one range
+    that starts and ends on block boundaries (the caller dequantizes the whole weight, then slices)."""
+    if shard is None or not shard.contiguous:
         return None
     b = block[shard.dim]
     if shard.start % b or (shard.stop % b and shard.stop != full_shape[shard.dim]):

@@ -17,8 +17,10 @@ import torch
 
 from paddle_mla.ops import build
 
-# Must equal kMaxDecodeSplits in custom_ops/append_attention_kernels.cu (a smaller workspace only
-# lowers the number of splits the kernel uses; it never overflows it).
+# Splits of every row the workspace holds at max_num_seqs rows: kEqualMaxSplits in
+# custom_ops/append_attention_kernels.cu, the default plan's most. The plan by length
+# (PADDLE_MLA_GQA_SPLITS=length) takes more when fewer rows decode; neither takes more than the
+# workspace holds.
 MAX_DECODE_SPLITS = 16
 
 

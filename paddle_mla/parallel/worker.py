@@ -81,6 +81,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
         group = TPGroup.join(spec.rank, spec.rdzv, expert_parallel=spec.config.parallel.expert_parallel)
         runner = ModelRunner(spec.config, spec.model_dir, tp=group)
+        # head-wise SWA: the input state rebuilds the table rows from the scheduler's deltas with the
+        # pool's layout; rank 0's scheduler allocates, this copy only describes (the same on every rank)
+        runner.attach_pool(runner.new_block_pool())
         conn.send(("ready",))
         kill_after, steps = _kill_after(spec.rank), 0
         while True:

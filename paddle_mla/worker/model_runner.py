@@ -28,7 +28,7 @@ from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, SideArrays, StepBatch, build_step  # noqa: E402
 from paddle_mla.cache.kv_cache import (allocate_flat_gqa_caches, allocate_index_caches,  # noqa: E402
                                        allocate_kv_caches, auto_num_blocks, bytes_per_block, usable_num_blocks)
-from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges  # noqa: E402
+from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges, make_block_pool  # noqa: E402
 from paddle_mla.config.schema import EngineConfig  # noqa: E402
 from paddle_mla.worker import sampler  # noqa: E402
 from paddle_mla.worker.penalties import PenaltyState  # noqa: E402
@@ -85,11 +85,16 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self._forward_meta, plan.cuda_graph_sizes, plan.memory.max_blocks_per_seq,
                                        plan.memory.block_size, self.device, self._table_heads())
 
+    def _global_swa_heads(self) -> int:
+        """Head-wise SWA's KV heads over every rank (the plan holds one rank's equal share)."""
+        swa = self.plan.kv.swa
+        return swa.num_swa_heads * (self.tp.size if self.tp is not None else 1) if swa is not None else 0
+
     def _load_model(self, model_dir: str | None, model) -> None:
         t0 = time.perf_counter()
         self.model = model if model is not None else load_model(
             model_dir, self.dtype, self.device, quantization=self.plan.quantization, tp=self.tp,
-            load_format=self.cfg.load_format)
+            load_format=self.cfg.load_format, swa_kv_heads=self._global_swa_heads())
         _runtime.synchronize()              # start-up only: the weights are on the device
         self.load_s = time.perf_counter() - t0   # benchmarks report it
         self.model.reserve_moe_workspace(self.cfg.scheduler.max_num_batched_tokens)
@@ -149,7 +154,7 @@ class ModelRunner:
         self.swa_num_blocks = None
         if kv.table_heads:
             usable = usable_num_blocks(sc.max_num_seqs, plan.max_model_len, bs)
-            num_blocks, self.swa_num_blocks = head_ranges(kv.swa, num_blocks, bs, sc, usable)
+            num_blocks, self.swa_num_blocks = head_ranges(kv.swa, num_blocks, bs, sc, usable, plan.max_model_len)
         self.limits = RunnerLimits(plan.max_model_len, int(num_blocks), plan.memory.max_blocks_per_seq)
         if self.swa_num_blocks is not None:
             self.kv_caches = allocate_flat_gqa_caches(kv.num_layers,
@@ -181,6 +186,13 @@ class ModelRunner:
     def _table_heads(self) -> int:
         """KV heads of a head-wise block table (0: uniform [B, max_blocks] tables)."""
         return self.plan.kv.table_heads
+
+    def new_block_pool(self):
+        """The block pool ``limits`` size: the engine's scheduler allocates from it; a tensor-parallel
+        worker's own copy gives its head-wise input state the table layout (spec, per-head ranges)."""
+        cache = self.cfg.cache
+        return make_block_pool(self.limits.num_blocks, cache.block_size, cache.enable_prefix_caching,
+                               self.head_wise_swa, self.swa_num_blocks)
 
     def attach_pool(self, pool) -> None:
         """The engine's block pool (LLM builds it from ``limits``): with head-wise SWA the input

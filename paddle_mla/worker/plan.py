@@ -137,8 +137,9 @@ def kv_layout(cfg: EngineConfig, arch: "ModelArch") -> KVLayout:
 
     local = local_arch(arch, cfg.parallel.tensor_parallel_size)
     gqa = local.family == "gqa"
-    # ConfigError on MLA checkpoints, or for a ratio that is not a whole number of KV heads
-    swa = head_wise_swa(cfg, local.family, local.gqa.num_kv_heads if gqa else 0)
+    # ConfigError on MLA checkpoints, for a ratio that is not a whole number of KV heads, or for SWA
+    # and full heads that do not split evenly over the tensor-parallel ranks
+    swa = head_wise_swa(cfg, local.family, arch.gqa.num_kv_heads if gqa else 0, cfg.parallel.tensor_parallel_size)
     return KVLayout(kind=GQA_HEAD_MAJOR if gqa else MLA_LATENT, num_layers=local.num_layers, width=kv_width(local),
                     index_dim=local.indexer.head_dim if local.indexer is not None else 0, swa=swa)
 

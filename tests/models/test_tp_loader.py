@@ -130,3 +130,35 @@ def test_gqa_checkpoint_shards(tmp_path):
         np.testing.assert_array_equal(local[m + "down_proj.bias"], full[m + "down_proj.bias"])
     local_dims = local_arch(arch, 2).gqa
     assert (local_dims.num_heads, local_dims.num_kv_heads, local_dims.head_dim) == (3, 1, 10)
+
+
+def test_gqa_shards_balance_head_wise_swa_heads(tmp_path):
+    """4 KV heads of 10 (8 q heads, group 2), the last 2 SWA heads, over 2 ranks: rank r holds full
+    head r, then SWA head 2 + r (q heads, k/v rows, biases and o_proj columns alike, in that order);
+    the dummy loader makes the same shapes. Head ranges written out here."""
+    pytest.importorskip("transformers")
+    from test_gqa_oracle import CONFIGS, _hf_model
+
+    from paddle_mla.models.dummy_weights import dummy_weights
+
+    prefix, extra, _ = CONFIGS["llama_g1_llama3_bias"]
+    dims = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 10, "hidden_size": 56}
+    _hf_model(prefix, {**extra, **dims}).save_pretrained(tmp_path)
+    arch = load_arch(tmp_path)
+    full = {k: _np(v) for k, v in load_weights(tmp_path, arch, torch.float32, "cpu").items()}
+    a = "model.layers.0.self_attn."
+    for rank in range(2):
+        local = {k: _np(v) for k, v in load_weights(tmp_path, arch, torch.float32, "cpu", tp_rank=rank, tp_size=2,
+                                                    swa_kv_heads=2).items()}
+        q = np.r_[rank * 20:rank * 20 + 20, 40 + rank * 20:40 + rank * 20 + 20]     # 2 q heads of each KV head
+        kv = np.r_[rank * 10:rank * 10 + 10, 20 + rank * 10:20 + rank * 10 + 10]
+        for n in ("q_proj.weight", "q_proj.bias"):
+            np.testing.assert_array_equal(local[a + n], full[a + n][q])
+        for n in ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"):
+            np.testing.assert_array_equal(local[a + n], full[a + n][kv])
+        np.testing.assert_array_equal(local[a + "o_proj.weight"], full[a + "o_proj.weight"][:, q])
+        fake = dummy_weights(arch, torch.float32, "cpu", tp_rank=rank, tp_size=2, swa_kv_heads=2)
+        assert {k: tuple(v.shape) for k, v in fake.items() if "self_attn" in k} == {
+            k: v.shape for k, v in local.items() if "self_attn" in k}
+    with pytest.raises(Exception, match="must divide both the 3 full and the 1 SWA"):
+        checkpoint_shard(a + "k_proj.weight", [40, 1], arch, 0, 2, swa_kv_heads=1)

@@ -270,3 +270,18 @@ def test_split_head_blocks_gives_swa_heads_what_recycled_rows_can_use():
     assert swa == 32 * (1 + 65) + 128 + 32 and 4 * full + 4 * swa <= 80_000 and full > 10_000
     off = HeadWiseSwa(8, 4, window=4096, sink=64, recycle=False)
     assert split_head_blocks(80_000, off, 64, 32, 8192) == (10_000, 10_000)
+
+
+def test_split_head_blocks_sizes_swa_ranges_for_the_rows_the_budget_holds():
+    """max_num_seqs 256 with a budget of about four 32k rows per head: the SWA ranges are sized for
+    the rows the budget holds at max_model_len, not for 256 rows (which would take the whole budget
+    and leave the full heads the equal split, so recycling would admit nothing more)."""
+    spec = HeadWiseSwa(4, 2, window=4096, sink=64, recycle=True)
+    total, max_len = 4 * 2100, 32768 + 128
+    row_blocks = -(-max_len // 64)
+    assert split_head_blocks(total, spec, 64, 256, 8192) == (2100, 2100)     # no max_model_len: 256 rows
+    full, swa = split_head_blocks(total, spec, 64, 256, 8192, max_model_len=max_len)
+    rows = full // row_blocks
+    assert rows == 7 and swa >= rows * (1 + 65) + 128 and 2 * full + 2 * swa <= total
+    assert rows >= 1.5 * (2100 // row_blocks)                 # 7 rows of 32k where equal ranges hold 4
+    assert split_head_blocks(total, spec, 64, 4, 8192, max_model_len=max_len)[1] == 4 * 66 + 128 + 4
