@@ -86,8 +86,9 @@ def main() -> None:
         raise SystemExit(f"{shape.name}: {shape.E} experts of width {shape.N} do not split over {args.ranks} ranks")
     wts = make_weights(shape, fp8=False)
     tp, ep = tp_slices(wts, args.ranks), ep_slices(wts, args.ranks)
+    dtype = str(Env.dtype).replace("torch.", "")
     print(f"# MoE layer, one rank's work: {shape.name} (E={shape.E}, top-{shape.top_k}, N={shape.N}, "
-          f"K={shape.K}), {args.ranks} ranks, {str(Env.dtype).replace("torch.", "")}, {device_name()}\n")
+          f"K={shape.K}), {args.ranks} ranks, {dtype}, {device_name()}\n")
     print("| M | TP-sliced layer µs (per rank) | EP layer µs (per rank) | EP / TP | rel err TP, EP vs unsplit |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     rows = []
