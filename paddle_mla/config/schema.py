@@ -103,9 +103,9 @@ class EngineConfig:
     seed: int = 0
     max_model_len: Union[int, Literal["auto"]] = AUTO
     cuda_graph: Union[bool, Literal["auto"]] = AUTO
-    # true: the dsa backend's sparse decode rows run a plan that does not depend on the batch (one
-    # split of the top-k axis, candidates appended in column order); GEMMs, MoE and the triton_mla
-    # decode plan are not covered (docs/dsa.md, "Deterministic mode")
+    # true: batch-invariant mode: every reduction of a row (attention splits, GEMM tiles, MoE
+    # configs) has an order fixed by the row alone, so greedy tokens do not depend on the batch,
+    # chunking, prefix caching or DP size. triton_mla and dsa only (docs/determinism.md)
     deterministic: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
