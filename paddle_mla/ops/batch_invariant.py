@@ -8,6 +8,7 @@ bits change with the batch it is in. Under the mode every dense product of the m
   sits (the idea of Thinking Machines' "Defeating Nondeterminism in LLM Inference");
 - elsewhere (CPU; the paddle runtime): one framework matmul per row (M = 1), which is the same
   call for a row whatever the batch.
+``logsumexp`` is the sampler's row reduction (logprobs, top-p's softmax), one program per row.
 
 The mode itself is process state (``set_enabled``): the model runner sets it from the config
 before each forward, so modules below the worker need no extra argument. Default mode never
@@ -70,6 +71,16 @@ def linear(x, w, b=None):
     else:
         y = linear_rowwise(x2, w, b)
     return y.reshape(*lead, w.shape[0])
+
+
+def logsumexp(x):
+    """x [B, N] -> float32 [B, 1]: log(sum(exp(row))), each row's order fixed by the row alone (the
+    framework's reduction splits a row over more blocks when there are fewer rows)."""
+    if _gpu_kernel_ok(x):
+        from paddle_mla.ops.batch_invariant_kernels import row_logsumexp
+
+        return row_logsumexp(x.contiguous())
+    return torch.logsumexp(x.to(torch.float32), dim=-1, keepdim=True)
 
 
 def bmm(a, b):

@@ -73,3 +73,31 @@ def bmm_nn(a, b):
     out = torch.empty((G, M, N), dtype=a.dtype, device=a.device)
     _launch(a, b, out, G, M, N, K, a.stride(), b.stride(), out.stride())
     return out
+
+
+@triton.jit(do_not_specialize=["N"])
+def _row_logsumexp_kernel(x_ptr, out_ptr, N, stride, BLOCK: tl.constexpr):
+    """One program per row: the max, then the sum of exp over BLOCK-wide chunks in column order."""
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride
+    cols = tl.arange(0, BLOCK)
+    run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    for n0 in range(0, N, BLOCK):
+        v = tl.load(base + n0 + cols, mask=n0 + cols < N, other=float("-inf")).to(tl.float32)
+        run_max = tl.maximum(run_max, v)
+    m = tl.max(run_max, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)   # an all -inf row: log(0) = -inf, not NaN
+    acc = tl.zeros([BLOCK], tl.float32)
+    for n0 in range(0, N, BLOCK):
+        v = tl.load(base + n0 + cols, mask=n0 + cols < N, other=float("-inf")).to(tl.float32)
+        acc += tl.exp(v - m_safe)
+    tl.store(out_ptr + row, m_safe + tl.log(tl.sum(acc, 0)))
+
+
+def row_logsumexp(x):
+    """x [B, N] (last dim contiguous) -> float32 [B, 1]."""
+    B, N = x.shape
+    out = torch.empty((B, 1), dtype=torch.float32, device=x.device)
+    if B:
+        _row_logsumexp_kernel[(B,)](x, out, N, x.stride(0), BLOCK=1024, num_warps=4)
+    return out

@@ -70,3 +70,38 @@ def test_mode_switch_is_off_by_default_and_routes_the_model_linear():
         assert bool((linear(x, w) == bi.linear(x, w)).all())
     finally:
         bi.set_enabled(False)
+
+
+@pytest.mark.triton
+def test_triton_gemm_rows_match_alone_and_reference():
+    """The GPU path's kernel itself (run by the interpreter on CPU): fp32, edges in M, N and K."""
+    from paddle_mla.ops.batch_invariant_kernels import bmm_nn, gemm_nt
+
+    rng = np.random.default_rng(2)
+    x, w = _t(rng.standard_normal((70, 100))), _t(rng.standard_normal((130, 100)) * 0.1)
+    full = gemm_nt(x, w)
+    np.testing.assert_allclose(_np(full), _np(F.linear(x, w)), atol=1e-4, rtol=1e-4)
+    for lo, hi in ((5, 6), (0, 3), (5, 69)):
+        assert bool((gemm_nt(x[lo:hi], w)[0] == full[lo]).all())
+    a, b = _t(rng.standard_normal((2, 9, 40))), _t(rng.standard_normal((2, 40, 24)))
+    np.testing.assert_allclose(_np(bmm_nn(a, b)), _np(torch.bmm(a, b)), atol=1e-4, rtol=1e-4)
+    # a transposed view (the W_UK product's q_nope.transpose(0, 1)) reads through its strides
+    at = _t(rng.standard_normal((9, 2, 40))).transpose(0, 1)
+    np.testing.assert_allclose(_np(bmm_nn(at, b)), _np(torch.bmm(at.contiguous(), b)), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.triton
+def test_row_logsumexp_kernel_alone_and_in_a_batch():
+    """The sampler's row reduction under the mode (the GPU path's kernel, interpreted on CPU):
+    matches the framework's, a row alone equals itself among others, an all -inf row gives -inf."""
+    from paddle_mla.ops.batch_invariant_kernels import row_logsumexp
+
+    rng = np.random.default_rng(4)
+    x = _t(rng.standard_normal((9, 3000)) * 4)
+    x[5] = float("-inf")
+    x[2, 100:] = float("-inf")
+    got = row_logsumexp(x)
+    finite = [i for i in range(9) if i != 5]
+    np.testing.assert_allclose(_np(got)[finite], _np(torch.logsumexp(x[finite], dim=-1, keepdim=True)), rtol=1e-6)
+    assert float(got[5, 0]) == float("-inf")
+    assert bool((row_logsumexp(x[2:3])[0] == got[2]).all())
