@@ -62,7 +62,8 @@ def test_mla_decode_bf16_fixed_plan_row_invariant():
     lens_all[3] = 4097                                   # the probe: three 2048-key splits
     bt, nb = random_block_tables(rng, lens_all, page)
     cache = torch.from_numpy(rng.standard_normal((nb, page, 1, lora + rope)).astype(np.float32)).to(DEV, torch.bfloat16)
-    q_all = torch.from_numpy(rng.standard_normal((len(lens_all), H, lora + rope)).astype(np.float32)).to(DEV, torch.bfloat16)
+    q_all = torch.from_numpy(rng.standard_normal((len(lens_all), H, lora + rope)).astype(np.float32))
+    q_all = q_all.to(DEV, torch.bfloat16)
     tables, lens = torch.from_numpy(bt).to(DEV), torch.from_numpy(lens_all).to(DEV)
     cfg = k.dec.decode_config(64)      # the mode's config: the query-group one (backend.py)
     tiles = fixed_split_tiles(2048, cfg.block_n)

@@ -156,8 +156,8 @@ class TritonMLABackend(MLABackend):
         q[:, :, :L].copy_(self._bmm(q_nope[:bs].transpose(0, 1), w_kc).transpose(0, 1))
         q[:, :, L:].copy_(q_pe[:bs])
         out = self.o_buf[:bs]
-        mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L,
-                   self.dims.softmax_scale, self.cfg_small if bs <= SMALL_BATCH and not self.deterministic else self.cfg)
+        cfg = self.cfg_small if bs <= SMALL_BATCH and not self.deterministic else self.cfg
+        mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L, self.dims.softmax_scale, cfg)
         return self._bmm(out.transpose(0, 1), w_vc).transpose(0, 1)
 
     def _bmm(self, a, b):

@@ -2,7 +2,8 @@
 
 Stage 1: a fixed grid (head_groups, P). Program p takes the global KV tiles [p*Q, (p+1)*Q) of
 the GPU-built plan (``decode_plan``), crossing request boundaries, so the work is balanced to the
-tile (the batch-invariant plan has more windows than programs: p takes windows p, p + P, ...). For each request it touches, it processes BLOCK_H heads at once and walks its tiles through
+tile (the batch-invariant plan has more windows than programs: p takes windows p, p + P, ...).
+For each request it touches, it processes BLOCK_H heads at once and walks its tiles through
 the block table: S = q_nope K_c^T + q_pe K_pe^T, fp32 online softmax (exp2), acc += P V with V =
 the same K_c tile in shared memory (the latent is read once per head group). A request touched by
 one program writes its output directly; others write normalised fp32 partials and their LSE, and
