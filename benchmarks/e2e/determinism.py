@@ -197,7 +197,7 @@ def print_table(results: dict, device: str, args) -> None:
         for m in modes:
             r = results[m]["rows"].get(v)
             if r is None:
-                cells.append("not run")
+                cells.append("reference" if v == "batch1" and "batch1" in results[m]["tokens"] else "not run")
             elif "error" in r:
                 cells.append(f"rejected: {r['error']}")
             else:

@@ -240,6 +240,10 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
          f"'parallel.tensor_parallel_size' {par.tensor_parallel_size}: head-wise SWA is not built for tensor "
          "parallelism (the SWA heads are the last KV heads globally, so ranks would hold different SWA counts "
          "under one block pool); set one of them off")
+    need(not (par.tensor_parallel_size > 1 and cfg.deterministic),
+         "'deterministic: true' with 'parallel.tensor_parallel_size' > 1: the ranks' all-reduce picks its "
+         "algorithm (and so its summation order) by message size, which follows the batch; use "
+         "tensor_parallel_size 1 (data_parallel_size is fine) or deterministic: false")
     backend = cfg.attention.backend
     if backend == AUTO and cfg.device != AUTO:
         backend = resolve_backend(backend, cfg.device)

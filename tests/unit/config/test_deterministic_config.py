@@ -23,3 +23,12 @@ def test_deterministic_refused_by_the_others(backend):
     (err,) = exc.value.errors
     assert "'deterministic: true' is not supported" in err and "triton_mla" in err and "dsa" in err
     assert check_backend(_cfg(backend, False), backend) == []
+
+
+def test_deterministic_refused_with_tensor_parallelism():
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict({"deterministic": True, "attention": {"backend": "triton_mla"},
+                          "parallel": {"tensor_parallel_size": 2}})
+    assert any("all-reduce" in e for e in exc.value.errors)
+    config_from_dict({"deterministic": True, "attention": {"backend": "triton_mla"},
+                      "parallel": {"data_parallel_size": 2}})
