@@ -11,7 +11,7 @@ bits change with the batch it is in. Under the mode every dense product of the m
 ``logsumexp`` is the sampler's row reduction (logprobs, top-p's softmax), one program per row.
 
 The mode itself is process state (``set_enabled``): the model runner sets it from the config
-before each forward, so modules below the worker need no extra argument. Default mode never
+before each forward (and clears it when closed), so modules below the worker need no extra argument. Default mode never
 calls into this module's kernels.
 """
 

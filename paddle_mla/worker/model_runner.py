@@ -269,7 +269,10 @@ class ModelRunner:
         return LaunchedStep(num_rows, rows, sb, self.reader.start(packed))
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (a no-op otherwise)."""
+        """Stop the tensor-parallel workers, and leave the batch-invariant switch off (the mode is
+        this engine's, not the process's: code that runs the model's layers outside an engine
+        afterwards gets the default products)."""
+        batch_invariant.set_enabled(False)
         if self.tp_driver is not None:
             self.tp_driver.close()
             self.tp_driver = None

@@ -19,3 +19,6 @@ def test_deterministic_mode_matches_batch1_on_every_configuration(tmp_path, monk
     for name, r in rows.items():
         assert "error" not in r, (name, r)
         assert r["of"] == 8 and r["differ"] == 0 and r["bits_differ"] == 0, (name, r)
+    from paddle_mla.ops import batch_invariant
+
+    assert not batch_invariant.enabled(), "a closed deterministic engine left the process switch on"

@@ -1,8 +1,8 @@
 """``deterministic: true`` on the GPU in bf16: one row's output bits alone equal its bits at several
 positions of batches of several sizes, for each piece whose launch would otherwise follow the batch:
-the batch-invariant GEMM (vs cuBLAS, which is not asserted invariant), the triton_mla decode with
-the fixed-split plan, the fused MoE and the FP8 linear under the mode. Each also matches its
-plain-tensor reference to bf16 rounding. Run by scripts/gpu_tests.sh; skipped on CPU."""
+the batch-invariant GEMM, the triton_mla decode with the fixed-split plan, the fused MoE (bf16 and
+FP8), the FP8 linear and the RMSNorm of a strided view (MLA's latent) under the mode. Each also
+matches its plain-tensor reference to bf16 rounding. Run by scripts/gpu_tests.sh; skipped on CPU."""
 
 import numpy as np
 import pytest
@@ -121,3 +121,16 @@ def test_fp8_linear_row_invariant(mode):
     alone = _assert_row_invariant(lambda t: fp8_linear(t, wt), x)
     ref = x[3:4].float() @ w.T
     assert float((alone.float() - ref).abs().mean()) < 0.05 * float(ref.abs().mean())
+
+
+def test_rms_norm_of_a_strided_view_row_invariant(mode):
+    """MLA's latent is a view split from the rope part; under the mode it takes the row kernel."""
+    from paddle_mla.models.fused_ops import rms_norm
+
+    g = torch.Generator(device=DEV).manual_seed(5)
+    ckv = torch.randn(256, 576, device=DEV, generator=g).to(torch.bfloat16)
+    weight = (1 + 0.1 * torch.randn(512, device=DEV, generator=g)).to(torch.bfloat16)
+    alone = _assert_row_invariant(lambda t: rms_norm(t[:, :512], weight, 1e-6), ckv)
+    xf = ckv[3:4, :512].float()
+    ref = weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16).float()
+    torch.testing.assert_close(alone.float(), ref, atol=2e-2, rtol=2e-2)
