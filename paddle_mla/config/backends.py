@@ -22,15 +22,18 @@ class BackendCaps:
     implemented: bool = True
     note: str = ""
     head_wise_swa: bool = False         # attention.head_wise_swa_ratio > 0 (GQA models only)
+    # deterministic: true (batch-invariant tokens): every reduction of the backend has an order
+    # fixed by the row alone (docs/determinism.md)
+    deterministic: bool = False
 
 
 BACKEND_CAPS: dict[str, BackendCaps] = {
     "native": BackendCaps(("mla", "gqa"), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True,
                           head_wise_swa=True),
     "triton_mla": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
-                              note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
+                              deterministic=True, note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "dsa": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
-                       note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
+                       deterministic=True, note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "append_attn": BackendCaps(("gqa",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
                                note="the append_attention custom op: C++ on CPU, CUDA on the GPU",
                                head_wise_swa=True),
@@ -109,6 +112,10 @@ def check_backend(cfg: EngineConfig, name: str | None = None) -> list[str]:
     if cfg.attention.head_wise_swa_ratio > 0 and not caps.head_wise_swa:
         errors.append(f"'attention.head_wise_swa_ratio' > 0 is not supported by {name!r}; "
                       f"use {alternatives(lambda c: c.head_wise_swa)} on a GQA model")
+    if cfg.deterministic and not caps.deterministic:
+        errors.append(f"'deterministic: true' is not supported by attention.backend {name!r} (its attention "
+                      f"reductions follow the batch); use {alternatives(lambda c: c.deterministic)} "
+                      f"(MLA models), or deterministic: false")
     if cfg.device == "cpu" and not caps.cpu:
         errors.append(f"attention.backend {name!r} needs a GPU; on CPU use {alternatives(lambda c: c.cpu)}")
     return errors

@@ -107,9 +107,9 @@ class EngineConfig:
     seed: int = 0
     max_model_len: Union[int, Literal["auto"]] = AUTO
     cuda_graph: Union[bool, Literal["auto"]] = AUTO
-    # true: the dsa backend's sparse decode rows run a plan that does not depend on the batch (one
-    # split of the top-k axis, candidates appended in column order); GEMMs, MoE and the triton_mla
-    # decode plan are not covered (docs/dsa.md, "Deterministic mode")
+    # true: batch-invariant mode: every reduction of a row (attention splits, GEMM tiles, MoE
+    # configs) has an order fixed by the row alone, so greedy tokens do not depend on the batch,
+    # chunking, prefix caching or DP size. triton_mla and dsa only (docs/determinism.md)
     deterministic: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -239,6 +239,10 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(not (par.tensor_parallel_size > 1 and cfg.runtime == "paddle"),
          "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only for now: "
          "it runs on torch.distributed; the paddle runtime has no paddle.distributed path yet)")
+    need(not (par.tensor_parallel_size > 1 and cfg.deterministic),
+         "'deterministic: true' with 'parallel.tensor_parallel_size' > 1: the ranks' all-reduce picks its "
+         "algorithm (and so its summation order) by message size, which follows the batch; use "
+         "tensor_parallel_size 1 (data_parallel_size is fine) or deterministic: false")
     backend = cfg.attention.backend
     if backend == AUTO and cfg.device != AUTO:
         backend = resolve_backend(backend, cfg.device)

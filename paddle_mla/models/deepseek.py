@@ -254,7 +254,7 @@ class CausalLM:
         return add_rms_norm(residual, h, self.norm, self.arch.rms_norm_eps)[1]
 
     def compute_logits(self, hidden_rows):
-        logits = F.linear(hidden_rows, self.lm_head)
+        logits = linear(hidden_rows, self.lm_head)
         if self.tp is not None:   # gathered in the model dtype (half the bytes), cast as before
             logits = self.tp.gather_vocab(logits, self.arch.vocab_size)
         return logits.to(torch.float32)

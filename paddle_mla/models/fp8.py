@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla.platform import runtime
+from paddle_mla.ops import batch_invariant
 from paddle_mla.attention.triton_mla._util import device_index, next_pow2, num_sms
 from paddle_mla.models.fp8_kernels import (
+    BATCH_INVARIANT_TILE,
     FP8_MAX,
     INV_FP8_MAX,
     SCALE_MIN,
@@ -119,7 +121,8 @@ def w8a8_block_matmul_ref(x_q, x_s, w_q, w_s, block: tuple[int, int], out_dtype=
     group = block[1]
     M, K = x_q.shape
     x = (x_q.to(torch.float32).reshape(M, K // group, group) * x_s.unsqueeze(-1)).reshape(M, K)
-    y = torch.matmul(x, dequant_blocks(w_q, w_s, block).transpose(0, 1))
+    w = dequant_blocks(w_q, w_s, block)
+    y = batch_invariant.linear(x, w) if batch_invariant.enabled() else torch.matmul(x, w.transpose(0, 1))
     return y.to(out_dtype or torch.float32)
 
 
@@ -139,6 +142,8 @@ def _split_workspace(device, split: int, M: int, N: int):
 
 def w8a8_plan(M: int, N: int, K: int, block: tuple[int, int], device=None) -> GemmPlan:
     """The GEMM's launch plan (tile, split-K) on ``device``'s SM count (tensor or None: GPU 0)."""
+    if batch_invariant.enabled():
+        return GemmPlan(BATCH_INVARIANT_TILE, 1)
     return gemm_plan(M, N, K, block[1], num_sms(device_index(device) if device is not None else 0))
 
 
@@ -176,6 +181,8 @@ def linear(x, w, b=None):
     """The model's one linear: a dense weight goes to F.linear, an ``Fp8Weight`` to the w8a8 path."""
     if isinstance(w, Fp8Weight):
         return fp8_linear(x, w, b)
+    if batch_invariant.enabled():
+        return batch_invariant.linear(x, w, b)
     return F.linear(x, w, b)
 
 

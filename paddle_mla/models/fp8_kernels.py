@@ -134,6 +134,9 @@ GEMM_TILES = (
     GemmTile(1023, 128, 128, 8, 8, 3),
     GemmTile(1 << 62, 128, 128, 8, 8, 4),
 )
+# ``deterministic: true``: this one tile for every M and no split-K, so a row's sums never depend
+# on how many rows share the GEMM (``fp8.w8a8_plan``)
+BATCH_INVARIANT_TILE = GemmTile(1 << 62, 64, 128, 8, 4, 3)
 SPLIT_K_MAX_M = 64          # beyond this the fp32 partials' traffic outweighs idle SMs
 SPLIT_K_PROGRAMS_PER_SM = 3  # aim for ~3 programs per SM (2-4 keeps every SM streaming)
 

@@ -20,6 +20,8 @@ _runtime.require_selected(__name__)
 
 import torch
 
+from paddle_mla.ops import batch_invariant
+
 
 def _rms_norm_plain(x, weight, eps: float):
     xf = x.to(torch.float32)
@@ -40,7 +42,15 @@ def _use_kernel(x, *others) -> bool:
             and all(o.is_contiguous() and o.dtype == x.dtype for o in others) and _triton_ok())
 
 
+def _row_order_fixed(x):
+    """Under ``deterministic: true`` a strided GPU view (MLA's latent, split from the rope part)
+    goes to the kernel as a contiguous copy: the kernel reduces each row in one program, the plain
+    form's framework reduction splits rows differently as the row count changes."""
+    return x.contiguous() if batch_invariant.enabled() and x.is_cuda and not x.is_contiguous() else x
+
+
 def rms_norm(x, weight, eps: float):
+    x = _row_order_fixed(x)
     if not _use_kernel(x, weight):
         return _rms_norm_plain(x, weight, eps)
     from paddle_mla.models.fused_kernels import rms_norm_kernel_call
@@ -50,6 +60,7 @@ def rms_norm(x, weight, eps: float):
 
 def add_rms_norm(residual, delta, weight, eps: float):
     """(residual + delta, rms_norm(residual + delta)): the sum rounded to the model dtype first."""
+    residual, delta = _row_order_fixed(residual), _row_order_fixed(delta)
     if not _use_kernel(residual, delta, weight):
         h = residual + delta
         return h, _rms_norm_plain(h, weight, eps)

@@ -23,6 +23,7 @@ _runtime.require_selected(__name__)
 import torch
 import torch.nn.functional as F
 
+from paddle_mla.ops import batch_invariant
 from paddle_mla.models.arch import ModelArch
 from paddle_mla.models.fused_ops import indexer_rope_norm
 
@@ -52,8 +53,9 @@ class Indexer:
         """-> q [T, H, D], k [T, D] (roped, model dtype), w [T, H] float32 (scales folded in)."""
         s = self.spec
         T = x.shape[0]
-        q = F.linear(q_resid, self.wq_b).view(T, s.n_heads, s.head_dim)
-        k = F.linear(x, self.wk)
+        lin = batch_invariant.linear if batch_invariant.enabled() else F.linear
+        q = lin(q_resid, self.wq_b).view(T, s.n_heads, s.head_dim)
+        k = lin(x, self.wk)
         fused = indexer_rope_norm(q, k, cos, sin, self.rope_dim, self.k_norm_w, self.k_norm_b, 1e-6)
         if fused is not None:
             q, k = fused
@@ -61,7 +63,7 @@ class Indexer:
             k = F.layer_norm(k, [s.head_dim], self.k_norm_w, self.k_norm_b, 1e-6)
             q = rope_half_split(q, cos, sin, self.rope_dim)
             k = rope_half_split(k, cos, sin, self.rope_dim)
-        w = F.linear(x.to(torch.float32), self.weights_proj) * self.weight_scale
+        w = lin(x.to(torch.float32), self.weights_proj) * self.weight_scale
         return q.contiguous(), k.contiguous(), w
 
     def select(self, x, q_resid, cos, sin, backend, meta):

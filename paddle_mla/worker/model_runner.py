@@ -24,6 +24,7 @@ _runtime.require_selected(__name__)
 
 import torch  # noqa: E402
 
+from paddle_mla.ops import batch_invariant  # noqa: E402
 from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, SideArrays, StepBatch, build_step  # noqa: E402
 from paddle_mla.cache.kv_cache import (allocate_flat_gqa_caches, allocate_index_caches,  # noqa: E402
@@ -109,6 +110,8 @@ class ModelRunner:
             if plan.backend == "dsa" else {}
         if plan.backend in ("triton_mla", "dsa"):
             backend_kwargs["cuda_decode"] = self.cfg.attention.cuda_decode
+        if plan.backend == "triton_mla":
+            backend_kwargs["deterministic"] = self.cfg.deterministic
         self.backend = create_backend(plan.backend, family=plan.family,
                                       dims=arch.gqa if plan.family == "gqa" else arch.mla,
                                       max_num_seqs=sc.max_num_seqs, max_model_len=plan.max_model_len,
@@ -240,6 +243,9 @@ class ModelRunner:
         """``backend.prepare`` once, every layer, and the logits of the token ``rows`` (all rows
         when None: a captured decode graph, where every row samples). CUDA-graph capture records
         this with the graphs' static meta."""
+        # process state read by the model's GEMMs: set per call, so engines of both modes may
+        # take turns in one process
+        batch_invariant.set_enabled(self.cfg.deterministic)
         self.backend.prepare(meta)
         hidden = self.model.forward(meta, self.kv_caches if kv_caches is None else kv_caches)
         return self.model.compute_logits(hidden if rows is None else hidden[rows])
@@ -277,7 +283,10 @@ class ModelRunner:
         return LaunchedStep(num_rows, rows, sb, self.reader.start(packed))
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (a no-op otherwise)."""
+        """Stop the tensor-parallel workers, and leave the batch-invariant switch off (the mode is
+        this engine's, not the process's: code that runs the model's layers outside an engine
+        afterwards gets the default products)."""
+        batch_invariant.set_enabled(False)
         if self.tp_driver is not None:
             self.tp_driver.close()
             self.tp_driver = None

@@ -25,6 +25,7 @@ _runtime.require_selected(__name__)
 
 import torch  # noqa: E402
 
+from paddle_mla.ops import batch_invariant  # noqa: E402
 from paddle_mla.worker.penalties import PenaltyState, penalty_arrays, staged  # noqa: E402
 from paddle_mla.worker.sampling_batch import SamplingBatch  # noqa: E402
 
@@ -114,7 +115,8 @@ def mask_top_k_top_p(x, top_k: np.ndarray, top_p: np.ndarray, dev: dict | None =
         rank = torch.arange(vocab, dtype=torch.int64, device=device).unsqueeze(0)
         sorted_x = torch.where(rank < staged(dev, "top_k", top_k, torch.int64, device).unsqueeze(1), sorted_x, neg_inf)
     if need_p:
-        probs = torch.softmax(sorted_x, dim=-1)
+        probs = torch.exp(sorted_x - batch_invariant.logsumexp(sorted_x)) if batch_invariant.enabled() \
+            else torch.softmax(sorted_x, dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs
         limit = staged(dev, "top_p", top_p.astype(np.float32), torch.float32, device).unsqueeze(1)
         sorted_x = torch.where(before > limit, neg_inf, sorted_x)
@@ -142,6 +144,8 @@ def sample(logits, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray
 
 
 def log_softmax(x):
+    if batch_invariant.enabled():
+        return x - batch_invariant.logsumexp(x)
     return x - torch.logsumexp(x, dim=-1, keepdim=True)
 
 

@@ -28,53 +28,79 @@ _runtime.require_selected(__name__)
 import torch
 
 from paddle_mla.platform import runtime
+from paddle_mla.ops import batch_invariant
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.cuda_decode import CudaDecode, unavailable_reason
 from paddle_mla.attention.triton_mla.decode import (
     SMALL_BATCH, alloc_decode_workspace, build_decode_plan, decode_config, mla_decode, split_cap,
 )
+from paddle_mla.attention.triton_mla.decode_plan import fixed_split_tiles, fixed_split_workspace
 from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
-from paddle_mla.attention.triton_mla.short_extend import PseudoRows, crossover_tokens, max_pseudo_rows, split_short_rows
+from paddle_mla.attention.triton_mla.short_extend import (
+    PseudoRows, crossover_tokens, max_pseudo_rows, query_group, split_short_rows,
+)
+
+# ``deterministic: true``: keys per split of every row's split-KV attention, counted from the
+# row's first key, whatever the batch (the split count then follows the row's length alone)
+DETERMINISTIC_SPLIT_TOKENS = 2048
 
 
 @register_backend("triton_mla")
 class TritonMLABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
                  max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0, short_extend_tokens: int = -1,
-                 cuda_decode: bool = False):
+                 cuda_decode: bool = False, deterministic: bool = False,
+                 split_tokens: int = DETERMINISTIC_SPLIT_TOKENS):
         """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``).
         ``short_extend_tokens``: extend rows of at most this many new tokens run absorbed (-1: the FLOP
         crossover from the dims, ``short_extend.crossover_tokens``; 0: never). ``cuda_decode``: decode
-        rows take the CUDA op where it can run (``cuda_decode.unavailable_reason``); False: Triton."""
+        rows take the CUDA op where it can run (``cuda_decode.unavailable_reason``); False: Triton.
+        ``deterministic``: every token, decode or extend, runs the one absorbed Triton kernel with one
+        launch config over splits of ``split_tokens`` keys from its row's start, so its bits depend on
+        its query and its context alone (docs/determinism.md); the CUDA decode is then off.
+        """
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
         if not ok:
             raise RuntimeError(f"attention.backend 'triton_mla' cannot run here: {why}; use backend 'native'")
         H, L = dims.num_heads, dims.kv_lora_rank
         elem = torch.zeros(1, dtype=dtype).element_size()
-        self.cfg = decode_config(H, elem_bytes=elem)
+        self.deterministic = deterministic
+        # deterministic: decode rows take the query-group config, the one the extend tokens run
+        # with, so a token's bits do not depend on which of the two paths computed it
+        self.cfg = decode_config(query_group(H) * H if deterministic else H, elem_bytes=elem)
         # batches of <= SMALL_BATCH rows: other launch details, the same plan (block_n, programs, min_tiles)
         self.cfg_small = decode_config(H, small_batch=True, elem_bytes=elem)
-        assert (self.cfg_small.block_n, self.cfg_small.programs, self.cfg_small.min_tiles) == \
+        assert deterministic or (self.cfg_small.block_n, self.cfg_small.programs, self.cfg_small.min_tiles) == \
             (self.cfg.block_n, self.cfg.programs, self.cfg.min_tiles), "the small-batch config needs its own plan"
         # compact split workspace: (max_num_seqs + programs) rows of partials, not max_num_seqs x 32;
         # allocated before the KV-cache profile, so what it does not take goes to the cache. The split
         # cap (``split_cap``): the programs, up to 64 split windows per request
-        why_not_cuda = unavailable_reason(L, dims.latent_dim, dtype, device) if cuda_decode else "turned off"
+        self.fixed_tiles = fixed_split_tiles(split_tokens, self.cfg.block_n) if deterministic else 0
+        why_not_cuda = ("deterministic mode" if deterministic else
+                        unavailable_reason(L, dims.latent_dim, dtype, device) if cuda_decode else "turned off")
         self.cuda = None if why_not_cuda else CudaDecode(H, max_num_seqs, device)
-        # the CUDA decode plans into its own workspace (its tiles and grid differ from the Triton config's)
-        self.ws = self.cuda.ws if self.cuda else alloc_decode_workspace(
-            max_num_seqs, H, L, split_cap(self.cfg.programs), device, programs=self.cfg.programs)
+        if self.cuda:   # the CUDA decode plans into its own workspace (its tiles and grid differ from Triton's)
+            self.ws = self.cuda.ws
+        elif deterministic:
+            self.ws = fixed_split_workspace(max_num_seqs, H, L, max_model_len, split_tokens, self.cfg.block_n, device)
+        else:
+            self.ws = alloc_decode_workspace(max_num_seqs, H, L, split_cap(self.cfg.programs), device,
+                                             programs=self.cfg.programs)
         self.q_buf = torch.zeros(max_num_seqs, H, dims.latent_dim, dtype=dtype, device=device)
         self.o_buf = torch.zeros(max_num_seqs, H, L, dtype=dtype, device=device)
         step_tokens = max_num_batched_tokens or max(max_model_len, max_num_seqs)
         chunk = extend_chunk_tokens or default_chunk_tokens(step_tokens)
         self.extend = ExtendWorkspace(dims, step_tokens, chunk, device, dtype)
         self.short_max_q = crossover_tokens(dims) if short_extend_tokens < 0 else short_extend_tokens
+        if deterministic:   # every extend token absorbed, whatever its row's length
+            self.short_max_q = max(max_model_len, step_tokens)
         # no workspace when no row may run absorbed (short_extend_tokens 0; dsa's dense steps)
-        self.pseudo = PseudoRows(dims, max_pseudo_rows(dims, step_tokens), -(-max_model_len // block_size),
-                                 device, dtype, max_seqs=max_num_seqs) if self.short_max_q else None
+        fixed = dict(split_tokens=split_tokens, max_len=max_model_len) if deterministic else {}
+        rows = step_tokens if deterministic else max_pseudo_rows(dims, step_tokens)
+        self.pseudo = PseudoRows(dims, rows, -(-max_model_len // block_size), device, dtype,
+                                 max_seqs=max_num_seqs, **fixed) if self.short_max_q else None
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
             print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
                   f"partial rows x {H} heads x {L}; config {self.cuda.launch if self.cuda else self.cfg}; CUDA decode: "
@@ -90,16 +116,19 @@ class TritonMLABackend(MLABackend):
             self.cuda.plan(meta.seq_lens_k_dev, nd)
         elif nd:
             build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
-                              self.cfg.min_tiles)
+                              self.cfg.min_tiles, self.fixed_tiles)
         if not meta.is_decode_only:
             p = self.pseudo
             split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, p.max_rows, p.qg, p.max_groups) \
                 if p else split_short_rows(meta.seq_lens_q, nd, 0, 0)
             meta.attn["short_split"] = split
+            if self.deterministic and split.lead_end < split.tail_begin:
+                raise RuntimeError("deterministic: an extend row did not fit the absorbed path's buffers")
             meta.attn["extend_plan"] = plan_extend(meta, split.lead_end, split.tail_begin)
             if split.rows:
                 p.gather(meta, split)
-                build_decode_plan(p.seq_lens, split.groups, p.ws, p.cfg.block_n, p.cfg.target_items, p.cfg.min_tiles)
+                build_decode_plan(p.seq_lens, split.groups, p.ws, p.cfg.block_n, p.cfg.target_items, p.cfg.min_tiles,
+                                  p.fixed_tiles)
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
@@ -125,11 +154,11 @@ class TritonMLABackend(MLABackend):
                 r += b - a
         q = p.q[:n]
         for a, b, r0 in ranges:
-            q[r0:r0 + b - a, :, :L].copy_(torch.bmm(q_nope[a:b].transpose(0, 1), w_kc).transpose(0, 1))
+            q[r0:r0 + b - a, :, :L].copy_(self._bmm(q_nope[a:b].transpose(0, 1), w_kc).transpose(0, 1))
             q[r0:r0 + b - a, :, L:].copy_(q_pe[a:b])
         o = p.o[:n]
         mla_decode(q, kv_cache, p.tables, p.seq_lens, o, p.ws, L, self.dims.softmax_scale, p.cfg, p.groups(split))
-        res = torch.bmm(o.transpose(0, 1), w_vc).transpose(0, 1)
+        res = self._bmm(o.transpose(0, 1), w_vc).transpose(0, 1)
         for a, b, r0 in ranges:
             out[a:b].copy_(res[r0:r0 + b - a])
 
@@ -137,12 +166,17 @@ class TritonMLABackend(MLABackend):
         """Rows [0, bs): one query each, over their paged latent context (the plan from ``prepare``)."""
         L = self.dims.kv_lora_rank
         q = self.q_buf[:bs]
-        q[:, :, :L].copy_(torch.bmm(q_nope[:bs].transpose(0, 1), w_kc).transpose(0, 1))
+        q[:, :, :L].copy_(self._bmm(q_nope[:bs].transpose(0, 1), w_kc).transpose(0, 1))
         q[:, :, L:].copy_(q_pe[:bs])
         out = self.o_buf[:bs]
         if self.cuda:
             self.cuda.run(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, bs, self.dims.softmax_scale)
         else:
-            mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L,
-                       self.dims.softmax_scale, self.cfg_small if bs <= SMALL_BATCH else self.cfg)
-        return torch.bmm(out.transpose(0, 1), w_vc).transpose(0, 1)
+            cfg = self.cfg_small if bs <= SMALL_BATCH and not self.deterministic else self.cfg
+            mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L, self.dims.softmax_scale,
+                       cfg)
+        return self._bmm(out.transpose(0, 1), w_vc).transpose(0, 1)
+
+    def _bmm(self, a, b):
+        """The W_UK / W_UV products, whose M is the step's row count: batch-invariant under the mode."""
+        return batch_invariant.bmm(a, b) if self.deterministic else torch.bmm(a, b)

@@ -2,7 +2,8 @@
 
 Stage 1: a fixed grid (head_groups, P). Program p takes the global KV tiles [p*Q, (p+1)*Q) of
 the GPU-built plan (``decode_plan``), crossing request boundaries, so the work is balanced to the
-tile. For each request it touches, it processes BLOCK_H heads at once and walks its tiles through
+tile (the batch-invariant plan has more windows than programs: p takes windows p, p + P, ...).
+For each request it touches, it processes BLOCK_H heads at once and walks its tiles through
 the block table: S = q_nope K_c^T + q_pe K_pe^T, fp32 online softmax (exp2), acc += P V with V =
 the same K_c tile in shared memory (the latent is read once per head group). A request touched by
 one program writes its output directly; others write normalised fp32 partials and their LSE, and
@@ -145,8 +146,7 @@ def _decode_stage1(
     pid = tl.program_id(1)
     BV: tl.constexpr = BLOCK_KV // DV_SPLIT
     q_tiles = tl.load(TPP)
-    p_start = pid * q_tiles
-    p_end = tl.minimum(p_start + q_tiles, tl.load(CU_T + bs))
+    total_tiles = tl.load(CU_T + bs)
     heads = hg * BLOCK_H + tl.arange(0, BLOCK_H)   # (token, head) rows: token heads // H of the group
     mh = heads < H * QG
     grp = heads // H
@@ -159,90 +159,97 @@ def _decode_stage1(
     offs_r = tl.arange(0, BLOCK_R)
     mr = offs_r < LR
     offs_n = tl.arange(0, BLOCK_N)
-    # requests overlapping this program's tiles [p_start, p_end): b_first .. b_last
-    ob = tl.arange(0, BLOCK_B)
-    starts = tl.load(CU_T + ob, mask=ob < bs, other=2147483647)
-    ends = tl.load(CU_T + 1 + ob, mask=ob < bs, other=2147483647)
-    b_first = tl.sum((ends <= p_start).to(tl.int32), 0)
-    b_stop = tl.sum((starts < p_end).to(tl.int32), 0)
-    one64 = tl.full((), 1, tl.int64)
-    for b32 in range(b_first, b_stop):
-        b = b32 * one64  # int64 row offsets (a plain int under the interpreter)
-        c0 = tl.load(CU_T + b)
-        seq_len = tl.load(SEQ + b)
-        n_split = tl.load(NSPLIT + b)
-        split = pid - c0 // q_tiles
-        t0 = tl.maximum(c0, p_start) - c0
-        t1 = tl.minimum(tl.load(CU_T + b + 1), p_end) - c0
+    # windows of q_tiles global tiles, one per program: the balanced plan has at most one per
+    # program; the fixed-size plan (deterministic) may have more, taken in strides of the grid
+    for win in range(pid, (total_tiles + q_tiles - 1) // q_tiles, tl.num_programs(1)):
+        p_start = win * q_tiles
+        p_end = tl.minimum(p_start + q_tiles, total_tiles)
+        # requests overlapping this program's tiles [p_start, p_end): b_first .. b_last
+        ob = tl.arange(0, BLOCK_B)
+        starts = tl.load(CU_T + ob, mask=ob < bs, other=2147483647)
+        ends = tl.load(CU_T + 1 + ob, mask=ob < bs, other=2147483647)
+        b_first = tl.sum((ends <= p_start).to(tl.int32), 0)
+        b_stop = tl.sum((starts < p_end).to(tl.int32), 0)
+        one64 = tl.full((), 1, tl.int64)
+        for b32 in range(b_first, b_stop):
+            b = b32 * one64  # int64 row offsets (a plain int under the interpreter)
+            c0 = tl.load(CU_T + b)
+            seq_len = tl.load(SEQ + b)
+            n_split = tl.load(NSPLIT + b)
+            split = win - c0 // q_tiles
+            t0 = tl.maximum(c0, p_start) - c0
+            # a fixed-size plan pads a request's span to whole windows: stop at its last real tile
+            t_end = tl.minimum(tl.load(CU_T + b + 1), c0 + (seq_len + BLOCK_N - 1) // BLOCK_N)
+            t1 = tl.minimum(t_end, p_end) - c0
 
-        if t1 > t0:  # zero-length rows are left to stage 2
-            if QG == 1:
-                qrow = b + grp
-                mq = mh
-            else:
-                ntok = tl.load(NTOK + b)
-                qrow = tl.load(ROW0 + b).to(tl.int64) + grp
-                mq = mh & (grp < ntok)
-                row_len = seq_len - (ntok - 1 - grp)   # each token's own causal length
-            q_base = Q + qrow[:, None] * stride_qb + hh[:, None] * stride_qh
-            if not Q_IN_LOOP:
-                q_v = tl.load(q_base + offs_v[None, :], mask=mq[:, None] & mv[None, :], other=0.0)
-                q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mq[:, None] & mr[None, :], other=0.0)
-            m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_H, BV], dtype=tl.float32)
-            bt_row = BT + b * stride_bt
-            for t in range(t0, t1):
-                tok = t * BLOCK_N + offs_n
-                mn = tok < seq_len
-                page = tl.load(bt_row + tok // PAGE, mask=mn, other=0).to(tl.int64)
-                row = KV + page * stride_kvb + (tok % PAGE) * stride_kvs
-                k_v = tl.load(row[:, None] + offs_v[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
-                k_r = tl.load(row[:, None] + LKV + offs_r[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
-                if Q_IN_LOOP:
-                    # many heads: q re-read per tile (L1/L2 hits) stays a shared-memory MMA operand
-                    # instead of occupying registers next to the [BLOCK_H, BV] fp32 accumulator
+            if t1 > t0:  # zero-length rows are left to stage 2
+                if QG == 1:
+                    qrow = b + grp
+                    mq = mh
+                else:
+                    ntok = tl.load(NTOK + b)
+                    qrow = tl.load(ROW0 + b).to(tl.int64) + grp
+                    mq = mh & (grp < ntok)
+                    row_len = seq_len - (ntok - 1 - grp)   # each token's own causal length
+                q_base = Q + qrow[:, None] * stride_qb + hh[:, None] * stride_qh
+                if not Q_IN_LOOP:
                     q_v = tl.load(q_base + offs_v[None, :], mask=mq[:, None] & mv[None, :], other=0.0)
                     q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mq[:, None] & mr[None, :], other=0.0)
-                s = tl.dot(q_v, tl.trans(k_v), input_precision=DOT_PREC)
-                for j in tl.static_range(1, DV_SPLIT):
-                    # the other value slices only feed QK; their q slices are re-read per tile
-                    # (L1 hits) rather than held next to the accumulator
-                    offs_o = ((pv + j) % DV_SPLIT) * BV + offs_bv
-                    mo = offs_o < LKV
-                    k_o = tl.load(row[:, None] + offs_o[None, :], mask=mn[:, None] & mo[None, :], other=0.0)
-                    q_o = tl.load(q_base + offs_o[None, :], mask=mq[:, None] & mo[None, :], other=0.0)
-                    s = tl.dot(q_o, tl.trans(k_o), s, input_precision=DOT_PREC)
-                s = tl.dot(q_r, tl.trans(k_r), s, input_precision=DOT_PREC)
-                if QG == 1:
-                    s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(s, 1))
-                    m_use = m_new
-                else:
-                    s = tl.where(tok[None, :] < row_len[:, None], s * sm_scale_log2, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(s, 1))
-                    # a token whose causal length ends before this split's tiles sees no key here
-                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2(m_i - m_use)
-                p = tl.exp2(s - m_use[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                # accumulate in place: one acc tile live
-                acc = tl.dot(p.to(k_v.dtype), k_v, acc * alpha[:, None], input_precision=DOT_PREC)
-                m_i = m_new
+                m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+                l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+                acc = tl.zeros([BLOCK_H, BV], dtype=tl.float32)
+                bt_row = BT + b * stride_bt
+                for t in range(t0, t1):
+                    tok = t * BLOCK_N + offs_n
+                    mn = tok < seq_len
+                    page = tl.load(bt_row + tok // PAGE, mask=mn, other=0).to(tl.int64)
+                    row = KV + page * stride_kvb + (tok % PAGE) * stride_kvs
+                    k_v = tl.load(row[:, None] + offs_v[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
+                    k_r = tl.load(row[:, None] + LKV + offs_r[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
+                    if Q_IN_LOOP:
+                        # many heads: q re-read per tile (L1/L2 hits) stays a shared-memory MMA operand
+                        # instead of occupying registers next to the [BLOCK_H, BV] fp32 accumulator
+                        q_v = tl.load(q_base + offs_v[None, :], mask=mq[:, None] & mv[None, :], other=0.0)
+                        q_r = tl.load(q_base + LKV + offs_r[None, :], mask=mq[:, None] & mr[None, :], other=0.0)
+                    s = tl.dot(q_v, tl.trans(k_v), input_precision=DOT_PREC)
+                    for j in tl.static_range(1, DV_SPLIT):
+                        # the other value slices only feed QK; their q slices are re-read per tile
+                        # (L1 hits) rather than held next to the accumulator
+                        offs_o = ((pv + j) % DV_SPLIT) * BV + offs_bv
+                        mo = offs_o < LKV
+                        k_o = tl.load(row[:, None] + offs_o[None, :], mask=mn[:, None] & mo[None, :], other=0.0)
+                        q_o = tl.load(q_base + offs_o[None, :], mask=mq[:, None] & mo[None, :], other=0.0)
+                        s = tl.dot(q_o, tl.trans(k_o), s, input_precision=DOT_PREC)
+                    s = tl.dot(q_r, tl.trans(k_r), s, input_precision=DOT_PREC)
+                    if QG == 1:
+                        s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
+                        m_new = tl.maximum(m_i, tl.max(s, 1))
+                        m_use = m_new
+                    else:
+                        s = tl.where(tok[None, :] < row_len[:, None], s * sm_scale_log2, float("-inf"))
+                        m_new = tl.maximum(m_i, tl.max(s, 1))
+                        # a token whose causal length ends before this split's tiles sees no key here
+                        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp2(m_i - m_use)
+                    p = tl.exp2(s - m_use[:, None])
+                    l_i = l_i * alpha + tl.sum(p, 1)
+                    # accumulate in place: one acc tile live
+                    acc = tl.dot(p.to(k_v.dtype), k_v, acc * alpha[:, None], input_precision=DOT_PREC)
+                    m_i = m_new
 
-            safe_l = tl.where(l_i > 0, l_i, 1.0)
-            out = acc / safe_l[:, None]
-            if n_split == 1:
-                o_ptr = O + qrow[:, None] * stride_ob + hh[:, None] * stride_oh + offs_v[None, :]
-                tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mq[:, None] & mv[None, :])
-            else:
-                # compact workspace: request b's splits own rows SPLIT0[b] .. SPLIT0[b] + n_split - 1;
-                # each value slice keeps its own LSE (its QK summed in its own order), so the merge
-                # of every column uses the statistics its partial was normalised with
-                r = tl.load(SPLIT0 + b).to(tl.int64) + split
-                po_ptr = PO + r * stride_por + heads[:, None] * stride_poh + offs_v[None, :]
-                tl.store(po_ptr, out, mask=mh[:, None] & mv[None, :])
-                tl.store(PLSE + r * stride_lr + heads * stride_lh + pv, m_i + tl.log2(safe_l), mask=mh)
+                safe_l = tl.where(l_i > 0, l_i, 1.0)
+                out = acc / safe_l[:, None]
+                if n_split == 1:
+                    o_ptr = O + qrow[:, None] * stride_ob + hh[:, None] * stride_oh + offs_v[None, :]
+                    tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mq[:, None] & mv[None, :])
+                else:
+                    # compact workspace: request b's splits own rows SPLIT0[b] .. SPLIT0[b] + n_split - 1;
+                    # each value slice keeps its own LSE (its QK summed in its own order), so the merge
+                    # of every column uses the statistics its partial was normalised with
+                    r = tl.load(SPLIT0 + b).to(tl.int64) + split
+                    po_ptr = PO + r * stride_por + heads[:, None] * stride_poh + offs_v[None, :]
+                    tl.store(po_ptr, out, mask=mh[:, None] & mv[None, :])
+                    tl.store(PLSE + r * stride_lr + heads * stride_lh + pv, m_i + tl.log2(safe_l), mask=mh)
 
 
 @triton.jit

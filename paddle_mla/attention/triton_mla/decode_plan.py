@@ -5,7 +5,9 @@ The decode kernel reads the block table directly (page-granular), so no token-le
 requests: with T tiles in the batch and P stage-1 programs, program p takes the global tiles
 [p*Q, (p+1)*Q) with Q = max(cdiv(T, P), min_tiles, cdiv(max tiles of a request, max_splits - 1)),
 crossing request boundaries. A request's splits are the programs that touch it, so every split is
-non-empty and there are at most max_kv_splits of them. Written per step:
+non-empty and there are at most max_kv_splits of them. The batch-invariant plan
+(``deterministic: true``, ``fixed_tiles``) instead fixes Q and pads each request's span to whole
+windows, so its splits follow its own length alone. Written per step:
 
   num_kv_splits[b]   programs touching request b (1 for a zero-length row, which yields zeros)
   cu_tiles[b]        exclusive prefix sum of the requests' tile counts; cu_tiles[bs] = T
@@ -115,20 +117,30 @@ def _plan_kernel(
     seq_lens, num_splits_out, cu_tiles_out, split_start_out, tiles_per_prog_out,
     bs, programs,
     MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr, BLOCK_B: tl.constexpr,
+    FIXED_TILES: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK_B)
     valid = offs < bs
     lens = tl.load(seq_lens + offs, mask=valid, other=0)
     tiles = (lens + BLOCK_N - 1) // BLOCK_N
-    total = tl.sum(tiles, axis=0)
-    longest = tl.max(tiles, axis=0)
-    q = tl.maximum((total + programs - 1) // programs, MIN_TILES)
-    q = tl.maximum(q, (longest + MAX_SPLITS - 2) // (MAX_SPLITS - 1))
-    q = tl.maximum(q, 1)
-    start = tl.cumsum(tiles, axis=0) - tiles
-    first = start // q
-    last = (start + tiles - 1) // q
-    splits = tl.where(tiles > 0, last - first + 1, 1)
+    if FIXED_TILES > 0:
+        # batch-invariant: windows of FIXED_TILES tiles from each request's own start (its span
+        # padded to whole windows), so where its splits break depends on its length alone
+        q = tl.full((), FIXED_TILES, tl.int32)
+        span = (tiles + q - 1) // q * q
+        start = tl.cumsum(span, axis=0) - span
+        total = tl.sum(span, axis=0)
+        splits = tl.maximum(span // q, 1)
+    else:
+        total = tl.sum(tiles, axis=0)
+        longest = tl.max(tiles, axis=0)
+        q = tl.maximum((total + programs - 1) // programs, MIN_TILES)
+        q = tl.maximum(q, (longest + MAX_SPLITS - 2) // (MAX_SPLITS - 1))
+        q = tl.maximum(q, 1)
+        start = tl.cumsum(tiles, axis=0) - tiles
+        first = start // q
+        last = (start + tiles - 1) // q
+        splits = tl.where(tiles > 0, last - first + 1, 1)
     tl.store(num_splits_out + offs, splits, mask=valid)
     tl.store(cu_tiles_out + offs, start, mask=valid)
     tl.store(cu_tiles_out + bs, total)
@@ -139,16 +151,36 @@ def _plan_kernel(
 
 
 def build_decode_plan(seq_lens_k, bs: int, ws: DecodeWorkspace, block_n: int, target_items: int,
-                      min_tiles: int = 1) -> None:
+                      min_tiles: int = 1, fixed_tiles: int = 0) -> None:
     """Fill the plan in ``ws`` from seq_lens_k int32 [>= bs] (device), once per step.
 
     ``block_n`` and ``target_items`` (= stage-1 programs per head group) come from
     ``decode.decode_config``; the decode call must use the same config.
+    ``fixed_tiles`` > 0: the batch-invariant plan (``deterministic: true``): every split is
+    ``fixed_tiles`` tiles of its own request (the last one shorter), whatever the batch; the
+    workspace must hold ``max_bs * max_kv_splits`` partial rows (``fixed_split_workspace``).
     """
     assert 0 <= bs <= ws.max_bs
     assert ws.programs == 0 or target_items <= ws.programs, "the workspace was sized for fewer programs"
+    assert fixed_tiles == 0 or ws.partial_out.shape[0] >= ws.max_bs * ws.max_kv_splits, \
+        "the fixed split plan needs max_bs * max_kv_splits partial rows"
     _plan_kernel[(1,)](
         seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.split_start, ws.tiles_per_prog,
         bs, max(int(target_items), 1),
         MAX_SPLITS=ws.max_kv_splits, BLOCK_N=block_n, MIN_TILES=min_tiles, BLOCK_B=ws.block_b,
+        FIXED_TILES=int(fixed_tiles),
     )
+
+
+def fixed_split_tiles(split_tokens: int, block_n: int) -> int:
+    """Tiles per split of the batch-invariant plan: ``split_tokens`` rounded up to whole tiles."""
+    return max(-(-int(split_tokens) // block_n), 1)
+
+
+def fixed_split_workspace(max_bs: int, num_heads: int, v_dim: int, max_len: int, split_tokens: int,
+                          block_n: int, device: str) -> DecodeWorkspace:
+    """The workspace of the batch-invariant plan: every request may take its
+    cdiv(max_len, split) splits at once, so partials are max_bs x that (no compact bound)."""
+    tiles = fixed_split_tiles(split_tokens, block_n)
+    splits = max(-(-(-(-max_len // block_n)) // tiles), 2)
+    return alloc_decode_workspace(max_bs, num_heads, v_dim, splits, device, programs=0)

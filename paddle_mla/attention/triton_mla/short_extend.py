@@ -39,6 +39,7 @@ import triton.language as tl
 
 from paddle_mla.attention.triton_mla._util import next_pow2
 from paddle_mla.attention.triton_mla.decode import QueryGroups, alloc_decode_workspace, decode_config
+from paddle_mla.attention.triton_mla.decode_plan import fixed_split_tiles, fixed_split_workspace
 
 GROUP_ROWS = 64   # (token, head) rows of one query group: the decode kernel's head block at h >= 64
 GROUP_SLACK = 64  # groups beyond max_rows / qg: room for the partial last groups of that many rows
@@ -142,17 +143,26 @@ class PseudoRows:
     """Buffers for the pseudo decode rows, sized at start-up: ``max_rows`` token rows in at most
     ``max_groups`` query groups."""
 
-    def __init__(self, dims, max_rows: int, max_blocks: int, device: str, dtype, max_seqs: int = 1):
+    def __init__(self, dims, max_rows: int, max_blocks: int, device: str, dtype, max_seqs: int = 1,
+                 split_tokens: int = 0, max_len: int = 0):
+        """``split_tokens`` > 0: the batch-invariant plan (``decode_plan.fixed_split_tiles``) over
+        contexts of at most ``max_len`` keys, and room for a partial group in every row."""
         H, L = dims.num_heads, dims.kv_lora_rank
         self.qg = query_group(H)
         self.cfg = decode_config(self.qg * H, elem_bytes=torch.zeros(1, dtype=dtype).element_size())
         self.max_rows = max_rows
-        self.max_groups = min(max_rows, max_rows // self.qg + GROUP_SLACK)
+        slack = max(GROUP_SLACK, max_seqs) if split_tokens else GROUP_SLACK
+        self.max_groups = min(max_rows, max_rows // self.qg + slack)
+        self.fixed_tiles = fixed_split_tiles(split_tokens, self.cfg.block_n) if split_tokens else 0
         self.block_r = next_pow2(max(max_seqs, 16))
         rows = max(max_rows, 1)
         groups = max(self.max_groups, 1)
         i32 = torch.int32
-        self.ws = alloc_decode_workspace(groups, self.qg * H, L, PSEUDO_MAX_KV_SPLITS, device, programs=self.cfg.programs)
+        if split_tokens:
+            self.ws = fixed_split_workspace(groups, self.qg * H, L, max_len, split_tokens, self.cfg.block_n, device)
+        else:
+            self.ws = alloc_decode_workspace(groups, self.qg * H, L, PSEUDO_MAX_KV_SPLITS, device,
+                                             programs=self.cfg.programs)
         self.tables = torch.zeros(groups, max(max_blocks, 1), dtype=i32, device=device)
         self.seq_lens = torch.zeros(groups, dtype=i32, device=device)
         self.row0 = torch.zeros(groups, dtype=i32, device=device)

@@ -20,6 +20,7 @@ _runtime.require_selected(__name__)
 import torch
 import triton
 
+from paddle_mla.ops import batch_invariant
 from paddle_mla.models.fused_moe.align import AlignBuffers, max_padded_pairs, moe_align
 from paddle_mla.models.fused_moe.gemm import grouped_gemm_kernel, sum_topk_kernel
 from paddle_mla.models.fused_moe.launch_config import get_config
@@ -161,7 +162,7 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
     w_all = topk_weights.to(torch.float32).contiguous()
     for start in range(0, M, workspace.chunk):
         m = min(workspace.chunk, M - start)
-        cfg = config or get_config(m, E, N, K, top_k, dtype_name, device_name(x))
+        cfg = config or get_config(m, E, N, K, top_k, dtype_name, device_name(x), batch_invariant.enabled())
         ids, weights = ids_all[start:start + m], w_all[start:start + m]
         num_pairs = m * top_k
         if m == 1 and cfg["BLOCK_M"] in workspace.single:

@@ -49,7 +49,22 @@ def default_config(M: int, E: int, top_k: int, dtype: str) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
 
 
-def get_config(M: int, E: int, N: int, K: int, top_k: int, dtype: str, device_name: str) -> dict:
+# ``deterministic: true``: one config for every M (a row's sums then follow no other row). The
+# mid-size heuristic rows, whose BLOCK_K (128) fp8 needs for its scale blocks
+BATCH_INVARIANT_CONFIGS = {
+    "fp8_w8a8": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3),
+    "any": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
+}
+
+
+def batch_invariant_config(dtype: str) -> dict:
+    return dict(BATCH_INVARIANT_CONFIGS.get(dtype, BATCH_INVARIANT_CONFIGS["any"]))
+
+
+def get_config(M: int, E: int, N: int, K: int, top_k: int, dtype: str, device_name: str,
+               batch_invariant: bool = False) -> dict:
+    if batch_invariant:
+        return batch_invariant_config(dtype)
     table = load_configs(E, N, K, dtype, device_name)
     if table:
         return dict(table[min(table, key=lambda m: abs(m - M))])

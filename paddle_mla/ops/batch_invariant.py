@@ -1,0 +1,94 @@
+"""Batch-invariant matrix products for ``deterministic: true``.
+
+A library GEMM (cuBLAS, MKL) picks its kernel, tile and split-K from the row count M, so one row's
+bits change with the batch it is in. Under the mode every dense product of the model goes through
+``linear`` / ``bmm`` here instead:
+- on a GPU (Triton launches there): one Triton GEMM with ONE tile config for every M and no
+  split-K, so each output element is the same K-ordered fp32 sum whatever M and wherever its row
+  sits (the idea of Thinking Machines' "Defeating Nondeterminism in LLM Inference");
+- elsewhere (CPU; the paddle runtime): one framework matmul per row (M = 1), which is the same
+  call for a row whatever the batch.
+``logsumexp`` is the sampler's row reduction (logprobs, top-p's softmax), one program per row.
+
+The mode itself is process state (``set_enabled``): the model runner sets it from the config
+before each forward (and clears it when closed), so modules below the worker need no extra argument. Default mode never
+calls into this module's kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from paddle_mla.platform import runtime as _runtime
+
+_runtime.require_selected(__name__)
+
+import torch
+import torch.nn.functional as F
+
+_enabled = False
+
+# the one GEMM tile: wide enough for prefill's tensor cores, no split-K (H100 bf16; a config
+# that depends on nothing but the dtype)
+TILE_M, TILE_N, TILE_K, GROUP_M, NUM_WARPS, NUM_STAGES = 64, 128, 64, 8, 4, 3
+
+
+def set_enabled(on: bool) -> None:
+    global _enabled
+    _enabled = bool(on)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+@functools.cache
+def _triton_gpu() -> bool:
+    return not _runtime.is_paddle() and _runtime.supports_triton_on("gpu")[0]
+
+
+def _gpu_kernel_ok(*ts) -> bool:
+    return all(t.is_cuda for t in ts) and _triton_gpu()
+
+
+def linear_rowwise(x2, w, b=None):
+    """x2 [M, K] @ w[N, K]^T one row at a time (the same M = 1 call for a row in any batch)."""
+    if x2.shape[0] == 0:
+        return F.linear(x2, w, b)
+    return torch.cat([F.linear(x2[i:i + 1].contiguous(), w, b) for i in range(x2.shape[0])], 0)
+
+
+def linear(x, w, b=None):
+    """y = x @ w^T (+ b), each row's bits independent of the other rows."""
+    lead, K = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, K)
+    if _gpu_kernel_ok(x2, w):
+        from paddle_mla.ops.batch_invariant_kernels import gemm_nt
+
+        y = gemm_nt(x2, w)
+        if b is not None:
+            y = y + b
+    else:
+        y = linear_rowwise(x2, w, b)
+    return y.reshape(*lead, w.shape[0])
+
+
+def logsumexp(x):
+    """x [B, N] -> float32 [B, 1]: log(sum(exp(row))), each row's order fixed by the row alone (the
+    framework's reduction splits a row over more blocks when there are fewer rows)."""
+    if _gpu_kernel_ok(x):
+        from paddle_mla.ops.batch_invariant_kernels import row_logsumexp
+
+        return row_logsumexp(x.contiguous())
+    return torch.logsumexp(x.to(torch.float32), dim=-1, keepdim=True)
+
+
+def bmm(a, b):
+    """a [G, M, K] @ b [G, K, N] -> [G, M, N], each (g, m) row independent of the other rows."""
+    if _gpu_kernel_ok(a, b):
+        from paddle_mla.ops.batch_invariant_kernels import bmm_nn
+
+        return bmm_nn(a, b)
+    if a.shape[1] == 0:
+        return torch.bmm(a, b)
+    return torch.cat([torch.bmm(a[:, i:i + 1].contiguous(), b) for i in range(a.shape[1])], 1)

@@ -1,0 +1,108 @@
+"""``deterministic: true`` for triton_mla: the fixed-split decode plan.
+
+Every split of the batch-invariant plan is ``fixed_tiles`` tiles of its own request, counted from
+the request's first key, so a request's split count and partial rows follow its length alone; the
+decode output of a row is bitwise the same alone and at any position of batches of several sizes,
+and matches the plain-tensor reference. Interpreter on CPU (float32), or a GPU.
+"""
+
+import numpy as np
+import pytest
+from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
+
+from paddle_mla.platform import runtime
+
+pytestmark = pytest.mark.triton
+
+DEV = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
+TOL = 2e-4 if DEV == "cpu" else 3e-2
+
+
+@pytest.fixture(scope="module")
+def k():
+    return kernel_namespace(DEV)
+
+
+def _t(k, a):
+    return k.torch.from_numpy(np.ascontiguousarray(a)).to(DEV)
+
+
+def _plan(k, seq_lens, fixed_tiles, block_n=16, programs=5, max_bs=8):
+    from paddle_mla.attention.triton_mla.decode_plan import fixed_split_workspace
+
+    ws = fixed_split_workspace(max_bs, 2, 16, max_len=2000, split_tokens=fixed_tiles * block_n, block_n=block_n,
+                               device=DEV)
+    bs = len(seq_lens)
+    k.dec.build_decode_plan(_t(k, np.array(seq_lens, dtype=np.int32)), bs, ws, block_n, programs,
+                            fixed_tiles=fixed_tiles)
+    return ws, bs
+
+
+@pytest.mark.parametrize("seq_lens", [[1000, 1, 0, 40], [5, 300, 0], [64] * 6, [0]])
+def test_fixed_plan_splits_follow_the_length_alone(k, seq_lens):
+    fixed = 3
+    ws, bs = _plan(k, seq_lens, fixed)
+    tiles = [-(-n // 16) for n in seq_lens]
+    want = [max(-(-t // fixed), 1) for t in tiles]
+    assert ws.num_kv_splits[:bs].cpu().numpy().tolist() == want
+    # each request's span starts on a window boundary: its windows are its own
+    cu = ws.cu_tiles[:bs + 1].cpu().numpy()
+    assert all(c % fixed == 0 for c in cu)
+    assert int(ws.tiles_per_prog[0]) == fixed
+    for b, n in enumerate(seq_lens):   # the same plan row alone
+        alone, _ = _plan(k, [n], fixed)
+        assert int(alone.num_kv_splits[0]) == want[b]
+
+
+def test_fixed_plan_ignores_the_program_count(k):
+    a, _ = _plan(k, [1000, 37, 5], 2, programs=1)
+    b, _ = _plan(k, [1000, 37, 5], 2, programs=64)
+    assert k.torch.equal(a.num_kv_splits[:3], b.num_kv_splits[:3]) and k.torch.equal(a.cu_tiles[:4], b.cu_tiles[:4])
+
+
+def _decode(k, q, cache, tables, lens, fixed_tiles, heads, lora, programs):
+    from paddle_mla.attention.triton_mla.decode_plan import fixed_split_workspace
+
+    bs = q.shape[0]
+    cfg = k.dec.decode_config(heads, programs=programs)
+    ws = fixed_split_workspace(bs, heads, lora, max_len=4096, split_tokens=fixed_tiles * cfg.block_n,
+                               block_n=cfg.block_n, device=DEV)
+    k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles, fixed_tiles=fixed_tiles)
+    out = k.torch.full((bs, heads, lora), float("nan"), device=DEV)
+    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, lk_scale(q), cfg)
+    return out
+
+
+def lk_scale(q):
+    return q.shape[-1] ** -0.5
+
+
+@pytest.mark.parametrize("programs", [2, 7])
+def test_fixed_plan_decode_row_is_bitwise_the_same_in_any_batch(k, programs):
+    """Row 0 (several splits) and row 1 (one split) alone, then at every position of batches of
+    3, 5 and 8 rows, on a grid with fewer programs than windows (programs loop over windows)."""
+    torch = k.torch
+    rng = np.random.default_rng(3)
+    heads, lora, rope, page, fixed = 4, 32, 16, 16, 2
+    others = [70, 0, 33, 5, 128, 1, 90]
+    probe = [(100, 0), (9, 1)]
+    lens_all = [n for n, _ in probe] + others
+    bt, nb = random_block_tables(rng, lens_all, page)
+    lk = lora + rope
+    cache = _t(k, rng.standard_normal((nb, page, 1, lk)).astype(np.float32))
+    q_all = _t(k, rng.standard_normal((len(lens_all), heads, lk)).astype(np.float32))
+    expect = k.ref.mla_decode_ref(q_all, cache, _t(k, bt), _t(k, np.array(lens_all, dtype=np.int32)), lora,
+                                  lk ** -0.5)
+    for n, i in probe:
+        alone = _decode(k, q_all[i:i + 1], cache, _t(k, bt[i:i + 1]), _t(k, np.array([n], dtype=np.int32)), fixed,
+                        heads, lora, programs)
+        torch.testing.assert_close(alone[0], expect[i], atol=TOL, rtol=TOL)
+        for size in (3, 5, 8):
+            for pos in range(size):
+                rows = [j for j in range(2, 2 + size - 1)]
+                rows = rows[:pos] + [i] + rows[pos:]
+                idx = np.array(rows)
+                out = _decode(k, q_all[_t(k, idx)], cache, _t(k, bt[idx]),
+                              _t(k, np.array([lens_all[j] for j in rows], dtype=np.int32)), fixed, heads, lora,
+                              programs)
+                assert torch.equal(out[pos], alone[0]), (n, size, pos)
