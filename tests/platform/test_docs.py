@@ -1,9 +1,7 @@
 """The user and design docs say what the code does: README's config table lists every config key,
 its Quick start is the two lines CI runs, docs/architecture.md lists the layers the layering test
-enforces and links every subsystem page, and the repository paths the docs name exist.
-
-A line carrying ``<!-- verify`` describes work still being merged from another branch; its paths
-are checked once the mark is removed."""
+enforces and links every subsystem page, and the repository paths and benchmark modules the docs
+name exist."""
 
 from __future__ import annotations
 
@@ -23,8 +21,10 @@ QUICK_START = [
     "| paddle-mla generate",
     "pip install -e '.[torch,paddle,test,ray]' && bash scripts/test.sh",
 ]
-# repository paths that exist on every branch (scripts/ and benchmarks/ are named with verify marks)
-REPO_PATH = re.compile(r"\b(?:paddle_mla|custom_ops|tests|configs|examples|docs)/[\w/.-]*\w\.(?:py|md|yaml|sh|h|cu|cuh|cc)\b")
+REPO_PATH = re.compile(r"\b(?:paddle_mla|custom_ops|tests|configs|examples|docs|scripts|benchmarks)/[\w/.-]*\w"
+                       r"\.(?:py|md|yaml|sh|h|cu|cuh|cc)\b")
+# ``python -m benchmarks.<group>.<name>``: a module of the benchmarks package
+BENCH_MODULE = re.compile(r"-m (benchmarks(?:\.\w+)+)")
 MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
@@ -112,12 +112,25 @@ def test_paths_named_in_the_docs_exist():
     missing = []
     for doc in _checked_docs():
         for n, line in enumerate(doc.read_text().splitlines(), 1):
-            if "<!-- verify" in line:
-                continue
             for path in REPO_PATH.findall(line):
                 if not (ROOT / path).exists():
                     missing.append(f"{doc.relative_to(ROOT)}:{n}: {path}")
+            for module in BENCH_MODULE.findall(line):
+                if not (ROOT / (module.replace(".", "/") + ".py")).exists():
+                    missing.append(f"{doc.relative_to(ROOT)}:{n}: module {module}")
             for link in MD_LINK.findall(line):
                 if "://" not in link and not (doc.parent / link).exists():
                     missing.append(f"{doc.relative_to(ROOT)}:{n}: link {link}")
+    assert not missing, "\n".join(missing)
+
+
+def test_benchmarks_sections_named_in_the_docs_exist():
+    """``BENCHMARKS.md, "Section"`` (and ``"A" and "B"``) name headings BENCHMARKS.md has."""
+    headings = set(re.findall(r"^#+ (.+?)\s*$", (ROOT / "BENCHMARKS.md").read_text(), flags=re.M))
+    missing = []
+    for doc in _checked_docs():
+        text = " ".join(doc.read_text().split())       # a reference may wrap over lines
+        for names in re.findall(r'BENCHMARKS\.md, ((?:"[^"]+"(?:,| and| or)? ?)+)', text):
+            missing += [f"{doc.relative_to(ROOT)}: {name}" for name in re.findall(r'"([^"]+)"', names)
+                        if name not in headings]
     assert not missing, "\n".join(missing)
