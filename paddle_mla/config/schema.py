@@ -81,7 +81,7 @@ class SamplingConfig:
 @dataclass
 class ParallelConfig:
     """Scale-out on one host (docs/scaling_out.md). ``tensor_parallel_size`` N: the model split over N
-    ranks (N GPUs, or N CPU processes over gloo), torch runtime only for now;
+    ranks (N GPUs, or N CPU processes over gloo), torch runtime only;
     ``data_parallel_size`` M: M engine replicas sharing one input stream; ``expert_parallel``: the
     routed experts placed whole on the N ranks (contiguous ranges) instead of split by width."""
 
@@ -234,11 +234,11 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(par.tensor_parallel_size >= 1, f"'parallel.tensor_parallel_size' is {par.tensor_parallel_size}; allowed: >= 1")
     need(par.data_parallel_size >= 1, f"'parallel.data_parallel_size' is {par.data_parallel_size}; allowed: >= 1")
     need(not (par.tensor_parallel_size > 1 and cfg.scheduler.overlap is True),
-         "'scheduler.overlap' is true with 'parallel.tensor_parallel_size' > 1; overlapped scheduling is "
-         "single-rank for now: set scheduler.overlap: auto (off with TP) or false")
+         "'scheduler.overlap' is true with 'parallel.tensor_parallel_size' > 1; overlapped scheduling runs "
+         "on one rank only (rank 0 would plan step n+1 while workers still run step n): set scheduler.overlap: auto (off with TP) or false")
     need(not (par.tensor_parallel_size > 1 and cfg.runtime == "paddle"),
-         "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only for now: "
-         "it runs on torch.distributed; the paddle runtime has no paddle.distributed path yet)")
+         "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only: "
+         "it runs on torch.distributed; the paddle runtime has no paddle.distributed path)")
     need(not (par.tensor_parallel_size > 1 and cfg.deterministic),
          "'deterministic: true' with 'parallel.tensor_parallel_size' > 1: the ranks' all-reduce picks its "
          "algorithm (and so its summation order) by message size, which follows the batch; use "

@@ -8,5 +8,5 @@
   watches the workers); ``worker``: the loop of ranks 1..N-1.
 
 Importing this package imports no tensor library; ``group`` (torch.distributed) is imported only
-when a run has ``parallel.tensor_parallel_size`` > 1, which is torch-only for now.
+when a run has ``parallel.tensor_parallel_size`` > 1, which is torch-only.
 """

@@ -37,8 +37,8 @@ from multiprocessing import connection
 from paddle_mla.platform import runtime
 from paddle_mla.parallel.worker import WorkerSpec, worker_main
 
-TORCH_ONLY = ("parallel.tensor_parallel_size > 1 runs on torch.distributed and is torch-only for now; "
-              "use runtime: torch (the paddle runtime has no tensor-parallel path yet)")
+TORCH_ONLY = ("parallel.tensor_parallel_size > 1 runs on torch.distributed and is torch-only; "
+              "use runtime: torch (the paddle runtime has no tensor-parallel path)")
 RESUME_HINT = "the output written so far is intact: rerun with --resume"
 # how long rank 0's close waits for idle workers to leave (they drop their graphs and abort their
 # communicator: well under a second); a worker still there then is killed

@@ -94,7 +94,7 @@ def test_parallel_config_is_validated():
     assert (cfg.parallel.tensor_parallel_size, cfg.parallel.data_parallel_size) == (2, 1)
     for bad, words in ((("parallel.tensor_parallel_size=0",), "tensor_parallel_size' is 0"),
                        (("parallel.data_parallel_size=0",), "data_parallel_size' is 0"),
-                       (("runtime=paddle", "parallel.tensor_parallel_size=2"), "torch-only for now")):
+                       (("runtime=paddle", "parallel.tensor_parallel_size=2"), "torch-only")):
         with pytest.raises(ConfigError, match=words):
             load_config(None, bad)
 

@@ -2,7 +2,7 @@
 oracle; a killed worker ends the run with a clear error and ``generate --resume`` completes it.
 
 Each TP=2 engine spawns one worker process (rank 0 is this process), so the tests are few. TP is
-torch-only for now: under the paddle runtime the module is skipped with that reason.
+torch-only: under the paddle runtime the module is skipped with that reason.
 """
 
 import json
