@@ -60,6 +60,25 @@ _SIDE_FIELDS = ("sample_slots", "pending_pos", "pending_slot")
 
 
 @dataclass
+class MLAStepPlan:
+    """What an MLA backend's ``prepare`` decides once per step (``triton_mla``, ``dsa``): which extend
+    rows run through the absorbed decode kernel (``short_split``: a ``ShortSplit``) and the extend
+    kernels' plan for the rest (``extend_plan``: an ``ExtendPlan``); for ``dsa``, the first row of a
+    dense tail (``dense_from``: None when the step runs sparse) and the step's sparse workspace
+    (``dsa_ws``, made by its first layer). Empty in decode-only steps."""
+    short_split: Any = None
+    extend_plan: Any = None
+    dense_from: int | None = None
+    dsa_ws: dict | None = None
+
+
+@dataclass
+class GQAStepPlan:
+    """What the ``native`` GQA backend's ``prepare`` computes once per step: the query offsets on the host."""
+    cu_seqlens_q_host: np.ndarray
+
+
+@dataclass
 class ForwardMeta:
     num_reqs: int
     num_tokens: int
@@ -82,7 +101,7 @@ class ForwardMeta:
     block_tables: Any            # int32 [B, max_blocks]
     seq_lens_k_dev: Any          # int32 [B]
     logits_indices: Any          # int64 [B]: row of each request's last new token
-    attn: dict[str, Any] = field(default_factory=dict)   # filled by backend.prepare(meta), once
+    attn: MLAStepPlan | GQAStepPlan | None = None   # the backend's step plan: backend.prepare(meta), once
     # deepseek_v32 indexer: each token's key window [ks, ke) in the step's concatenated gathered keys
     # (int32 [T]); None in pure-decode steps and for models without an indexer
     index_ks: Any = None

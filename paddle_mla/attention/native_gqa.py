@@ -10,18 +10,19 @@ import numpy as np
 import torch
 
 from paddle_mla.attention.backend import GQABackend, LayerRope, register_backend
+from paddle_mla.attention.forward_meta import GQAStepPlan
 from paddle_mla.attention.gqa_reference import append_attention_reference
 
 
 @register_backend("native")
 class NativeGQABackend(GQABackend):
     def prepare(self, meta) -> None:
-        meta.attn["cu_seqlens_q_host"] = np.concatenate([[0], np.cumsum(meta.seq_lens_q)]).astype(np.int64)
+        meta.attn = GQAStepPlan(np.concatenate([[0], np.cumsum(meta.seq_lens_q)]).astype(np.int64))
 
     def forward(self, q, k, v, k_cache, v_cache, meta, layer_rope: LayerRope):
-        if "cu_seqlens_q_host" not in meta.attn:    # callers that skip prepare (tests): host math only
+        if not isinstance(meta.attn, GQAStepPlan):    # callers that skip prepare (tests): host math only
             self.prepare(meta)
-        cu = meta.attn["cu_seqlens_q_host"]
+        cu = meta.attn.cu_seqlens_q_host
         out = torch.empty_like(q)
         return append_attention_reference(
             q, k, v, k_cache, v_cache, meta.block_tables, cu, meta.seq_lens_k, meta.batch_id_per_token,

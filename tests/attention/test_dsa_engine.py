@@ -83,7 +83,7 @@ def test_dsa_engine_matches_native(model_dir, baseline, monkeypatch):
     def spy(self, meta):
         prepare(self, meta)
         if not meta.is_decode_only:
-            start = meta.attn.get("dsa_dense_from")
+            start = meta.attn.dense_from
             kinds.append("sparse" if start is None else "split" if start else "dense")
 
     monkeypatch.setattr(DSABackend, "prepare", spy)

@@ -85,7 +85,7 @@ def test_short_extends_absorbed_long_context(dtype):
     case = make_case(SHORT_LONG, page=64, device=_dev(), dtype=getattr(torch, dtype), seed=5, dims=DIMS)
     got, cache, meta = run_backend("triton_mla", case, _dev(), dims=DIMS, extend_chunk_tokens=2048)
     native, _, _ = run_backend("native", case, _dev(), dims=DIMS)
-    split = meta.attn["short_split"]
+    split = meta.attn.short_split
     assert (split.lead_begin, split.lead_end, split.tail_begin, split.rows) == (2, 4, 5, 64 * 3 + 17)
     assert not torch.isnan(got).any()
     if dtype == "float32":

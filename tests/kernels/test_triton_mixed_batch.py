@@ -178,9 +178,9 @@ def test_engine_chunked_prefix_greedy_tokens_match_native(monkeypatch, absorb_sh
 
     def recording(meta):
         prepare(meta)
-        plan = meta.attn.get("extend_plan")
+        plan = meta.attn.extend_plan
         steps.append((meta.num_decode_reqs if plan else 0, plan.k_end - plan.k_begin if plan else 0))
-        split = meta.attn.get("short_split")
+        split = meta.attn.short_split
         pseudo.append((meta.num_decode_reqs, split.rows) if split else (0, 0))
 
     llm.runner.backend.prepare = recording
@@ -217,7 +217,7 @@ def test_short_extends_run_absorbed_and_match_native(k, monkeypatch, chunk):
     case = make_case(SHORT, page=8, device=DEV, dtype=torch.float32, seed=chunk)
     got, cache, meta = run_backend("triton_mla", case, DEV, extend_chunk_tokens=chunk, short_extend_tokens=5)
     native, _, _ = run_backend("native", case, DEV)
-    split = meta.attn["short_split"]
+    split = meta.attn.short_split
     assert (split.lead_begin, split.lead_end, split.tail_begin) == (2, 4, 6)
     assert decode_rows == [2, 3 + 1 + 4 + 5]
     k_lo = sum(c + n for c, n in SHORT[:4])
@@ -255,7 +255,7 @@ def test_short_extends_in_several_query_groups_match_native(k):
     case = make_case(LONG_SHORT, page=8, device=DEV, dtype=torch.float32, seed=11)
     got, cache, meta = run_backend("triton_mla", case, DEV, short_extend_tokens=40)
     native, _, _ = run_backend("native", case, DEV)
-    split = meta.attn["short_split"]
+    split = meta.attn.short_split
     assert split.rows == 20 + 33 + 16 + 17 and split.groups == 2 + 3 + 1 + 2
     torch.testing.assert_close(got, native, atol=TOL, rtol=TOL)
     torch.testing.assert_close(got, plain_reference(case, cache, meta), atol=TOL, rtol=TOL)

@@ -33,6 +33,7 @@ import torch
 
 from paddle_mla.platform import runtime
 from paddle_mla.attention.backend import MLADims, register_backend
+from paddle_mla.attention.forward_meta import MLAStepPlan
 from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_slots
 from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select
 from paddle_mla.attention.dsa.sparse_mla import partial_rows, plan_splits, sparse_config, sparse_mla
@@ -94,7 +95,7 @@ class DSABackend(TritonMLABackend):
                                        scores=torch.empty(n * self.max_model_len, dtype=torch.float32, device=self.device),
                                        topk_scratch=self._topk_scratch(n, topk))
             return self._decode_ws
-        ws = meta.attn.get("dsa_ws")
+        ws = meta.attn.dsa_ws
         if ws is None or ws["topk"] != topk:
             ws = dict(self._alloc(rows, topk), topk=topk, **self._prefill_scores(topk, rows))
         return ws
@@ -115,17 +116,18 @@ class DSABackend(TritonMLABackend):
     def _dense_rows(self, meta) -> int | None:
         """The first row of a dense tail (the extend rows after the leading decode rows), or None
         (``prepare`` sets it, never in a decode-only step)."""
-        return meta.attn.get("dsa_dense_from")
+        return meta.attn.dense_from
 
     def prepare(self, meta) -> None:
         """Once per step, from host arrays: whether the extend rows run dense, and their plan."""
+        meta.attn = MLAStepPlan()
         if meta.is_decode_only or not self.dense_max_context:
             return
         nd = meta.num_decode_reqs
         ext = meta.seq_lens_k[nd:meta.num_reqs]
         if ext.size and int(ext.max()) <= self.dense_max_context:
-            meta.attn["dsa_dense_from"] = nd
-            meta.attn["extend_plan"] = plan_extend(meta, nd)
+            meta.attn.dense_from = nd
+            meta.attn.extend_plan = plan_extend(meta, nd)
 
     def _topk_scratch(self, rows: int, topk: int):
         return torch.zeros(topk_scratch_shape(rows, topk), dtype=torch.int32, device=self.device)
@@ -160,7 +162,7 @@ class DSABackend(TritonMLABackend):
         # decode: one width for every step (a captured graph replays one launch); the kernels follow
         # each row's own length, so the unused columns cost nothing
         width = self.max_model_len if decode else meta.max_seqlen_k
-        ws = meta.attn["dsa_ws"] = self._workspace(meta, T, topk)
+        ws = meta.attn.dsa_ws = self._workspace(meta, T, topk)
         write_latent_cache(k, index_cache, meta.slot_mapping)
         chunk = min(ws["score_rows"], ws["scores"].numel() // max(width, 1)) if not decode else T
         if chunk < 1:
@@ -185,7 +187,7 @@ class DSABackend(TritonMLABackend):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
         if dense_from is None:
             return self._sparse(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, topk_pos)
-        self.extend.run(meta.attn["extend_plan"], q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
+        self.extend.run(meta.attn.extend_plan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
         out = self.extend.out[:q_nope.shape[0]]
         n = meta.num_decode_tokens
         if n:
@@ -195,7 +197,7 @@ class DSABackend(TritonMLABackend):
     def _sparse(self, q_nope, q_pe, w_kc, w_vc, kv_cache, meta, topk_pos):
         """Sparse MLA of the first ``len(q_nope)`` tokens over their top-k (the latents are written)."""
         d = self.dims
-        ws = meta.attn["dsa_ws"]
+        ws = meta.attn.dsa_ws
         bids = meta.batch_id_per_token[:q_nope.shape[0]]
         slots = positions_to_slots(topk_pos, bids, meta.block_tables, self.block_size, ws["slots"])
         q_lat = _bmm(q_nope.transpose(0, 1), w_kc).transpose(0, 1)            # [T, H, C]

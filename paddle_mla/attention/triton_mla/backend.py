@@ -30,6 +30,7 @@ import torch
 from paddle_mla.platform import runtime
 from paddle_mla.ops import batch_invariant
 from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
+from paddle_mla.attention.forward_meta import MLAStepPlan
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.cuda_decode import CudaDecode, unavailable_reason
 from paddle_mla.attention.triton_mla.decode import (
@@ -111,6 +112,7 @@ class TritonMLABackend(MLABackend):
         return meta.num_reqs if meta.is_decode_only else min(meta.num_decode_reqs, self.max_num_seqs)
 
     def prepare(self, meta) -> None:
+        meta.attn = plan = MLAStepPlan()
         nd = self._num_decode_rows(meta)
         if nd and self.cuda:
             self.cuda.plan(meta.seq_lens_k_dev, nd)
@@ -121,10 +123,10 @@ class TritonMLABackend(MLABackend):
             p = self.pseudo
             split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, p.max_rows, p.qg, p.max_groups) \
                 if p else split_short_rows(meta.seq_lens_q, nd, 0, 0)
-            meta.attn["short_split"] = split
+            plan.short_split = split
             if self.deterministic and split.lead_end < split.tail_begin:
                 raise RuntimeError("deterministic: an extend row did not fit the absorbed path's buffers")
-            meta.attn["extend_plan"] = plan_extend(meta, split.lead_end, split.tail_begin)
+            plan.extend_plan = plan_extend(meta, split.lead_end, split.tail_begin)
             if split.rows:
                 p.gather(meta, split)
                 build_decode_plan(p.seq_lens, split.groups, p.ws, p.cfg.block_n, p.cfg.target_items, p.cfg.min_tiles,
@@ -134,10 +136,9 @@ class TritonMLABackend(MLABackend):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
         if meta.is_decode_only:
             return self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, meta.num_reqs)
-        plan = meta.attn["extend_plan"]
-        self.extend.run(plan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
+        self.extend.run(meta.attn.extend_plan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
         out = self.extend.out[:q_nope.shape[0]]
-        split = meta.attn["short_split"]
+        split = meta.attn.short_split
         if split.lead_begin:
             out[:split.lead_begin].copy_(self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, split.lead_begin))
         if split.rows:
