@@ -1,5 +1,6 @@
-"""Shared by the Triton kernel tests (CPU interpreter and GPU): the kernel modules in one
-namespace, and paged block tables in random physical order."""
+"""Shared by the MLA kernel tests (CPU interpreter and GPU, Triton and the CUDA op): the kernel modules
+in one namespace, paged block tables in random physical order, uploads, the closeness check against a
+reference, and repeated runs into a NaN-poisoned output that must agree bitwise."""
 
 from types import SimpleNamespace
 
@@ -25,3 +26,32 @@ def random_block_tables(rng, seq_lens, page: int, extra_blocks: int = 3):
         bt[i, :n] = perm[pos:pos + n]
         pos += n
     return bt, nb
+
+
+def upload(k: SimpleNamespace, a):
+    return k.torch.from_numpy(np.ascontiguousarray(a)).to(k.dev)
+
+
+def check_close(k: SimpleNamespace, got, ref) -> None:
+    """Every element written, max abs error < 5e-2, relative L2 < 1e-2, cosine > 1 - 1e-3."""
+    torch = k.torch
+    g, r = got.float().flatten(), ref.float().flatten()
+    assert not torch.isnan(g).any()
+    assert float((g - r).abs().max()) < 5e-2
+    if float(r.norm()) > 0:
+        assert float((g - r).norm() / r.norm()) < 1e-2
+        assert float(torch.nn.functional.cosine_similarity(g[None], r[None])[0]) > 1 - 1e-3
+
+
+def poisoned_runs(k: SimpleNamespace, fn, out, runs: int = 5):
+    """Run ``fn`` ``runs`` times into ``out`` filled with NaN first: every element must be written and
+    every run bitwise equal to the first (returned)."""
+    results = []
+    for _ in range(runs):
+        out.fill_(float("nan"))
+        fn()
+        assert not k.torch.isnan(out).any(), "an output element was not written"
+        results.append(out.clone())
+    for r in results[1:]:
+        assert k.torch.equal(r, results[0]), "not bitwise deterministic"
+    return results[0]

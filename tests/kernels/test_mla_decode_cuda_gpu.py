@@ -5,7 +5,10 @@ the whole grid. Same tolerances as the Triton decode tests (test_triton_kernels_
 
 import numpy as np
 import pytest
+from helpers.triton_kernel_helpers import check_close as _check_close
 from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
+from helpers.triton_kernel_helpers import poisoned_runs as _poisoned_runs
+from helpers.triton_kernel_helpers import upload as _up
 
 from paddle_mla.platform import runtime
 
@@ -25,32 +28,6 @@ def k():
         pytest.skip(f"mla_decode CUDA op unavailable: {why}")
     ns.cd = cuda_decode
     return ns
-
-
-def _up(k, a):
-    return k.torch.from_numpy(np.ascontiguousarray(a)).to(k.dev)
-
-
-def _check_close(k, got, ref):
-    torch = k.torch
-    g, r = got.float().flatten(), ref.float().flatten()
-    assert not torch.isnan(g).any()
-    assert float((g - r).abs().max()) < 5e-2
-    if float(r.norm()) > 0:
-        assert float((g - r).norm() / r.norm()) < 1e-2
-        assert float(torch.nn.functional.cosine_similarity(g[None], r[None])[0]) > 1 - 1e-3
-
-
-def _poisoned_runs(k, fn, out, runs=5):
-    results = []
-    for _ in range(runs):
-        out.fill_(float("nan"))
-        fn()
-        assert not k.torch.isnan(out).any(), "an output element was not written"
-        results.append(out.clone())
-    for r in results[1:]:
-        assert k.torch.equal(r, results[0]), "not bitwise deterministic"
-    return results[0]
 
 
 def _case(k, seq_lens, heads, page, seed):

@@ -4,7 +4,10 @@ decode step. Run by scripts/gpu_check.sh on the GPU machine; skipped in CPU CI."
 
 import numpy as np
 import pytest
+from helpers.triton_kernel_helpers import check_close as _check_close
 from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
+from helpers.triton_kernel_helpers import poisoned_runs as _poisoned_runs
+from helpers.triton_kernel_helpers import upload as _up
 
 from paddle_mla.platform import runtime
 
@@ -19,35 +22,7 @@ def k():
     return kernel_namespace(runtime.device_string("gpu"))
 
 
-def _up(k, a):
-    return k.torch.from_numpy(np.ascontiguousarray(a)).to(k.dev)
-
-
-
-
-def _check_close(k, got, ref):
-    torch = k.torch
-    g, r = got.float().flatten(), ref.float().flatten()
-    assert not torch.isnan(g).any()
-    assert float((g - r).abs().max()) < 5e-2
-    if float(r.norm()) > 0:
-        assert float((g - r).norm() / r.norm()) < 1e-2
-        assert float(torch.nn.functional.cosine_similarity(g[None], r[None])[0]) > 1 - 1e-3
-
-
-def _poisoned_runs(k, fn, out, runs=5):
-    results = []
-    for _ in range(runs):
-        out.fill_(float("nan"))
-        fn()
-        assert not k.torch.isnan(out).any(), "an output element was not written"
-        results.append(out.clone())
-    for r in results[1:]:
-        assert k.torch.equal(r, results[0]), "not bitwise deterministic"
-    return results[0]
-
-
-# issue 14 variants, forced at h=128 (each must match the reference, deterministically, and fill
+# launch variants, forced at h=128 (each must match the reference, deterministically, and fill
 # every element): value-column slices and smaller head blocks
 VARIANTS_128 = [{}, {"dv_split": 2}, {"dv_split": 4}, {"block_h": 32}]
 # h=16: the small-batch config (5 stages, one-step merge, stage 2 by programmatic dependent launch)
