@@ -1,4 +1,4 @@
-"""Fail before work, never after (issue 8, item 4): bad output / summary / JSON / plot paths, an
+"""Fail before work, never after: bad output / summary / JSON / plot paths, an
 existing --output, and bad model paths are refused with one line, exit 2, before any model loads."""
 
 import json

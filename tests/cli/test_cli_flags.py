@@ -1,4 +1,4 @@
-"""Flags people expect (issue 8, item 6): --model/--max-tokens/--temperature/--top-p/--top-k as
+"""Flags people expect: --model/--max-tokens/--temperature/--top-p/--top-k as
 shortcuts for --set, ``python -m paddle_mla``, and the stdin hint of a bare generate at a terminal."""
 
 import json

@@ -1,4 +1,4 @@
-"""OpenAI batch output (issue 8, item 7) and the sampling fields of item 8 as the CLI writes them:
+"""OpenAI batch output and the sampling fields as the CLI writes them:
 logprobs in OpenAI's completion and chat shapes, n choices, penalties; resume over these records.
 Shapes are checked under the fake engine (fixed values) and the real one (tiny model)."""
 

@@ -1,4 +1,4 @@
-"""Say what ran (issue 8, item 3): the first stderr line of generate and bench, the --summary and
+"""Say what ran: the first stderr line of generate and bench, the --summary and
 bench JSON, runtime auto (a GPU runtime, else torch, else paddle) and attention.backend auto."""
 
 import json

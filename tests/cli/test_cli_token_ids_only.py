@@ -1,4 +1,4 @@
-"""Token-id-only checkpoints (issue 8, item 5): a model folder without tokenizer.json runs the lines
+"""Token-id-only checkpoints: a model folder without tokenizer.json runs the lines
 that give prompt_token_ids (text null); lines that need text get a no_tokenizer error line."""
 
 import json

@@ -1,4 +1,4 @@
-"""The engine step on a GPU (issue 9): no hidden host-device syncs, CUDA-graph padding, overlap.
+"""The engine step on a GPU: no hidden host-device syncs, CUDA-graph padding, overlap.
 
 - Decode and mixed (decode + prefill chunk) steps run whole under
   ``torch.cuda.set_sync_debug_mode("error")``: any blocking copy or stream sync raises. The one

@@ -1,4 +1,4 @@
-"""Preemption under triton_mla + CUDA graphs + bf16 (issue 9, item 8): every request completes.
+"""Preemption under triton_mla + CUDA graphs + bf16: every request completes.
 
 A cache of 24 blocks of 16 tokens for 8 concurrent requests that each grow to ~6 blocks forces the
 scheduler to preempt (free the blocks, recompute later). Every request must still finish with its

@@ -70,7 +70,7 @@ def test_w8a8_gemm_matches_dequantized_reference(dev, m, n, k):
     assert y.dtype == torch.bfloat16 and tuple(y.shape) == (m, n)
     xq, xs = per_token_group_quant_ref(x, 128)
     ref = w8a8_block_matmul_ref(xq, xs, w.weight, w.scale_inv, w.block)   # both operands dequantized, fp32
-    # issue 10's target is 2e-2; only bf16 output rounding and summation order differ (~1e-3)
+    # the target is 2e-2; only bf16 output rounding and summation order differ (~1e-3)
     assert _rel(y, ref) <= 1e-2
     # e4m3 activations themselves cost ~2.6% mean relative error on random data (3 mantissa
     # bits); the CPU tests bound that elementwise, here it is only kept from growing
@@ -93,7 +93,7 @@ def test_w8a8_split_k_matches_dequantized_reference(dev, m, n, k, split):
     y1 = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     assert w8a8_gemm(xq, xs, w.weight, w.scale_inv, y1, w.block, 1).split == 1
     ref = w8a8_block_matmul_ref(xq, xs, w.weight, w.scale_inv, w.block)
-    assert _rel(y, ref) <= 1e-2            # issue 10's target is 2e-2; bf16 rounding + sum order only
+    assert _rel(y, ref) <= 1e-2            # the target is 2e-2; bf16 rounding + sum order only
     assert _rel(y, y1) <= 1e-2
     assert torch.isfinite(y.to(torch.float32)).all()
 

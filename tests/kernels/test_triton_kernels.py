@@ -72,7 +72,7 @@ def test_compact_workspace_rows(k, max_bs, max_splits, programs):
 
 
 def test_compact_workspace_size_at_128_seqs_128_heads(k):
-    # issue 14 target: <= 128 MB at 128 sequences x 128 heads (H100: 132 SMs, 2 head groups -> 66 programs)
+    # target: <= 128 MB at 128 sequences x 128 heads (H100: 132 SMs, 2 head groups -> 66 programs)
     rows = k.dec.partial_rows(128, 32, 66)
     assert rows * 128 * 512 * 4 <= 128 * 2**20
     for dv_split, block_h in ((2, 64), (4, 64), (1, 32)):
