@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla.platform import runtime
+from paddle_mla.platform.staging import host_values
 from paddle_mla.ops import batch_invariant
 from paddle_mla.models.arch import ModelArch, MoESpec
 from paddle_mla.models.fp8 import Fp8Weight, per_token_group_quant
@@ -106,13 +107,14 @@ class MoEExec:
 
 def routed_moe_chosen(x, w_gate, w_up, w_down, topk_ids, topk_weights):
     """The masked reference's sum over only the (token, expert) pairs the routing chose: each chosen
-    expert runs once over its tokens. Reads ``topk_ids`` on the host (CPU tensors: no transfer).
+    expert runs once over its tokens. CPU tensors only: it reads ``topk_ids`` on the host
+    (``staging.host_values``, which refuses a device tensor, so no transfer can hide here).
     Summed in fp32 in expert order, as the masked form, so both give the same values up to the
     GEMMs' own rounding. Ids outside ``[0, E)`` are skipped (expert parallel: other ranks')."""
     T = topk_ids.shape[0]
     if T == 0:
         return x
-    ids = topk_ids.cpu().numpy()
+    ids = host_values(topk_ids)
     weights = topk_weights.to(torch.float32)
     y = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
     for e in np.unique(ids):

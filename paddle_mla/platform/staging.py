@@ -45,6 +45,15 @@ def _host_view(t) -> np.ndarray:
     return view if shared else None
 
 
+def host_values(t) -> np.ndarray:
+    """The values of a tensor that already lives on the host (CPU), as numpy, with no transfer. A
+    device tensor is refused: the step's one device-to-host read is ``ResultReader``'s, and a
+    CPU-only path that reads its routing on the host must not turn into a hidden sync on a GPU."""
+    if "cpu" not in str(t.device).lower():
+        raise ValueError(f"host_values: a {t.device} tensor would need a device-to-host read")
+    return t.numpy()
+
+
 class _Slot:
     def __init__(self, nbytes: int, pin: bool):
         self.tensor = _pinned_bytes(nbytes, pin)

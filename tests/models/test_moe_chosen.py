@@ -49,3 +49,17 @@ def test_cpu_layer_runs_only_the_chosen(monkeypatch):
     assert exec_.impl == "reference"
     exec_.run(*_case(4, 4, 2))
     assert len(calls) == 1
+
+
+def test_host_values_refuses_a_device_tensor():
+    """The CPU MoE reads its routing through ``host_values``, which cannot hide a device-to-host read."""
+    from paddle_mla.platform.staging import host_values
+
+    ids = torch.tensor([[1, 2]], dtype=torch.int64)
+    assert host_values(ids).tolist() == [[1, 2]]
+
+    class OnDevice:
+        device = "cuda:0"
+
+    with pytest.raises(ValueError, match="device-to-host"):
+        host_values(OnDevice())
