@@ -36,7 +36,6 @@ import atexit
 import dataclasses
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from collections import deque
@@ -45,9 +44,9 @@ from multiprocessing import connection
 
 from paddle_mla.config.schema import ConfigError, EngineConfig
 from paddle_mla.integrations.dp_replica import ReplicaSpec, replica_main
+from paddle_mla.parallel.process_exit import RESUME_HINT, describe_exit
 from paddle_mla.sched.request import EngineStats, GenerationRequest, RequestOutput, SamplingParams
 
-RESUME_HINT = "the output written so far is intact: rerun with --resume"
 _START_ENV_LOCK = threading.Lock()
 
 
@@ -56,17 +55,6 @@ class DataParallelError(RuntimeError):
 
 
 # -- the parent -------------------------------------------------------------------------------------
-def _how(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "closed its pipe"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
-
-
 def replica_envs(config: EngineConfig, device: str, gpu_count: int) -> list[dict[str, str]]:
     """The environment of each replica: its GPUs, or its share of the CPU cores."""
     m, n = config.parallel.data_parallel_size, config.parallel.tensor_parallel_size
@@ -181,7 +169,7 @@ class DataParallelLLM:
                 connection.wait([r.recv_conn, r.proc.sentinel], timeout=1.0)
                 continue
             r.proc.join(timeout=5)
-            raise DataParallelError(f"{r.where()} died ({_how(r.proc.exitcode)}); {RESUME_HINT}")
+            raise DataParallelError(f"{r.where()} died ({describe_exit(r.proc.exitcode)}); {RESUME_HINT}")
 
     # -- the interface of LLM used by generate ----------------------------------------------------
     def describe(self) -> dict:
@@ -295,7 +283,7 @@ class DataParallelLLM:
         """Raise the error of a replica whose process ended or whose pipe closed."""
         self._receive_all(r)            # an error it sent before dying says more than the exit code
         r.proc.join(timeout=5)
-        raise DataParallelError(f"{r.where()} died ({_how(r.proc.exitcode)}); {RESUME_HINT}")
+        raise DataParallelError(f"{r.where()} died ({describe_exit(r.proc.exitcode)}); {RESUME_HINT}")
 
     def _pump(self) -> None:
         """Wait for any replica's messages (or death) and take them in."""

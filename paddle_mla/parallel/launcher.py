@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
-import signal
 import sys
 import threading
 import time
@@ -35,11 +34,11 @@ from contextlib import contextmanager
 from multiprocessing import connection
 
 from paddle_mla.platform import runtime
+from paddle_mla.parallel.process_exit import RESUME_HINT, describe_exit
 from paddle_mla.parallel.worker import WorkerSpec, worker_main
 
 TORCH_ONLY = ("parallel.tensor_parallel_size > 1 runs on torch.distributed and is torch-only; "
               "use runtime: torch (the paddle runtime has no tensor-parallel path)")
-RESUME_HINT = "the output written so far is intact: rerun with --resume"
 # how long rank 0's close waits for idle workers to leave (they drop their graphs and abort their
 # communicator: well under a second); a worker still there then is killed
 LEAVE_S = 5.0
@@ -61,15 +60,6 @@ def build_runner(config, model_dir: str, model=None, plan=None, eos_token_ids: f
     if model is not None:
         raise ValueError("a prebuilt model runs on one rank only: set parallel.tensor_parallel_size: 1")
     return TPDriver(config, model_dir).start(eos_token_ids)
-
-
-def _how(exitcode: int) -> str:
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 class TPDriver:
@@ -192,7 +182,7 @@ class TPDriver:
                             detail = "\n" + msg[1].rstrip()
                 except (EOFError, OSError):
                     pass
-                return (f"tensor-parallel worker rank {rank} (pid {proc.pid}) died ({_how(proc.exitcode)}); "
+                return (f"tensor-parallel worker rank {rank} (pid {proc.pid}) died ({describe_exit(proc.exitcode)}); "
                         f"the engine stops; {RESUME_HINT}{detail}")
             if time.monotonic() >= deadline:
                 return None
