@@ -55,3 +55,20 @@ def poisoned_runs(k: SimpleNamespace, fn, out, runs: int = 5):
     for r in results[1:]:
         assert k.torch.equal(r, results[0]), "not bitwise deterministic"
     return results[0]
+
+
+def check_graph_replay(k: SimpleNamespace, step, q, cache, tables, lens, out, lora: int, scale: float) -> None:
+    """Capture ``step`` (plan + decode into ``out``) in a CUDA graph, then replay it after writing new
+    lengths into ``lens`` (longer, shorter, empty rows): each replay must match the plain reference."""
+    torch = k.torch
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for new_lens in ([1, 4096, 0, 700], [2000, 3, 64, 65]):
+        lens.copy_(upload(k, np.array(new_lens, dtype=np.int32)))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check_close(k, out, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, lora, scale))

@@ -6,6 +6,7 @@ the whole grid. Same tolerances as the Triton decode tests (test_triton_kernels_
 import numpy as np
 import pytest
 from helpers.triton_kernel_helpers import check_close as _check_close
+from helpers.triton_kernel_helpers import check_graph_replay
 from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
 from helpers.triton_kernel_helpers import poisoned_runs as _poisoned_runs
 from helpers.triton_kernel_helpers import upload as _up
@@ -76,17 +77,7 @@ def test_cuda_decode_graph_replay(k, heads):
         dec.plan(lens, bs)
         dec.run(q, cache, tables, lens, out, bs, 0.07)
 
-    step()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    for new_lens in ([1, 4096, 0, 700], [2000, 3, 64, 65]):
-        lens.copy_(_up(k, np.array(new_lens, dtype=np.int32)))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        _check_close(k, out, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, 0.07))
+    check_graph_replay(k, step, q, cache, tables, lens, out, LORA, 0.07)
 
 
 @pytest.mark.parametrize("heads", [16, 128])

@@ -5,6 +5,7 @@ decode step. Run by scripts/gpu_check.sh on the GPU machine; skipped in CPU CI."
 import numpy as np
 import pytest
 from helpers.triton_kernel_helpers import check_close as _check_close
+from helpers.triton_kernel_helpers import check_graph_replay
 from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
 from helpers.triton_kernel_helpers import poisoned_runs as _poisoned_runs
 from helpers.triton_kernel_helpers import upload as _up
@@ -78,17 +79,7 @@ def test_decode_cuda_graph_replay(k, heads, variant):
         k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
         k.dec.mla_decode(q, cache, tables, lens, out, ws, LORA, 0.07, cfg)
 
-    step()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    for new_lens in ([1, 4096, 0, 700], [2000, 3, 64, 65]):
-        lens.copy_(_up(k, np.array(new_lens, dtype=np.int32)))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        _check_close(k, out, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, 0.07))
+    check_graph_replay(k, step, q, cache, tables, lens, out, LORA, 0.07)
 
 
 @pytest.mark.parametrize("heads,variant", [(16, {"small_batch": True}), (16, {}), (128, {})],
