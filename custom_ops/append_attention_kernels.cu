@@ -12,6 +12,7 @@
 //    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
 //    bf16 / fp16 caches with head_dim % 16 == 0 (<= 256) and group <= 16 take decode_tc_kernel instead
 //    (append_attention_decode_tc.cuh: the group as the WMMA M dimension; same grid, splits, merge).
+// Under batch_invariant (deterministic: true) step 2 is skipped and step 3 takes every request.
 // 3. prefill_kernel for requests with >= 2 new tokens: one block per (query tile, KV head); the tile
 //    holds 32 (query, head) rows of one request, so a group's heads share every K/V tile load. The
 //    block finds its (request, tile) from cu_seqlens_q itself (grid: ceil(T / queries) + batch).
@@ -341,6 +342,7 @@ const char* launch_all(const AppendAttentionArgs& a, float* ws, int64_t ws_float
   rope_write_kernel<T><<<static_cast<unsigned>(a.num_tokens), 128, 0, stream>>>(a);
   if (const char* err = launched()) return err;
   if (a.batch == 0) return nullptr;
+  if (a.batch_invariant) return launch_prefill_any<T, VB, DPL>(a, stream);  // every token, decode rows too
   const char* err = launch_decode_any<T, VB, DPL>(a, ws, ws_floats, stream);
   if (err != nullptr || decode_only) return err;
   return launch_prefill_any<T, VB, DPL>(a, stream);

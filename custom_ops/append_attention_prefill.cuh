@@ -32,7 +32,7 @@ __device__ __forceinline__ void find_tile(const AppendAttentionArgs& a, int64_t 
   for (int64_t start = 0; start < a.batch; start += 32) {
     const int64_t bb = start + lane;
     const int64_t n = bb < a.batch ? a.cu_seqlens_q[bb + 1] - a.cu_seqlens_q[bb] : 0;
-    const int64_t tiles = n >= 2 ? (n + queries - 1) / queries : 0;
+    const int64_t tiles = n >= (a.batch_invariant ? 1 : 2) ? (n + queries - 1) / queries : 0;
     int64_t incl = tiles;
     for (int o = 1; o < 32; o *= 2) {
       const int64_t y = __shfl_up_sync(full, incl, o);
@@ -86,7 +86,7 @@ __global__ void prefill_kernel(AppendAttentionArgs a, PrefillGeometry geo) {
   }
   if (pmax < 0) return;  // no valid row (uniform over the block)
   KeyRanges keys{0, pmax + 1, 0, 0};
-  if (is_swa_head(a, g) && !a.swa_mask) {  // swa_mask: walk [0, pmax], attend_tile masks
+  if (is_swa_head(a, g) && !a.swa_mask && !a.batch_invariant) {  // swa_mask: walk [0, pmax], attend_tile masks
     const int64_t sinks = max(static_cast<int64_t>(0), min(a.sink, pmax + 1));
     const int64_t win_lo = max(sinks, pmin - a.window + 1);
     keys = KeyRanges{0, sinks, win_lo, max(win_lo, pmax + 1)};

@@ -14,8 +14,7 @@ the earliest position of a difference), then times both modes on the batch256 en
 prefill (the workload with max_tokens 1) and the decode step ((whole workload - prefill) / (output - 1)).
 
 The model: random weights (``load_format: dummy``) of DeepSeek-V2-Lite (``--dims v2-lite``, MoE) or
-Qwen3-8B (``--dims qwen3``, GQA; ``deterministic`` is rejected there: no GQA backend is batch-invariant)
-cut to ``--layers``, from ``benchmarks/harness/dims.py``. ``--set KEY=VALUE`` applies to every run.
+Qwen3-8B (``--dims qwen3``, GQA, ``append_attn``) cut to ``--layers``, from ``benchmarks/harness/dims.py``. ``--set KEY=VALUE`` applies to every run.
 
   python -m benchmarks.e2e.determinism                                   # GPU, bf16, V2-Lite dims
   python -m benchmarks.e2e.determinism --smoke                           # CPU, fp32, tiny dims (interpreter)
@@ -244,13 +243,8 @@ def main(argv=None) -> dict:
     args.dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     path, mcfg = model_folder(args.dims, args.layers, args.smoke)
     backend = args.backend or ("triton_mla" if args.dims == "v2-lite" else "append_attn")
-    base = {"model": path, "runtime": runtime.name(), "device": device, "dtype": args.dtype,
-            "load_format": "dummy" if args.dims == "v2-lite" else "auto",
+    base = {"model": path, "runtime": runtime.name(), "device": device, "dtype": args.dtype, "load_format": "dummy",
             "attention": {"backend": backend}, "max_model_len": args.prompt + args.output + 16}
-    if args.dims == "qwen3":
-        from benchmarks.harness.checkpoints import write_qwen3_checkpoint
-        write_qwen3_checkpoint(Path(path + "_weights"), args.layers, tiny=args.smoke)
-        base["model"] = path + "_weights"
     variants = [v for v in args.variants.split(",") if v]
     if "dp2" in variants and device == "gpu" and runtime.gpu_count() < 2:
         print("dp2: skipped (needs 2 GPUs)", file=sys.stderr)

@@ -6,6 +6,8 @@ requests, so a decode step launches with shape-only parameters and replays insid
 Per-step inputs come from ``ForwardMeta`` (computed once per step): cu_seqlens_q, seq_lens_k,
 batch_id_per_token, positions and the uniform or head-wise block tables. Steps where every request
 has one new token skip the prefill kernel's launch (``meta.is_decode_only``, host-side).
+``deterministic: true`` sends every token through the prefill kernel instead (batch-invariant sums;
+docs/determinism.md).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from paddle_mla.ops import build
 class AppendAttnBackend(GQABackend):
     def __init__(self, dims: GQADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str,
                  dtype, num_swa_heads: int = 0, window: int = 0, sink: int = 0, max_num_batched_tokens: int = 0,
-                 swa_mask: bool = False):
+                 swa_mask: bool = False, deterministic: bool = False):
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, num_swa_heads, window, sink,
                          max_num_batched_tokens, swa_mask)
+        self.deterministic = deterministic   # every token through the prefill kernel (ops.append_attention)
         on_gpu = not str(device).startswith("cpu")
         if op.implementation(on_gpu) != "custom_op":
             why = build.unavailable_reason() or "the custom ops were built without CUDA (nvcc not found)"
@@ -38,4 +41,5 @@ class AppendAttnBackend(GQABackend):
             q, k, v, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens_k_dev,
             meta.batch_id_per_token, meta.positions, layer_rope.cos_sin, out, softmax_scale=self.dims.softmax_scale,
             neox=layer_rope.neox, rot_dim=layer_rope.rot_dim, num_swa_heads=self.num_swa_heads, window=self.window,
-            sink=self.sink, swa_mask=self.swa_mask, workspace=self.workspace, decode_only=bool(meta.is_decode_only))
+            sink=self.sink, swa_mask=self.swa_mask, workspace=self.workspace, decode_only=bool(meta.is_decode_only),
+            batch_invariant=self.deterministic)

@@ -36,7 +36,7 @@ BACKEND_CAPS: dict[str, BackendCaps] = {
                        deterministic=True, note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "append_attn": BackendCaps(("gqa",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
                                note="the append_attention custom op: C++ on CPU, CUDA on the GPU",
-                               head_wise_swa=True),
+                               head_wise_swa=True, deterministic=True),
 }
 
 
@@ -114,8 +114,8 @@ def check_backend(cfg: EngineConfig, name: str | None = None) -> list[str]:
                       f"use {alternatives(lambda c: c.head_wise_swa)} on a GQA model")
     if cfg.deterministic and not caps.deterministic:
         errors.append(f"'deterministic: true' is not supported by attention.backend {name!r} (its attention "
-                      f"reductions follow the batch); use {alternatives(lambda c: c.deterministic)} "
-                      f"(MLA models), or deterministic: false")
+                      f"reductions follow the batch); use {alternatives(lambda c: c.deterministic)}, "
+                      f"or deterministic: false")
     if cfg.device == "cpu" and not caps.cpu:
         errors.append(f"attention.backend {name!r} needs a GPU; on CPU use {alternatives(lambda c: c.cpu)}")
     return errors

@@ -24,6 +24,12 @@ from paddle_mla.ops import batch_invariant
 
 
 def _rms_norm_plain(x, weight, eps: float):
+    if batch_invariant.enabled():   # the framework's mean splits rows by the row count (paddle's CPU one does)
+        return batch_invariant.rowwise(lambda r: _rms_norm_stats(r, weight, eps), x)
+    return _rms_norm_stats(x, weight, eps)
+
+
+def _rms_norm_stats(x, weight, eps: float):
     xf = x.to(torch.float32)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)

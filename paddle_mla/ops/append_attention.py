@@ -5,10 +5,14 @@ C++ on CPU tensors, CUDA on GPU tensors, both compiled by ``paddle_mla.ops.build
 use). Without a build that serves the tensors' device the call raises: the ``native`` backend is the
 plain-tensor path (it hands the reference the scheduler's host lengths, so nothing is read back).
 
-Beyond the contract's signature, two keyword-only extras serve the GPU path and change nothing in
-the result: ``workspace`` (fp32, ``workspace_numel(max_num_seqs, ...)`` elements, allocated once by
+Beyond the contract's signature, keyword-only extras serve the GPU path. Two change nothing in the
+result: ``workspace`` (fp32, ``workspace_numel(max_num_seqs, ...)`` elements, allocated once by
 the backend so decode steps replay in CUDA graphs; without it a GPU call allocates one) and
 ``decode_only`` (every request has exactly one new token: the prefill kernel is not launched).
+``batch_invariant`` (``deterministic: true``) sends every token, decode rows included, through the
+prefill kernel, whose per-row sums walk key tiles from key 0 whatever shares the block (SWA heads
+walk their whole row and mask): a row's bits then depend on its own query and keys alone, not on
+the batch, the chunking or whether the step decodes. On CPU every token already takes one loop.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def implementation(on_gpu: bool = False) -> str:
 def append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, batch_id_per_token,
                      positions, cos_sin, out, *, softmax_scale: float, neox: bool, rot_dim: int,
                      num_swa_heads: int = 0, window: int = 0, sink: int = 0, swa_mask: bool = False,
-                     workspace=None, decode_only: bool = False):
+                     workspace=None, decode_only: bool = False, batch_invariant: bool = False):
     """Writes the step's roped K/V into ``k_cache``/``v_cache`` and the attention output into ``out``
     ([T, Hq, D], dtype of q); returns ``out``. ``swa_mask``: SWA heads walk every key j <= p and mask
     those outside their window instead of skipping them (same outputs; the benchmarks' baseline)."""
@@ -53,5 +57,5 @@ def append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_
     build.load_ops().append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k,
                                       batch_id_per_token, positions, cos_sin, out, workspace, float(softmax_scale),
                                       bool(neox), int(rot_dim), int(num_swa_heads), int(window), int(sink),
-                                      bool(swa_mask), bool(decode_only))
+                                      bool(swa_mask), bool(decode_only), bool(batch_invariant))
     return out

@@ -3,9 +3,11 @@
 A library GEMM (cuBLAS, MKL) picks its kernel, tile and split-K from the row count M, so one row's
 bits change with the batch it is in. Under the mode every dense product of the model goes through
 ``linear`` / ``bmm`` here instead:
-- on a GPU (Triton launches there): one Triton GEMM with ONE tile config for every M and no
-  split-K, so each output element is the same K-ordered fp32 sum whatever M and wherever its row
-  sits (the idea of Thinking Machines' "Defeating Nondeterminism in LLM Inference");
+- on a GPU (Triton launches there): one Triton GEMM with no split-K, so each output element is
+  the same K-ordered chain of tensor-core steps whatever M and wherever its row sits (the idea of
+  Thinking Machines' "Defeating Nondeterminism in LLM Inference"). Its tile follows the launch's
+  size (``batch_invariant_kernels.tile_for``): the tile shape only places the chain, it does not
+  change it, which a GPU test checks bit for bit;
 - elsewhere (CPU; the paddle runtime): one framework matmul per row (M = 1), which is the same
   call for a row whatever the batch.
 ``logsumexp`` is the sampler's row reduction (logprobs, top-p's softmax), one program per row.
@@ -28,9 +30,6 @@ import torch.nn.functional as F
 
 _enabled = False
 
-# the one GEMM tile: wide enough for prefill's tensor cores, no split-K (H100 bf16; a config
-# that depends on nothing but the dtype)
-TILE_M, TILE_N, TILE_K, GROUP_M, NUM_WARPS, NUM_STAGES = 64, 128, 64, 8, 4, 3
 
 
 def set_enabled(on: bool) -> None:
@@ -51,11 +50,18 @@ def _gpu_kernel_ok(*ts) -> bool:
     return all(t.is_cuda for t in ts) and _triton_gpu()
 
 
+def rowwise(fn, x):
+    """fn over x[i:i + 1] for each i of the leading dim, concatenated: a row's call has the same
+    shape whatever the batch, so its bits do too (a framework's CPU reduction or GEMM may split or
+    vectorise differently as the row count changes)."""
+    if x.shape[0] == 0:
+        return fn(x)
+    return torch.cat([fn(x[i:i + 1].contiguous()) for i in range(x.shape[0])], 0)
+
+
 def linear_rowwise(x2, w, b=None):
     """x2 [M, K] @ w[N, K]^T one row at a time (the same M = 1 call for a row in any batch)."""
-    if x2.shape[0] == 0:
-        return F.linear(x2, w, b)
-    return torch.cat([F.linear(x2[i:i + 1].contiguous(), w, b) for i in range(x2.shape[0])], 0)
+    return rowwise(lambda r: F.linear(r, w, b), x2)
 
 
 def linear(x, w, b=None):
@@ -80,7 +86,7 @@ def logsumexp(x):
         from paddle_mla.ops.batch_invariant_kernels import row_logsumexp
 
         return row_logsumexp(x.contiguous())
-    return torch.logsumexp(x.to(torch.float32), dim=-1, keepdim=True)
+    return rowwise(lambda r: torch.logsumexp(r, dim=-1, keepdim=True), x.to(torch.float32))
 
 
 def bmm(a, b):

@@ -1,7 +1,15 @@
-"""The Triton GEMM of ``batch_invariant``: one tile config, no split-K, fp32 accumulation.
+"""The Triton GEMMs of ``batch_invariant``: no split-K, fp32 accumulation.
 
-Each program owns a TILE_M x TILE_N output tile and walks K in TILE_K steps from 0 upwards, so an
-output element is the same sequence of MMA steps whatever M is and whichever tile row it lands in.
+Each program owns a BLOCK_M x BLOCK_N output tile and walks K in BLOCK_K steps from 0 upwards, so an
+output element is the same chain of tensor-core k-steps (wgmma k16 on Hopper, each adding into the
+fp32 accumulator in K order) whatever M is and whichever tile row it lands in. The tile's shape
+places the chain on the GPU and does not change it: every config of
+``benchmarks.kernels.batch_invariant_gemm`` (BLOCK_M 64 / 128, BLOCK_N 32-256, BLOCK_K 64 / 128, 4 or
+8 warps, pointer or TMA loads) gave the same bits on an H200 at every model shape, and
+``tests/kernels/test_determinism_gpu.py`` checks the two tiles used here on every GPU run. So the
+tile may follow the launch (``tile_for``): a small launch takes narrow tiles (more programs to
+stream the weight), a large one wide tiles (more reuse). BLOCK_M stays >= 64 (one warpgroup's
+wgmma M); below that Triton would lower to another MMA instruction.
 """
 
 from __future__ import annotations
@@ -14,7 +22,27 @@ import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.ops.batch_invariant import GROUP_M, NUM_STAGES, NUM_WARPS, TILE_K, TILE_M, TILE_N
+import functools
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP, warps, stages), chosen with benchmarks.kernels.batch_invariant_gemm
+# (H200, bf16, CUDA-graph replays; BENCHMARKS.md, "Determinism check"): WIDE for launches of at
+# least two waves of 128 x 128 tiles (prefill, the LM head), NARROW below (decode's projections).
+WIDE = (128, 128, 64, 8, 4, 4)
+NARROW = (64, 128, 64, 8, 4, 6)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def tile_for(M: int, N: int, device) -> tuple:
+    """WIDE when its tiles fill two waves of the GPU's SMs, else NARROW (and off a GPU: the
+    interpreter's tests)."""
+    if device.type != "cuda":
+        return NARROW
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return WIDE if triton.cdiv(M, WIDE[0]) * triton.cdiv(N, WIDE[1]) >= 2 * sms else NARROW
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -47,22 +75,87 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-def _launch(a, b, out, G: int, M: int, N: int, K: int, sa, sb, sc) -> None:
+@triton.jit(do_not_specialize=["M"])
+def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP: tl.constexpr, OUT: tl.constexpr):
+    """x [M, K] @ w [N, K]^T through TMA descriptors (bounds by the copy engine, so no masks); the
+    same K-ordered walk as _gemm_kernel."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP * num_n
+    first_m = (pid // width) * GROUP
+    size_m = tl.minimum(num_m - first_m, GROUP)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([off_m, k0])
+        b = b_desc.load([off_n, k0])
+        acc = tl.dot(a, b.T, acc)
+    c_desc.store([off_m, off_n], acc.to(OUT))
+
+
+def gemm_nt_tma(x, w, tile):
+    """gemm_nt through TMA descriptors (``_tma_ok`` inputs)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk, group, warps, stages = tile
+    M, K = x.shape
+    N = w.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    a = TensorDescriptor.from_tensor(x, [bm, bk])
+    b = TensorDescriptor.from_tensor(w, [bn, bk])
+    c = TensorDescriptor.from_tensor(out, [bm, bn])
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _gemm_tma_kernel[grid](a, b, c, M, N, K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=group,
+                           OUT=tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16, num_warps=warps,
+                           num_stages=stages)
+    return out
+
+
+def _launch(a, b, out, G: int, M: int, N: int, K: int, sa, sb, sc, tile) -> None:
     if M == 0 or N == 0:
         return
+    bm, bn, bk, group, warps, stages = tile
+    # pointer loads also stage layout conversions in shared memory: 3 stages fit every shape of
+    # the benchmark and the models (NARROW's 6 overflow 227 KiB for some); stages place copies
+    # in time and do not enter the arithmetic
+    stages = min(stages, 3)
     prec = "ieee" if a.dtype == torch.float32 else "tf32"
-    grid = (triton.cdiv(M, TILE_M) * triton.cdiv(N, TILE_N), G)
-    _gemm_kernel[grid](a, b, out, M, N, K, *sa, *sb, *sc, BLOCK_M=TILE_M, BLOCK_N=TILE_N, BLOCK_K=TILE_K,
-                       GROUP=GROUP_M, PREC=prec, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), G)
+    _gemm_kernel[grid](a, b, out, M, N, K, *sa, *sb, *sc, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                       GROUP=group, PREC=prec, num_warps=warps, num_stages=stages)
 
 
-def gemm_nt(x, w):
-    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype."""
+def _tma_ok(x, w) -> bool:
+    """TMA descriptors: 16-bit elements, contiguous rows, 16-byte aligned bases and row pitches."""
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w.dtype == x.dtype and x.is_contiguous()
+            and w.is_contiguous() and x.shape[1] % 8 == 0 and w.shape[0] % 8 == 0
+            and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
+
+
+def gemm_nt(x, w, tile=None):
+    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype: TMA loads where ``_tma_ok``, else pointer loads
+    (the same chain either way). ``tile``: ``tile_for``'s unless given (the benchmark's candidates)."""
+    M, K = x.shape
+    N = w.shape[0]
+    tile = tile or tile_for(M, N, x.device)
+    if _tma_ok(x, w):
+        return gemm_nt_tma(x, w, tile)
+    return gemm_nt_pointers(x, w, tile)
+
+
+def gemm_nt_pointers(x, w, tile):
     M, K = x.shape
     N = w.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     _launch(x, w, out, 1, M, N, K, (0, x.stride(0), x.stride(1)), (0, w.stride(1), w.stride(0)),
-            (0, out.stride(0), out.stride(1)))
+            (0, out.stride(0), out.stride(1)), tile)
     return out
 
 
@@ -71,7 +164,7 @@ def bmm_nn(a, b):
     G, M, K = a.shape
     N = b.shape[2]
     out = torch.empty((G, M, N), dtype=a.dtype, device=a.device)
-    _launch(a, b, out, G, M, N, K, a.stride(), b.stride(), out.stride())
+    _launch(a, b, out, G, M, N, K, a.stride(), b.stride(), out.stride(), tile_for(M, N, a.device))
     return out
 
 

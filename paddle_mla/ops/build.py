@@ -73,7 +73,7 @@ class CompiledOps:
     compute_slot_mapping: Callable[..., Any]
     # (q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, batch_id_per_token, positions,
     #  cos_sin, out, workspace, softmax_scale, neox, rot_dim, num_swa_heads, window, sink, swa_mask,
-    #  decode_only): updates k_cache, v_cache, out in place; see paddle_mla/ops/append_attention.py
+    #  decode_only, batch_invariant): updates k_cache, v_cache, out in place; see paddle_mla/ops/append_attention.py
     append_attention: Callable[..., Any]
     mla_decode: Callable[..., Any]  # writes out in place; GPU only; see paddle_mla/ops/mla_decode.py
     runtime: str
@@ -359,7 +359,7 @@ def _register_torch_fakes() -> None:
 
     @torch.library.register_fake("paddle_mla::append_attention")
     def _(q, k, v, k_cache, v_cache, tables, cu_q, lens, ids, pos, cos_sin, out, ws, scale, neox, rot, swa, window,
-          sink, swa_mask, decode_only):
+          sink, swa_mask, decode_only, batch_invariant):
         return None  # mutates k_cache, v_cache, out
 
     torch.library.register_fake("paddle_mla::mla_decode")(lambda *args: None)  # mutates out and the partials

@@ -110,7 +110,7 @@ class ModelRunner:
             if plan.backend == "dsa" else {}
         if plan.backend in ("triton_mla", "dsa"):
             backend_kwargs["cuda_decode"] = self.cfg.attention.cuda_decode
-        if plan.backend == "triton_mla":
+        if plan.backend in ("triton_mla", "append_attn"):
             backend_kwargs["deterministic"] = self.cfg.deterministic
         self.backend = create_backend(plan.backend, family=plan.family,
                                       dims=arch.gqa if plan.family == "gqa" else arch.mla,

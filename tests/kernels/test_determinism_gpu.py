@@ -1,6 +1,6 @@
 """``deterministic: true`` on the GPU in bf16: one row's output bits alone equal its bits at several
 positions of batches of several sizes, for each piece whose launch would otherwise follow the batch:
-the batch-invariant GEMM, the triton_mla decode with the fixed-split plan, the fused MoE (bf16 and
+the batch-invariant GEMM (and its tiles and loads agreeing bit for bit), the triton_mla decode with the fixed-split plan, the fused MoE (bf16 and
 FP8), the FP8 linear and the RMSNorm of a strided view (MLA's latent) under the mode. Each also
 matches its plain-tensor reference to bf16 rounding. Run by scripts/gpu_tests.sh; skipped on CPU."""
 
@@ -50,6 +50,25 @@ def test_linear_bf16_row_invariant(mode, K, N):
     alone = _assert_row_invariant(lambda t: mode.linear(t, w), x)
     ref = x[3:4].float() @ w.float().T
     assert float((alone.float() - ref).abs().max()) < 0.05 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("K,N", [(4096, 1024), (2048, 3072), (12288, 4096), (4096, 151936), (2048, 576)])
+def test_gemm_tiles_and_loads_give_the_same_bits(K, N):
+    """tile_for's two tiles, each through TMA and pointer loads, give one row the same bits: the
+    property that lets the mode's tile follow the launch (ops/batch_invariant_kernels.py). The
+    row count crosses tile_for's switch, so linear() itself takes both tiles here."""
+    from paddle_mla.ops import batch_invariant_kernels as bik
+
+    g = torch.Generator(device=DEV).manual_seed(N)
+    x = torch.randn(4096, K, device=DEV, generator=g).to(torch.bfloat16)
+    w = (torch.randn(N, K, device=DEV, generator=g) * K ** -0.5).to(torch.bfloat16)
+    want = bik.gemm_nt_pointers(x, w, bik.NARROW)
+    for fn in (bik.gemm_nt_pointers, bik.gemm_nt_tma):
+        for tile in (bik.NARROW, bik.WIDE):
+            assert torch.equal(fn(x, w, tile), want), (fn.__name__, tile)
+    assert bik.tile_for(4096, 151936, x.device) == bik.WIDE and bik.tile_for(64, 1024, x.device) == bik.NARROW
+    for rows in (1, 8, 64, 256, 1000, 4096):
+        assert torch.equal(bik.gemm_nt(x[:rows], w), want[:rows]), rows
 
 
 def test_mla_decode_bf16_fixed_plan_row_invariant():

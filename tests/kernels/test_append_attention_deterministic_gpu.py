@@ -1,0 +1,89 @@
+"""The CUDA ``append_attention`` op under ``batch_invariant`` (``deterministic: true``): one request's
+token gets the same output bits whether it decodes alone, decodes among rows of other lengths at any
+place in the batch, ends a chunk, ends a whole prefill, or shares the step with other prefills; with
+uniform and head-wise tables and SWA heads, in bf16 (tensor-core prefill kernel) and fp32 (the
+CUDA-core one). The mode's outputs also match the C++ op. Run by scripts/gpu_tests.sh; skipped on CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers.append_attention_cases import Case, CaseData, make_data, rope_table, run_case
+from paddle_mla.ops import append_attention as op
+from paddle_mla.platform import runtime
+from paddle_mla.platform.tensor_api import torch
+
+pytestmark = pytest.mark.gpu
+
+PROBE_LEN = 1500                  # the probe's token sits at this position (its keys: 0..1500)
+# (contexts: (cached, new) per request, the probe's index); the probe's own span ends at PROBE_LEN
+CONTEXTS = {
+    "decode_alone": ([(PROBE_LEN, 1)], 0),
+    "decode_among_decodes": ([(100, 1), (3000, 1), (PROBE_LEN, 1), (7, 1)], 2),
+    "decode_in_64_rows": ([(37 * i % 2900 + 1, 1) for i in range(31)] + [(PROBE_LEN, 1)]
+                          + [(53 * i % 3100 + 1, 1) for i in range(32)], 31),
+    "chunk_end": ([(PROBE_LEN - 10, 11)], 0),
+    "whole_prefill": ([(0, PROBE_LEN + 1), (20, 3)], 0),   # (the first call appends the other's prefix)
+    "mixed_step": ([(5, 40), (0, 300), (PROBE_LEN - 63, 64), (900, 1)], 2),
+}
+GEOMETRIES = {   # (hq, hkv, head_dim, block_size, head_wise, (num_swa_heads, window, sink))
+    "h32x8d128": (32, 8, 128, 64, False, (0, 0, 0)),
+    "h20x4d128-swa": (20, 4, 128, 64, True, (2, 256, 8)),
+    "h12x4d80-swa": (12, 4, 80, 16, True, (1, 100, 0)),
+}
+
+
+def gpu() -> str:
+    return runtime.device_string("gpu")
+
+
+def probe_arrays(hq: int, hkv: int, d: int, seed: int = 5):
+    rng = np.random.default_rng(seed)
+    n = PROBE_LEN + 1
+    return tuple(rng.standard_normal((n, h, d)).astype(np.float32) for h in (hq, hkv, hkv))
+
+
+def context_data(c: Case, probe, at: int) -> CaseData:
+    """Random tables and other requests for case ``c``; request ``at`` carries the probe's Q/K/V."""
+    base = make_data(c)
+    Q, K, V = list(base.Q), list(base.K), list(base.V)
+    Q[at], K[at], V[at] = probe
+    return CaseData(base.tables, Q, K, V, rope_table(4000, c.rot_dim), base.num_blocks, [])
+
+
+def probe_out(name: str, geom: str, dtype) -> np.ndarray:
+    hq, hkv, d, bs, head_wise, swa = GEOMETRIES[geom]
+    reqs, at = CONTEXTS[name]
+    c = Case(tuple(reqs), hq, hkv, d, d, True, bs, head_wise, swa, seed=len(reqs))
+    out, _, _ = run_case(c, op.append_attention, dtype, gpu(), context_data(c, probe_arrays(hq, hkv, d), at),
+                         batch_invariant=True)
+    row = sum(n for _, n in reqs[:at + 1]) - 1     # the probe's last new token
+    return out[row]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("geom", sorted(GEOMETRIES))
+def test_probe_token_bits_do_not_depend_on_the_step(geom, dtype):
+    dt = getattr(torch, dtype)
+    alone = probe_out("decode_alone", geom, dt)
+    assert np.isfinite(alone).all()
+    for name in CONTEXTS:
+        if name != "decode_alone":
+            got = probe_out(name, geom, dt)
+            assert np.array_equal(got, alone), f"{name}: max diff {np.abs(got - alone).max()}"
+
+
+@pytest.mark.parametrize("geom", sorted(GEOMETRIES))
+def test_batch_invariant_outputs_match_the_cpu_op(geom):
+    hq, hkv, d, bs, head_wise, swa = GEOMETRIES[geom]
+    c = Case(((0, 5), (4, 1), (7, 9), (15, 2), (0, 1), (0, 0), (333, 40), (700, 1)), hq, hkv, d, d, True, bs,
+             head_wise, swa, pad=3, seed=11)
+    data = make_data(c)
+    got = run_case(c, op.append_attention, torch.bfloat16, gpu(), data, batch_invariant=True)
+    want = run_case(c, op.append_attention, torch.bfloat16, "cpu", data)
+    assert not np.isnan(got[0]).any(), "NaN in the output: a masked or -1 slot was read"
+    assert np.all(got[0][-3:] == 0), "padding tokens must come back as zeros"
+    for name, g, w in zip(("out", "k_cache", "v_cache"), got, want):
+        np.testing.assert_allclose(g, w, atol=3e-2, rtol=3e-2, equal_nan=True, err_msg=name)
