@@ -45,21 +45,26 @@ def tile_for(M: int, N: int, device) -> tuple:
     return WIDE if triton.cdiv(M, WIDE[0]) * triton.cdiv(N, WIDE[1]) >= 2 * sms else NARROW
 
 
+@triton.jit
+def _grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    """(row tile, column tile) of this program in grouped order: GROUP row tiles share their B
+    columns in L2 (placement only, not arithmetic)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP * num_n
+    first_m = (pid // width) * GROUP
+    size_m = tl.minimum(num_m - first_m, GROUP)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
 @triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                  stride_ag, stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cg, stride_cm, stride_cn,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
                  PREC: tl.constexpr):
-    pid = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    # grouped order: GROUP row tiles share their B columns in L2 (placement only, not arithmetic)
-    width = GROUP * num_n
-    first_m = (pid // width) * GROUP
-    size_m = tl.minimum(num_m - first_m, GROUP)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -80,14 +85,7 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLO
                      BLOCK_K: tl.constexpr, GROUP: tl.constexpr, OUT: tl.constexpr):
     """x [M, K] @ w [N, K]^T through TMA descriptors (bounds by the copy engine, so no masks); the
     same K-ordered walk as _gemm_kernel."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP * num_n
-    first_m = (pid // width) * GROUP
-    size_m = tl.minimum(num_m - first_m, GROUP)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
