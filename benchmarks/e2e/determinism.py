@@ -1,4 +1,4 @@
-"""Do a request's tokens depend on how it was batched? One workload, five engine configurations,
+"""Do a request's tokens depend on how it was batched? One workload, six engine configurations,
 default mode and ``deterministic: true`` side by side.
 
 The workload: ``--requests`` prompts of ``--prompt`` random tokens in groups of four sharing their
@@ -8,6 +8,8 @@ samples (temperature 1, top_p 0.9, its own seed); the others are greedy. Configu
   batch256  scheduler.max_num_seqs 256
   chunked   chunked prefill with a ``--chunk``-token step budget, 256 sequences
   prefix    prefix caching on, 256 sequences
+  preempt   a KV pool of 16-token blocks holding two prompts and one block more: requests preempt
+            one another as they grow, and are recomputed from their tokens (the count is printed)
   dp2       parallel.data_parallel_size 2 (2 GPUs; on CPU two processes; skipped on one GPU)
 For each mode the table counts the requests whose tokens differ from that mode's batch1 run (and
 the earliest position of a difference), then times both modes on the batch256 engine, warm: the
@@ -34,17 +36,22 @@ import numpy as np
 
 from benchmarks.harness.dims import QWEN3_8B, SMOKE_GQA, SMOKE_MOE, V2_LITE
 
-VARIANTS = ("batch1", "batch256", "chunked", "prefix", "dp2")
+VARIANTS = ("batch1", "batch256", "chunked", "prefix", "preempt", "dp2")
+PREEMPT_BLOCK = 16   # the preempt configuration's block size: small, so decode crosses block edges
 MODES = ("default", "deterministic")
 
 
-def variant_config(name: str, chunk: int) -> dict:
+def variant_config(name: str, chunk: int, prompt: int = 256) -> dict:
+    """One configuration's overrides. ``preempt``: a pool of two prompts' blocks and one more, so
+    requests that grow past a block edge preempt one another (recomputed from their tokens)."""
+    pool = 2 * -(-prompt // PREEMPT_BLOCK) + 1
     return {
         "batch1": {"scheduler": {"max_num_seqs": 1}},
         "batch256": {"scheduler": {"max_num_seqs": 256}},
         "chunked": {"scheduler": {"max_num_seqs": 256, "enable_chunked_prefill": True,
                                   "max_num_batched_tokens": chunk}},
         "prefix": {"scheduler": {"max_num_seqs": 256}, "cache": {"enable_prefix_caching": True}},
+        "preempt": {"scheduler": {"max_num_seqs": 256}, "cache": {"block_size": PREEMPT_BLOCK, "num_blocks": pool}},
         "dp2": {"scheduler": {"max_num_seqs": 256}, "parallel": {"data_parallel_size": 2}},
     }[name]
 
@@ -161,7 +168,8 @@ def run_mode(mode: str, args, base: dict, work, variants) -> dict:
     res: dict = {"rows": {}, "tokens": {}}
     over = set_overrides(args.set)
     for name in variants:
-        cfg = merge(merge(merge(base, variant_config(name, args.chunk)), {"deterministic": mode == "deterministic"}),
+        cfg = merge(merge(merge(base, variant_config(name, args.chunk, args.prompt)),
+                          {"deterministic": mode == "deterministic"}),
                     over)
         try:
             llm = make_engine(cfg)
@@ -170,12 +178,15 @@ def run_mode(mode: str, args, base: dict, work, variants) -> dict:
             continue
         try:
             res["tokens"][name] = generate(llm, work)
+            preemptions = llm.stats().num_preemptions if name == "preempt" else 0
             if name == "batch256" and args.time:
                 res["timing"] = timing(llm, work, args.output, args.repeats)
         finally:
             llm.close()
         if name != "batch1" and "batch1" in res["tokens"]:
             res["rows"][name] = compare(res["tokens"]["batch1"], res["tokens"][name])
+            if name == "preempt":
+                res["rows"][name]["preemptions"] = preemptions
             print(f"[{mode}] {name}: {res['rows'][name]}", file=sys.stderr, flush=True)
         if name == "batch256" and "timing" in res:
             print(f"[{mode}] timing: {res['timing']}", file=sys.stderr, flush=True)
@@ -201,7 +212,8 @@ def print_table(results: dict, device: str, args) -> None:
                 cells.append(f"rejected: {r['error']}")
             else:
                 first = "" if r["first_at"] is None else f" (first at token {r['first_at']})"
-                cells.append(f"{r['differ']}/{r['of']}{first} [{r['bits_differ']}]")
+                pre = f", {r['preemptions']} preemptions" if "preemptions" in r else ""
+                cells.append(f"{r['differ']}/{r['of']}{first} [{r['bits_differ']}]{pre}")
         print(f"| {v} | " + " | ".join(cells) + " |")
     timed = [m for m in modes if "timing" in results[m]]
     if timed:
