@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from helpers.cli_harness import REAL_ENGINE, ROOT, read_jsonl
+from helpers.cli_harness import REAL_ENGINE, ROOT, default_sigint, read_jsonl
 
 from paddle_mla.cli.generate_command import INTERRUPTED
 from paddle_mla.cli.interrupts import PAUSE_ANNOUNCEMENT, PAUSE_ENV
@@ -24,12 +24,6 @@ needs_real = pytest.mark.skipif(not REAL_ENGINE, reason="needs the real engine")
 def _env(**extra):
     # PYTHONPATH: this checkout's paddle_mla, whatever an editable install points at
     return dict(os.environ, PADDLE_MLA_RUNTIME=runtime.name(), PYTHONPATH=str(ROOT), **extra)
-
-
-def _default_sigint() -> None:
-    # A test run launched in the background (`cmd &` in a script) inherits SIGINT ignored, and Python
-    # then installs no KeyboardInterrupt handler: give the CLI the default a terminal would.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _wait_for(predicate, timeout=120.0):
@@ -77,7 +71,7 @@ def test_sigint_while_the_model_loads_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "fake_llm.py"), "generate", "-i", str(inp), "-o",
                              str(tmp_path / "o.jsonl"), "--summary", str(summary), "--no-progress"],
                             env=_env(FAKE_LLM_LOAD_DELAY_S="30"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_sigint)
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: any(x.startswith("paddle-mla: runtime") for x in lines)), "".join(lines)
     time.sleep(0.3)
@@ -105,7 +99,7 @@ def test_sigint_at_each_start_up_point_exits_130_and_writes_the_summary(point, t
     _input(inp, 2)
     proc = subprocess.Popen([sys.executable, "-m", "paddle_mla", "generate", "-i", str(inp), "-o", str(out),
                              "--summary", str(summary), "--no-progress"], env=_env(**{PAUSE_ENV: point}),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, preexec_fn=_default_sigint)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, preexec_fn=default_sigint)
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: any(x.startswith(PAUSE_ANNOUNCEMENT + point) for x in lines)), "".join(lines)
     proc.send_signal(signal.SIGINT)
@@ -122,7 +116,7 @@ def test_sigint_during_start_up_of_the_real_cli_exits_130(tmp_path):
     follows it) is interrupted."""
     proc = subprocess.Popen([sys.executable, "-m", "paddle_mla", "generate", "--no-progress"], env=_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_sigint)
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: any(x.startswith("paddle-mla: runtime") for x in lines)), "".join(lines)
     proc.send_signal(signal.SIGINT)
@@ -139,7 +133,7 @@ def test_sigint_during_the_run_writes_the_summary_and_resume_finishes(tmp_path):
     args = [sys.executable, "-m", "paddle_mla", "generate", "-i", str(inp), "-o", str(out), "--summary",
             str(summary), "--no-progress", "--set", "scheduler.max_num_seqs=2"]
     proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_sigint)
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 2), "".join(lines)
     proc.send_signal(signal.SIGINT)
@@ -211,7 +205,7 @@ def test_sigint_after_the_run_finished_keeps_its_exit_code(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "paddle_mla", "generate", "-i", str(inp), "-o", str(out),
                              "--summary", str(summary), "--no-progress", "--max-tokens", "2"],
                             env=_env(**{PAUSE_ENV: "exit"}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            cwd=ROOT, preexec_fn=_default_sigint)
+                            cwd=ROOT, preexec_fn=default_sigint)
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: any(x.startswith(PAUSE_ANNOUNCEMENT + "exit") for x in lines)), "".join(lines)
     proc.send_signal(signal.SIGINT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,13 @@ from click.testing import CliRunner
 from paddle_mla.cli import app as cli
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a CLI subprocess a test will interrupt: a test run launched in the
+    background (``cmd &`` in a script) inherits SIGINT ignored, and the CLI keeps an ignored SIGINT
+    ignored, so give it the default a terminal would."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL_ENGINE = importlib.util.find_spec("paddle_mla.engine.tokenizer") is not None and \
     importlib.util.find_spec("paddle_mla.engine.llm") is not None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers.cli_harness import ROOT
+from helpers.cli_harness import ROOT, default_sigint
 
 from paddle_mla.platform import runtime
 from paddle_mla.parallel.launcher import TORCH_ONLY
@@ -90,7 +90,8 @@ def start(inp: Path, *overrides: str) -> Run:
     env = dict(os.environ, PADDLE_MLA_RUNTIME="torch", PYTHONPATH=str(ROOT), **{MARK: mark})
     cmd = [sys.executable, "-m", "paddle_mla.cli.app", "generate", "-i", str(inp), "-o", "-", "--no-progress",
            "--set", "parallel.tensor_parallel_size=2", *[a for o in overrides for a in ("--set", o)]]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     run = Run(proc, mark)
     run.readers = [threading.Thread(target=fn, daemon=True) for fn in (run.read_stdout, run.read_stderr)]
     for reader in run.readers:
