@@ -128,3 +128,49 @@ def run_case(c: Case, fn, dtype, device: str, data: CaseData | None = None, flat
     if flat_bases is not None:
         kc, vc = (np.stack([x[b:b + data.num_blocks] for b in flat_bases]) for x in (kc, vc))
     return out.to(torch.float32).cpu().numpy(), kc, vc
+
+
+def check_decode_graph_replay(device: str, B: int, hq: int, hkv: int, d: int, bs: int, M: int, length_sets,
+                              head_wise: bool = False, seed: int = 0, **swa) -> None:
+    """One bf16 decode step of B rows (one new token each, lengths 1) captured in a CUDA graph, then
+    for each list of ``length_sets`` replayed with those lengths and new queries and keys: the
+    output and the caches equal an eager call's on copies of the caches. ``head_wise``: each KV
+    head its own random block order; ``swa``: num_swa_heads, window, sink."""
+    from paddle_mla.ops import append_attention as op
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(device, torch.bfloat16)  # noqa: E731
+    kc, vc = rnd(hkv, B * M, bs, d), rnd(hkv, B * M, bs, d)
+    if head_wise:
+        perm = torch.stack([torch.randperm(B * M, generator=g) for _ in range(hkv)], 1)   # [B * M, hkv]
+        tables = perm.reshape(B, M, hkv).permute(0, 2, 1).contiguous().to(device, torch.int32)
+    else:
+        tables = torch.arange(B * M, dtype=torch.int32, device=device).reshape(B, M)
+    cu = torch.arange(B + 1, dtype=torch.int32, device=device)
+    ids = torch.arange(B, dtype=torch.int32, device=device)
+    lens = torch.ones(B, dtype=torch.int32, device=device)
+    pos = torch.zeros(B, dtype=torch.int64, device=device)
+    q, k, v = rnd(B, hq, d), rnd(B, hkv, d), rnd(B, hkv, d)
+    cs = torch.randn(bs * M, d, generator=g).to(device)
+    out = torch.empty_like(q)
+    ws = torch.empty(op.workspace_numel(B, hq, d), dtype=torch.float32, device=device)
+    kw = dict(softmax_scale=d ** -0.5, neox=True, rot_dim=d, workspace=ws, decode_only=True, **swa)
+
+    def call(kc_, vc_, out_):
+        return op.append_attention(q, k, v, kc_, vc_, tables, cu, lens, ids, pos, cs, out_, **kw)
+
+    call(kc, vc, out)   # warm-up (lazy build, shared-memory attributes) outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(kc, vc, out)
+    for new_lens in length_sets:
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        pos.copy_(torch.tensor(new_lens, dtype=torch.int64) - 1)
+        q.copy_(rnd(B, hq, d))
+        k.copy_(rnd(B, hkv, d))
+        kc2, vc2, want = kc.clone(), vc.clone(), torch.empty_like(out)
+        call(kc2, vc2, want)
+        graph.replay()
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(out.float().cpu().numpy(), want.float().cpu().numpy(), atol=1e-2, rtol=1e-2)
+        assert torch.equal(kc, kc2) and torch.equal(vc, vc2)

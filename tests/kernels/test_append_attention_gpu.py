@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.append_attention_cases import Case, make_data, run_case
+from helpers.append_attention_cases import Case, check_decode_graph_replay, make_data, run_case
 from paddle_mla.platform import runtime
 from paddle_mla.attention.gqa_reference import append_attention_reference
 from paddle_mla.ops import append_attention as op
@@ -108,37 +108,8 @@ def test_graph_padding_rows_touch_nothing():
 
 def test_decode_replays_in_a_cuda_graph():
     """Captured once; replayed with new lengths, tables and tokens it matches an eager call."""
-    dev, B, hq, hkv, d, bs, M = gpu(), 8, 16, 4, 128, 16, 64
-    g = torch.Generator(device="cpu").manual_seed(0)
-    rnd = lambda *s: torch.randn(*s, generator=g).to(dev, torch.bfloat16)  # noqa: E731
-    kc, vc = rnd(hkv, B * M, bs, d), rnd(hkv, B * M, bs, d)
-    tables = torch.arange(B * M, dtype=torch.int32, device=dev).reshape(B, M)
-    cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
-    ids = torch.arange(B, dtype=torch.int32, device=dev)
-    lens = torch.ones(B, dtype=torch.int32, device=dev)
-    pos = torch.zeros(B, dtype=torch.int64, device=dev)
-    q, k, v = rnd(B, hq, d), rnd(B, hkv, d), rnd(B, hkv, d)
-    cs = torch.randn(bs * M, d, generator=g).to(dev)
-    out = torch.empty_like(q)
-    ws = torch.empty(op.workspace_numel(B, hq, d), dtype=torch.float32, device=dev)
-    kw = dict(softmax_scale=d ** -0.5, neox=True, rot_dim=d, workspace=ws, decode_only=True)
-    call = lambda kc_, vc_, out_: op.append_attention(q, k, v, kc_, vc_, tables, cu, lens, ids, pos, cs, out_,  # noqa: E731
-                                                      **kw)
-    call(kc, vc, out)   # warm-up (lazy build, smem attributes) outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call(kc, vc, out)
-    for new_lens in ([1, 17, 33, 100, 512, 1023, 5, 64], [900, 2, 3, 16, 15, 1024, 300, 77]):
-        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
-        pos.copy_(torch.tensor(new_lens, dtype=torch.int64) - 1)
-        q.copy_(rnd(B, hq, d))
-        k.copy_(rnd(B, hkv, d))
-        kc2, vc2, want = kc.clone(), vc.clone(), torch.empty_like(out)
-        call(kc2, vc2, want)
-        graph.replay()
-        torch.cuda.synchronize()
-        np.testing.assert_allclose(out.float().cpu().numpy(), want.float().cpu().numpy(), atol=1e-2, rtol=1e-2)
-        assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    check_decode_graph_replay(gpu(), 8, 16, 4, 128, 16, 64,
+                              ([1, 17, 33, 100, 512, 1023, 5, 64], [900, 2, 3, 16, 15, 1024, 300, 77]))
 
 
 # Tensor-core decode (bf16/fp16, head_dim % 16 == 0, group <= 16; both kernels, see TC_ENVS) over

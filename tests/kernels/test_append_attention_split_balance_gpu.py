@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.append_attention_cases import Case, make_data, run_case
+from helpers.append_attention_cases import Case, check_decode_graph_replay, make_data, run_case
 from paddle_mla.attention.gqa_reference import append_attention_reference
 from paddle_mla.ops import append_attention as op
 from paddle_mla.platform import runtime
@@ -97,36 +97,6 @@ def test_head_wise_swa_decode_replays_in_a_cuda_graph(monkeypatch):
     full and SWA heads: the split size by length follows the replayed positions (it is computed on
     the device) and matches an eager call."""
     monkeypatch.setenv("PADDLE_MLA_GQA_SPLITS", "length")
-    dev, B, hq, hkv, d, bs, M = gpu(), 6, 20, 4, 128, 64, 80
-    swa = dict(num_swa_heads=2, window=512, sink=64)
-    g = torch.Generator(device="cpu").manual_seed(1)
-    rnd = lambda *s: torch.randn(*s, generator=g).to(dev, torch.bfloat16)  # noqa: E731
-    kc, vc = rnd(hkv, B * M, bs, d), rnd(hkv, B * M, bs, d)
-    perm = torch.stack([torch.randperm(B * M, generator=g) for _ in range(hkv)], 1)   # [B * M, hkv]
-    tables = perm.reshape(B, M, hkv).permute(0, 2, 1).contiguous().to(dev, torch.int32)
-    cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
-    ids = torch.arange(B, dtype=torch.int32, device=dev)
-    lens = torch.ones(B, dtype=torch.int32, device=dev)
-    pos = torch.zeros(B, dtype=torch.int64, device=dev)
-    q, k, v = rnd(B, hq, d), rnd(B, hkv, d), rnd(B, hkv, d)
-    cs = torch.randn(bs * M, d, generator=g).to(dev)
-    out = torch.empty_like(q)
-    ws = torch.empty(op.workspace_numel(B, hq, d), dtype=torch.float32, device=dev)
-    kw = dict(softmax_scale=d ** -0.5, neox=True, rot_dim=d, workspace=ws, decode_only=True, **swa)
-    def call(kc_, vc_, out_):
-        return op.append_attention(q, k, v, kc_, vc_, tables, cu, lens, ids, pos, cs, out_, **kw)
-    call(kc, vc, out)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call(kc, vc, out)
-    for new_lens in ([1, 17, 5000, 100, 64, 2], [5120, 5119, 700, 33, 4096, 513]):
-        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
-        pos.copy_(torch.tensor(new_lens, dtype=torch.int64) - 1)
-        q.copy_(rnd(B, hq, d))
-        k.copy_(rnd(B, hkv, d))
-        kc2, vc2, want = kc.clone(), vc.clone(), torch.empty_like(out)
-        call(kc2, vc2, want)
-        graph.replay()
-        torch.cuda.synchronize()
-        np.testing.assert_allclose(out.float().cpu().numpy(), want.float().cpu().numpy(), atol=1e-2, rtol=1e-2)
-        assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    check_decode_graph_replay(gpu(), 6, 20, 4, 128, 64, 80,
+                              ([1, 17, 5000, 100, 64, 2], [5120, 5119, 700, 33, 4096, 513]),
+                              head_wise=True, seed=1, num_swa_heads=2, window=512, sink=64)
