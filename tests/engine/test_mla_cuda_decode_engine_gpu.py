@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.graph_replays import count_graph_replays
 
 from paddle_mla.platform import runtime
 from paddle_mla.config.schema import config_from_dict
@@ -32,14 +33,7 @@ def _generate(cuda_decode: bool, prefix: bool):
         "cache": {"block_size": 16, "num_blocks": 40, "enable_prefix_caching": prefix},
         "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "enable_chunked_prefill": True}}), model=model)
     backend = llm.runner.backend
-    replays = {"n": 0}
-    run = llm.runner.graphs.run
-
-    def counted(meta):
-        replays["n"] += 1
-        return run(meta)
-
-    llm.runner.graphs.run = counted
+    replays = count_graph_replays(llm)
     rng = np.random.default_rng(0)
     shared = rng.integers(2, 4000, 32).tolist()
     reqs = [GenerationRequest(id=i, prompt_token_ids=(shared if prefix else []) + rng.integers(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.graph_replays import count_graph_replays
 
 from paddle_mla.config.schema import config_from_dict
 from paddle_mla.engine.llm import LLM
@@ -24,14 +25,7 @@ def test_preemption_with_triton_graphs_bf16_completes_every_request(prefix):
         "cache": {"block_size": 16, "num_blocks": 24, "enable_prefix_caching": prefix},
         "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "enable_chunked_prefill": True}}))
     assert llm.runner.graphs is not None
-    replays = {"n": 0}
-    run = llm.runner.graphs.run
-
-    def counted(meta):
-        replays["n"] += 1
-        return run(meta)
-
-    llm.runner.graphs.run = counted
+    replays = count_graph_replays(llm)
     vocab = llm.runner.arch.vocab_size
     rng = np.random.default_rng(0)
     shared = rng.integers(2, vocab, 16).tolist()
