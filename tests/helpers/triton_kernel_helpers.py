@@ -7,6 +7,15 @@ from types import SimpleNamespace
 import numpy as np
 
 
+def device_and_tolerance() -> tuple[str, float]:
+    """Where the Triton kernel tests that run on both run, and their tolerance: the GPU when there
+    is one (tf32 dots: 3e-2), else the CPU interpreter (float32 dots, exact-ish: 2e-4)."""
+    from paddle_mla.platform import runtime
+
+    dev = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
+    return dev, 2e-4 if dev == "cpu" else 3e-2
+
+
 def kernel_namespace(device: str) -> SimpleNamespace:
     from paddle_mla.attention.triton_mla import cache_write, decode, interleave, prefill, reference
     from paddle_mla.platform.tensor_api import torch

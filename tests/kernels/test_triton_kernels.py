@@ -7,15 +7,11 @@ launch. bf16 at realistic shapes: tests/kernels/test_triton_kernels_gpu.py.
 
 import numpy as np
 import pytest
-from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
-
-from paddle_mla.platform import runtime
+from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables
 
 pytestmark = pytest.mark.triton
 
-DEV = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
-# float32 tl.dot is exact-ish in the interpreter, tf32 on a GPU
-TOL = 2e-4 if DEV == "cpu" else 3e-2
+DEV, TOL = device_and_tolerance()
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,11 @@ shapes, float32, under TRITON_INTERPRET=1 on the CPU (torch runtime) or on a GPU
 import numpy as np
 import pytest
 from helpers.mixed_batch_cases import make_case, plain_reference, run_backend
-from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
-
-from paddle_mla.platform import runtime
+from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables
 
 pytestmark = pytest.mark.triton
 
-DEV = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
-TOL = 2e-4 if DEV == "cpu" else 3e-2     # tf32 dots on a GPU
+DEV, TOL = device_and_tolerance()
 
 # three decodes (one at a page boundary), then extend rows: a chunk over a long cached prefix, a
 # one-token extend row, a fresh prompt, another continuation

@@ -8,14 +8,11 @@ and matches the plain-tensor reference. Interpreter on CPU (float32), or a GPU.
 
 import numpy as np
 import pytest
-from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
-
-from paddle_mla.platform import runtime
+from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables
 
 pytestmark = pytest.mark.triton
 
-DEV = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
-TOL = 2e-4 if DEV == "cpu" else 3e-2
+DEV, TOL = device_and_tolerance()
 
 
 @pytest.fixture(scope="module")
