@@ -1,5 +1,6 @@
-// mla_decode, absorbed-MLA paged decode for SM90: the arguments, their checks (plain C++, shared by
-// the torch and Paddle bindings) and the CUDA launcher's declaration (definition: mla_decode_kernels.cu).
+// mla_decode, absorbed-MLA paged decode for SM90: the arguments, their one validation (plain C++,
+// shared by the torch and Paddle bindings, which only describe their tensors as MlaTensor) and the
+// CUDA launcher's declaration (definition: mla_decode_kernels.cu).
 //
 // One query token per row: q [batch, H, 576] (kv_lora 512 then rope 64), the bf16 latent cache
 // [num_blocks, page, 1, 576] read through block_tables, out [batch, H, 512]. Work is split by the
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace paddle_mla {
 
@@ -43,13 +45,95 @@ struct MlaDecodeArgs {
   float softmax_scale;
 };
 
-// nullptr when the arguments are consistent, else what is wrong.
+// The scalar checks of packed arguments (the launcher repeats them): nullptr, or what is wrong.
 inline const char* check_mla_decode_args(const MlaDecodeArgs& a) {
   if (a.batch < 0 || a.num_heads < 1) return "batch must be >= 0 and num_heads >= 1";
   if (a.page_size < 1) return "page size must be positive";
   if (a.programs < 1) return "programs must be positive";
-  if (a.num_heads > 16 * a.row_blocks * 65535) return "too many heads";
+  // grid y of the split kernel (programs) and of the combine kernel (heads)
+  if (a.programs > 65535 || a.num_heads > 65535) return "programs and num_heads must be <= 65535";
   return nullptr;
+}
+
+// A tensor as a binding sees it (torch or Paddle): element type, shape and strides in elements.
+enum class MlaElem { kBF16, kFP32, kINT32, kOther };
+struct MlaTensor {
+  const void* data;
+  MlaElem elem;
+  int ndim;
+  int64_t size[4], stride[4];  // the first ndim entries (ndim <= 4 for every tensor of the op)
+  int64_t numel;
+  bool contiguous;
+};
+
+struct MlaDecodeTensors {
+  MlaTensor q, kv_cache, block_tables, seq_lens, num_splits, cu_tiles, split_start, tiles_per_prog, out,
+      partial_out, partial_lse;
+};
+
+struct MlaDecodeLaunchConfig {  // the op's scalar attributes
+  int64_t batch, programs, block_n, row_blocks, col_splits, stages;
+  float softmax_scale;
+};
+
+// The one validation of the op's inputs, shared by both bindings: nullptr and `*a` filled, or what
+// is wrong (a has no meaning then).
+inline const char* mla_decode_args(const MlaDecodeTensors& t, const MlaDecodeLaunchConfig& c, MlaDecodeArgs* a) {
+  const MlaTensor &q = t.q, &kv = t.kv_cache, &bt = t.block_tables, &out = t.out, &po = t.partial_out,
+                  &pl = t.partial_lse;
+  if (q.ndim > 4 || kv.ndim > 4 || bt.ndim > 4 || out.ndim > 4 || po.ndim > 4 || pl.ndim > 4)
+    return "a tensor has more than 4 dims";
+  if (!(q.ndim == 3 && q.size[2] == kMlaKeyDim && q.stride[2] == 1)) return "q must be [B, H, 576] with a packed last dim";
+  if (!(kv.ndim == 4 && kv.size[2] == 1 && kv.size[3] == kMlaKeyDim && kv.stride[3] == 1))
+    return "kv_cache must be [num_blocks, page, 1, 576] with a packed last dim";
+  if (!(out.ndim == 3 && out.size[2] == kMlaLatentDim && out.stride[2] == 1 && out.size[1] == q.size[1]))
+    return "out must be [B, H, 512] with a packed last dim";
+  if (q.elem != MlaElem::kBF16 || kv.elem != MlaElem::kBF16 || out.elem != MlaElem::kBF16)
+    return "q, kv_cache and out must be bf16";
+  for (const MlaTensor* x : {&t.seq_lens, &t.num_splits, &t.cu_tiles, &t.split_start, &t.tiles_per_prog})
+    if (x->elem != MlaElem::kINT32 || !x->contiguous) return "the lengths and plan must be int32, contiguous";
+  if (!(bt.elem == MlaElem::kINT32 && bt.ndim == 2 && bt.stride[1] == 1))
+    return "block_tables must be int32 [B, max_blocks] with a packed last dim";
+  if (!(bt.size[0] >= c.batch && t.seq_lens.numel >= c.batch && t.num_splits.numel >= c.batch &&
+        t.tiles_per_prog.numel >= 1 && t.cu_tiles.numel >= c.batch + 1 &&
+        t.split_start.numel >= c.batch + 1 && q.size[0] >= c.batch && out.size[0] >= c.batch))
+    return "fewer rows than batch";
+  if (!(po.elem == MlaElem::kFP32 && pl.elem == MlaElem::kFP32 && po.ndim == 3 && pl.ndim == 3 &&
+        po.size[2] == kMlaLatentDim && po.stride[2] == 1 && po.size[1] >= q.size[1] && pl.size[1] >= q.size[1]))
+    return "partial_out must be fp32 [rows, >= H, 512], partial_lse fp32 [rows, >= H, k]";
+  *a = MlaDecodeArgs{};
+  a->q = q.data;
+  a->q_stride_b = q.stride[0];
+  a->q_stride_h = q.stride[1];
+  a->kv_cache = kv.data;
+  a->kv_stride_block = kv.stride[0];
+  a->kv_stride_token = kv.stride[1];
+  a->block_tables = static_cast<const int32_t*>(bt.data);
+  a->bt_stride = bt.stride[0];
+  a->seq_lens = static_cast<const int32_t*>(t.seq_lens.data);
+  a->num_splits = static_cast<const int32_t*>(t.num_splits.data);
+  a->cu_tiles = static_cast<const int32_t*>(t.cu_tiles.data);
+  a->split_start = static_cast<const int32_t*>(t.split_start.data);
+  a->tiles_per_prog = static_cast<const int32_t*>(t.tiles_per_prog.data);
+  a->out = const_cast<void*>(out.data);
+  a->out_stride_b = out.stride[0];
+  a->out_stride_h = out.stride[1];
+  a->partial_out = static_cast<float*>(const_cast<void*>(po.data));
+  a->po_stride_row = po.stride[0];
+  a->po_stride_head = po.stride[1];
+  a->partial_lse = static_cast<float*>(const_cast<void*>(pl.data));
+  a->lse_stride_row = pl.stride[0];
+  a->lse_stride_head = pl.stride[1];
+  a->batch = c.batch;
+  a->num_heads = q.size[1];
+  a->page_size = kv.size[1];
+  a->programs = c.programs;
+  a->block_n = c.block_n;
+  a->row_blocks = c.row_blocks;
+  a->col_splits = c.col_splits;
+  a->stages = c.stages;
+  a->softmax_scale = c.softmax_scale;
+  return check_mla_decode_args(*a);
 }
 
 // Launches the split kernel and the combine kernel on `stream` (cudaStream_t as void*); returns

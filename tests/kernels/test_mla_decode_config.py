@@ -64,3 +64,31 @@ def test_cpu_falls_back_to_triton():
                    softmax_scale=192 ** -0.5)
     be = TritonMLABackend(dims, 4, 256, 64, "cpu", torch.float32)
     assert be.cuda is None and be.ws.programs == be.cfg.programs
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({}, "no CUDA kernels"),
+    ({"q": ((2, 16, 576), "float32")}, "q, kv_cache and out must be bf16"),
+    ({"kv": ((4, 16, 1, 512), "bfloat16")}, "kv_cache must be [num_blocks, page, 1, 576]"),
+    ({"out": ((2, 8, 512), "bfloat16")}, "out must be [B, H, 512]"),
+    ({"bt": ((2, 3), "int64")}, "block_tables must be int32"),
+    ({"lens": ((1,), "int32")}, "fewer rows than batch"),
+    ({"po": ((4, 16, 256), "float32")}, "partial_out must be fp32 [rows, >= H, 512]"),
+])
+def test_both_bindings_refuse_bad_inputs_with_the_shared_checks(bad, message):
+    """The torch and Paddle bindings describe their tensors and call one validation
+    (mla_decode_args in custom_ops/mla_decode_cuda.h); on a CPU build valid inputs end at the
+    missing CUDA kernels."""
+    from paddle_mla.ops import build
+    from paddle_mla.platform.tensor_api import torch
+
+    ops = build.load_ops()
+    if ops is None or ops.with_cuda:
+        pytest.skip("needs the CPU build of the custom ops")
+    spec = {"q": ((2, 16, 576), "bfloat16"), "kv": ((4, 16, 1, 576), "bfloat16"), "bt": ((2, 3), "int32"),
+            "lens": ((2,), "int32"), "out": ((2, 16, 512), "bfloat16"), "po": ((4, 16, 512), "float32"), **bad}
+    t = {name: torch.zeros(*shape, dtype=getattr(torch, dtype)) for name, (shape, dtype) in spec.items()}
+    i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
+    with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ops.mla_decode(t["q"], t["kv"], t["bt"], t["lens"], i32(2), i32(3), i32(3), i32(1), t["out"], t["po"],
+                       torch.zeros(4, 16, 1), 2, 0.1, 4, 32, 1, 4, 4)
