@@ -54,8 +54,9 @@ struct AppendAttentionArgs {
   int64_t num_swa_heads, window, sink;
   bool swa_mask;  // SWA heads walk [0, p] and mask instead of skipping (benchmark baseline)
   // deterministic: true. Every token, one new token of a request included, takes the prefill kernel,
-  // whose per-row sums walk key tiles from key 0 whatever else shares the block (SWA heads walk
-  // [0, p] and mask), so a row's bits do not depend on the batch, the chunking or the step kind.
+  // whose per-row sums walk key tiles from key 0 whatever else shares the block (the launcher sets
+  // swa_mask too: a window start would move the tiles), so a row's bits do not depend on the batch,
+  // the chunking or the step kind.
   bool batch_invariant;
   AttnDtype dtype;
 };

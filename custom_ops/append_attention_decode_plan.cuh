@@ -1,6 +1,6 @@
 // append_attention, CUDA launcher helpers of append_attention_kernels.cu (its only includer): the
-// decode split plan (decode_plan, from shapes only), the merge of the splits' partials, the K/V tile
-// row pitch, launch error and shared-memory checks. Framework-neutral (nvcc alone compiles it).
+// decode split plan (decode_plan, from shapes only), the merge of the splits' partials and the K/V
+// tile row pitch (launch errors and shared memory: cuda_launch.cuh). Framework-neutral (nvcc alone compiles it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 
 #include "append_attention_common.h"
 #include "append_attention_device.cuh"
+#include "cuda_launch.cuh"
 
 namespace paddle_mla {
 namespace {
@@ -39,26 +40,6 @@ __global__ void merge_kernel(AppendAttentionArgs a, int splits, const float* ws_
     }
     static_cast<T*>(a.out)[(t0 * a.num_q_heads + h) * a.head_dim + d] = attn::from_f<T>(l > 0.0f ? o / l : 0.0f);
   }
-}
-
-const char* launched() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
-template <typename K>
-const char* allow_smem(K kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return nullptr;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(bytes));
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 132;
-  return n > 0 ? n : 132;
 }
 
 // Row pitch of a K/V tile row: VB-byte vectors of consecutive lanes fall in distinct banks.

@@ -342,7 +342,11 @@ const char* launch_all(const AppendAttentionArgs& a, float* ws, int64_t ws_float
   rope_write_kernel<T><<<static_cast<unsigned>(a.num_tokens), 128, 0, stream>>>(a);
   if (const char* err = launched()) return err;
   if (a.batch == 0) return nullptr;
-  if (a.batch_invariant) return launch_prefill_any<T, VB, DPL>(a, stream);  // every token, decode rows too
+  if (a.batch_invariant) {  // every token, decode rows too; SWA heads walk the whole row and mask
+    AppendAttentionArgs walk_all = a;
+    walk_all.swa_mask = true;
+    return launch_prefill_any<T, VB, DPL>(walk_all, stream);
+  }
   const char* err = launch_decode_any<T, VB, DPL>(a, ws, ws_floats, stream);
   if (err != nullptr || decode_only) return err;
   return launch_prefill_any<T, VB, DPL>(a, stream);

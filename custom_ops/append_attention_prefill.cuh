@@ -86,7 +86,7 @@ __global__ void prefill_kernel(AppendAttentionArgs a, PrefillGeometry geo) {
   }
   if (pmax < 0) return;  // no valid row (uniform over the block)
   KeyRanges keys{0, pmax + 1, 0, 0};
-  if (is_swa_head(a, g) && !a.swa_mask && !a.batch_invariant) {  // swa_mask: walk [0, pmax], attend_tile masks
+  if (is_swa_head(a, g) && !a.swa_mask) {  // swa_mask: walk [0, pmax], attend_tile masks
     const int64_t sinks = max(static_cast<int64_t>(0), min(a.sink, pmax + 1));
     const int64_t win_lo = max(sinks, pmin - a.window + 1);
     keys = KeyRanges{0, sinks, win_lo, max(win_lo, pmax + 1)};

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   if (pmax < 0) return;  // no valid row (uniform over the block)
   const bool swa = is_swa_head(a, g);
   KeyRanges keys{0, pmax + 1, 0, 0};
-  if (swa && !a.swa_mask && !a.batch_invariant) {  // else walk [0, pmax], the mask below hides the rest
+  if (swa && !a.swa_mask) {  // swa_mask: walk [0, pmax], the mask below hides the rest
     const int64_t sinks = max(static_cast<int64_t>(0), min(a.sink, pmax + 1));
     const int64_t win_lo = max(sinks, pmin - a.window + 1);
     keys = KeyRanges{0, sinks, win_lo, max(win_lo, pmax + 1)};

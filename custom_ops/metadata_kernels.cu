@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "metadata_cpu.h"
+#include "cuda_launch.cuh"
 #include "metadata_cuda.h"
 
 namespace paddle_mla {
@@ -73,11 +74,6 @@ __global__ void slot_mapping_kernel(const int32_t* block_tables, int64_t batch, 
                                     int64_t block_size, int64_t* slots) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < num_tokens) slots[t] = slot_of(block_tables, batch, max_blocks, batch_ids[t], positions[t], block_size);
-}
-
-const char* launched() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 }  // namespace

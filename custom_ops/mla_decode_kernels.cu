@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "cuda_launch.cuh"
 #include "mla_decode_cuda.h"
 #include "mla_decode_kernel.cuh"
 
@@ -10,7 +11,6 @@ namespace paddle_mla {
 namespace {
 
 constexpr int kCombineThreads = kMlaLatentDim / 4;  // 4 value columns a thread (one float4)
-constexpr int kMaxDevices = 64;
 
 // One program per (row, head): rows with several splits merge their partials by log2-sum-exp, in
 // split order (run-to-run identical); zero-length rows get zeros; single-split rows were written by
@@ -48,25 +48,11 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(MlaDecodeA
   reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
 }
 
-const char* launched() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
 template <int RB, int CS, int BN, int NST>
 const char* launch_split(const MlaDecodeArgs& a, cudaStream_t stream) {
   const size_t smem = mla::SplitLayout(RB, CS, BN, NST).total;
   auto kernel = mla::mla_decode_split_kernel<RB, CS, BN, NST>;
-  // once per device and instantiation, on the first (eager) call: graph captures then only launch
-  static bool smem_set[kMaxDevices] = {};
-  int dev = -1;
-  const bool known = cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices;
-  if (!known || !smem_set[dev]) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
-    if (err != cudaSuccess) return cudaGetErrorString(err);
-    if (known) smem_set[dev] = true;
-  }
+  if (const char* err = allow_smem(kernel, smem)) return err;
   const int head_groups = static_cast<int>((a.num_heads + 16 * RB - 1) / (16 * RB));
   kernel<<<dim3(head_groups, static_cast<unsigned>(a.programs)), 32 * RB * CS, smem, stream>>>(a);
   return launched();

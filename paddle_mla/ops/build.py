@@ -54,7 +54,7 @@ KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "a
                   "append_attention_prefill.cuh", "append_attention_prefill_tc.cuh",
                   "append_attention_decode_tc.cuh", "append_attention_decode_mma.cuh", "append_attention_mma.cuh",
                   "append_attention_decode_plan.cuh", "append_attention_kernels.cu", "mla_decode_cuda.h",
-                  "mla_decode_kernel.cuh", "mla_decode_kernels.cu")
+                  "mla_decode_kernel.cuh", "mla_decode_kernels.cu", "cuda_launch.cuh")
 CUDA_SOURCES = ("metadata_kernels.cu", "append_attention_kernels.cu", "mla_decode_kernels.cu")
 BINDINGS = {"paddle": ("paddle_binding.cc", "paddle_binding_attention.cc", "paddle_binding_mla.cc"),
             "torch": ("torch_binding.cc", "torch_binding_attention.cc", "torch_binding_mla.cc")}
