@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from benchmarks.harness.mla_cases import LORA, PAGE, ROPE, parse_variants  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
-from paddle_mla.attention.triton_mla._util import next_pow2  # noqa: E402
+from paddle_mla.platform.triton_host import next_pow2  # noqa: E402
 
 PTRS = ("Q", "KV", "BT", "SEQ", "NSPLIT", "CU_T", "SPLIT0", "TPP", "O", "PO", "PLSE", "ROW0", "NTOK")
 PTR_TYPES = {"Q": "*bf16", "KV": "*bf16", "O": "*bf16", "PO": "*fp32", "PLSE": "*fp32"}

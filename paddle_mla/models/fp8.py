@@ -16,11 +16,10 @@ from paddle_mla.platform import runtime as _runtime
 _runtime.require_selected(__name__)
 
 import torch
-import torch.nn.functional as F
 
 from paddle_mla.platform import runtime
 from paddle_mla.ops import batch_invariant
-from paddle_mla.attention.triton_mla._util import device_index, next_pow2, num_sms
+from paddle_mla.platform.triton_host import device_index, next_pow2, num_sms
 from paddle_mla.models.fp8_kernels import (
     BATCH_INVARIANT_TILE,
     FP8_MAX,
@@ -122,7 +121,7 @@ def w8a8_block_matmul_ref(x_q, x_s, w_q, w_s, block: tuple[int, int], out_dtype=
     M, K = x_q.shape
     x = (x_q.to(torch.float32).reshape(M, K // group, group) * x_s.unsqueeze(-1)).reshape(M, K)
     w = dequant_blocks(w_q, w_s, block)
-    y = batch_invariant.linear(x, w) if batch_invariant.enabled() else torch.matmul(x, w.transpose(0, 1))
+    y = batch_invariant.linear_for_mode(x, w)
     return y.to(out_dtype or torch.float32)
 
 
@@ -181,9 +180,7 @@ def linear(x, w, b=None):
     """The model's one linear: a dense weight goes to F.linear, an ``Fp8Weight`` to the w8a8 path."""
     if isinstance(w, Fp8Weight):
         return fp8_linear(x, w, b)
-    if batch_invariant.enabled():
-        return batch_invariant.linear(x, w, b)
-    return F.linear(x, w, b)
+    return batch_invariant.linear_for_mode(x, w, b)
 
 
 def dense(w, dtype):

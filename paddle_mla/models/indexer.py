@@ -53,9 +53,8 @@ class Indexer:
         """-> q [T, H, D], k [T, D] (roped, model dtype), w [T, H] float32 (scales folded in)."""
         s = self.spec
         T = x.shape[0]
-        lin = batch_invariant.linear if batch_invariant.enabled() else F.linear
-        q = lin(q_resid, self.wq_b).view(T, s.n_heads, s.head_dim)
-        k = lin(x, self.wk)
+        q = batch_invariant.linear_for_mode(q_resid, self.wq_b).view(T, s.n_heads, s.head_dim)
+        k = batch_invariant.linear_for_mode(x, self.wk)
         fused = indexer_rope_norm(q, k, cos, sin, self.rope_dim, self.k_norm_w, self.k_norm_b, 1e-6)
         if fused is not None:
             q, k = fused
@@ -63,7 +62,7 @@ class Indexer:
             k = F.layer_norm(k, [s.head_dim], self.k_norm_w, self.k_norm_b, 1e-6)
             q = rope_half_split(q, cos, sin, self.rope_dim)
             k = rope_half_split(k, cos, sin, self.rope_dim)
-        w = lin(x.to(torch.float32), self.weights_proj) * self.weight_scale
+        w = batch_invariant.linear_for_mode(x.to(torch.float32), self.weights_proj) * self.weight_scale
         return q.contiguous(), k.contiguous(), w
 
     def select(self, x, q_resid, cos, sin, backend, meta):

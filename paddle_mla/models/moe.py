@@ -125,12 +125,9 @@ def routed_moe_chosen(x, w_gate, w_up, w_down, topk_ids, topk_weights):
         pick = torch.from_numpy((rows_np * ids.shape[1] + ks_np).astype(np.int64)).to(x.device)
         xe = x.index_select(0, rows)
         wg, wu, wd = (w[int(e)].to(x.dtype) for w in (w_gate, w_up, w_down))
-        if batch_invariant.enabled():   # an expert's row count follows the batch
-            h = F.silu(batch_invariant.linear(xe, wg)) * batch_invariant.linear(xe, wu)
-            out = batch_invariant.linear(h, wd).to(torch.float32)
-        else:
-            h = F.silu(torch.matmul(xe, wg.transpose(0, 1))) * torch.matmul(xe, wu.transpose(0, 1))
-            out = torch.matmul(h, wd.transpose(0, 1)).to(torch.float32)
+        lin = batch_invariant.linear_for_mode    # an expert's row count follows the batch
+        h = F.silu(lin(xe, wg)) * lin(xe, wu)
+        out = lin(h, wd).to(torch.float32)
         y[rows] = y.index_select(0, rows) + out * weights.reshape(-1).index_select(0, pick).unsqueeze(1)
     return y.to(x.dtype)
 
@@ -142,8 +139,7 @@ def _act_quant(x):
 def route(spec: MoESpec, x, gate_w, bias=None):
     """DeepSeek routing -> (topk_ids [T, top_k] int64, topk_weights [T, top_k] float32), as transformers computes it."""
     E = spec.n_routed_experts
-    lin = batch_invariant.linear if batch_invariant.enabled() else F.linear
-    logits = lin(x.to(torch.float32), gate_w.to(torch.float32))
+    logits = batch_invariant.linear_for_mode(x.to(torch.float32), gate_w.to(torch.float32))
     if spec.scoring_func == "softmax":
         scores = torch.softmax(logits, dim=-1)
     elif spec.scoring_func == "sigmoid":

@@ -31,7 +31,6 @@ import torch.nn.functional as F
 _enabled = False
 
 
-
 def set_enabled(on: bool) -> None:
     global _enabled
     _enabled = bool(on)
@@ -50,13 +49,13 @@ def _gpu_kernel_ok(*ts) -> bool:
     return all(t.is_cuda for t in ts) and _triton_gpu()
 
 
-def rowwise(fn, x):
-    """fn over x[i:i + 1] for each i of the leading dim, concatenated: a row's call has the same
-    shape whatever the batch, so its bits do too (a framework's CPU reduction or GEMM may split or
+def rowwise(fn, x, dim: int = 0):
+    """fn over each size-1 slice of ``dim`` of x, concatenated: a row's call has the same shape
+    whatever the batch, so its bits do too (a framework's CPU reduction or GEMM may split or
     vectorise differently as the row count changes)."""
-    if x.shape[0] == 0:
+    if x.shape[dim] == 0:
         return fn(x)
-    return torch.cat([fn(x[i:i + 1].contiguous()) for i in range(x.shape[0])], 0)
+    return torch.cat([fn(x.narrow(dim, i, 1).contiguous()) for i in range(x.shape[dim])], dim)
 
 
 def linear_rowwise(x2, w, b=None):
@@ -95,6 +94,10 @@ def bmm(a, b):
         from paddle_mla.ops.batch_invariant_kernels import bmm_nn
 
         return bmm_nn(a, b)
-    if a.shape[1] == 0:
-        return torch.bmm(a, b)
-    return torch.cat([torch.bmm(a[:, i:i + 1].contiguous(), b) for i in range(a.shape[1])], 1)
+    return rowwise(lambda r: torch.bmm(r, b), a, dim=1)
+
+
+def linear_for_mode(x, w, b=None):
+    """x @ w^T (+ b): ``linear`` under ``deterministic: true``, the framework's F.linear otherwise.
+    The one place the model's dense products choose between the two."""
+    return linear(x, w, b) if _enabled else F.linear(x, w, b)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-import functools
+from paddle_mla.platform.triton_host import num_sms
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP, warps, stages), chosen with benchmarks.kernels.batch_invariant_gemm
 # (H200, bf16, CUDA-graph replays; BENCHMARKS.md, "Determinism check"): WIDE for launches of at
@@ -31,17 +31,12 @@ WIDE = (128, 128, 64, 8, 4, 4)
 NARROW = (64, 128, 64, 8, 4, 6)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def tile_for(M: int, N: int, device) -> tuple:
     """WIDE when its tiles fill two waves of the GPU's SMs, else NARROW (and off a GPU: the
     interpreter's tests)."""
     if device.type != "cuda":
         return NARROW
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = num_sms(device.index if device.index is not None else torch.cuda.current_device())
     return WIDE if triton.cdiv(M, WIDE[0]) * triton.cdiv(N, WIDE[1]) >= 2 * sms else NARROW
 
 

@@ -10,16 +10,14 @@ build the call raises; ``available()`` says whether it can run.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
-import torch  # noqa: F401  (runtime-selected tensor library; tensors come from the caller)
-
 from paddle_mla.ops import build
+from paddle_mla.platform.triton_host import env_overrides
 
 LATENT_DIM = 512   # kv_lora_rank: the value width
 KEY_DIM = 576      # kv_lora_rank + qk_rope_head_dim
@@ -66,8 +64,7 @@ def launch_config(num_heads: int, num_sms: int, **override) -> MlaDecodeLaunch:
         cfg = {"row_blocks": 2, "col_splits": 4, "block_n": 32, "stages": 3, "min_tiles": 2}
     else:
         cfg = {"row_blocks": 4, "col_splits": 2, "block_n": 32, "stages": 3, "min_tiles": 4}
-    env = os.environ.get("PADDLE_MLA_CUDA_DECODE_CFG", "")
-    cfg.update({k.strip(): int(v) for k, v in (kv.split("=") for kv in env.split(",") if kv.strip())})
+    cfg.update(env_overrides("PADDLE_MLA_CUDA_DECODE_CFG"))
     cfg.update(override)
     groups = -(-num_heads // (16 * cfg["row_blocks"]))
     cfg.setdefault("programs", max(int(num_sms) // groups, 1))

@@ -38,14 +38,9 @@ from paddle_mla.attention.dsa.index_kernels import index_scores, positions_to_sl
 from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select
 from paddle_mla.attention.dsa.sparse_mla import partial_rows, plan_splits, sparse_config, sparse_mla
 from paddle_mla.attention.triton_mla.backend import TritonMLABackend
-from paddle_mla.ops import batch_invariant
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.extend import plan_extend
 
-
-def _bmm(a, b):
-    """W_UK / W_UV products: batch-invariant under ``deterministic: true`` (their M is the step's rows)."""
-    return batch_invariant.bmm(a, b) if batch_invariant.enabled() else torch.bmm(a, b)
 
 
 PREFILL_SCORE_BYTES = 256 << 20   # prefill indexer scores per chunk of rows (fp32 [rows, longest context])
@@ -200,7 +195,7 @@ class DSABackend(TritonMLABackend):
         ws = meta.attn.dsa_ws
         bids = meta.batch_id_per_token[:q_nope.shape[0]]
         slots = positions_to_slots(topk_pos, bids, meta.block_tables, self.block_size, ws["slots"])
-        q_lat = _bmm(q_nope.transpose(0, 1), w_kc).transpose(0, 1)            # [T, H, C]
+        q_lat = self._bmm(q_nope.transpose(0, 1), w_kc).transpose(0, 1)            # [T, H, C]
         o_lat = sparse_mla(q_lat.contiguous(), q_pe, kv_cache, slots, d.softmax_scale, ws["part_o"],
                            ws["part_lse"], ws["o_lat"], self.sparse_cfg, num_splits=self.forced_splits)
-        return _bmm(o_lat.transpose(0, 1), w_vc).transpose(0, 1)
+        return self._bmm(o_lat.transpose(0, 1), w_vc).transpose(0, 1)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from paddle_mla.attention.dsa.topk_select import row_window
-from paddle_mla.attention.triton_mla._util import interpreting, next_pow2, num_sms
+from paddle_mla.platform.triton_host import interpreting, next_pow2, num_sms
 
 
 @triton.jit

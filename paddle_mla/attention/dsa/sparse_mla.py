@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import env_overrides, interpreting, next_pow2, num_sms
+from paddle_mla.platform.triton_host import env_overrides, interpreting, next_pow2, num_sms
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 8

@@ -37,7 +37,7 @@ _runtime.require_selected(__name__)
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import interpreting, num_sms
+from paddle_mla.platform.triton_host import interpreting, num_sms
 
 
 @triton.jit

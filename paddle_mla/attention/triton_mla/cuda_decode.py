@@ -16,13 +16,14 @@ _runtime.require_selected(__name__)
 
 import torch
 
-from paddle_mla.attention.triton_mla._util import interpreting, num_sms
+from paddle_mla.platform.triton_host import interpreting, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import alloc_decode_workspace, build_decode_plan, split_cap
 from paddle_mla.ops import mla_decode as op
 
 
-def gpu_arch(device_index: int = 0) -> int:
-    """Compute capability as major * 10 + minor (90 on an H100), 0 off CUDA (runtime-neutral: asks Triton)."""
+def gpu_arch() -> int:
+    """The current device's compute capability as major * 10 + minor (90 on an H100), 0 off CUDA
+    (runtime-neutral: asks Triton)."""
     import triton
 
     target = triton.runtime.driver.active.get_current_target()

@@ -31,7 +31,7 @@ import torch  # noqa: F401  (runtime-selected tensor library; tensors come from 
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import dot_precision, env_overrides, interpreting, next_pow2, num_sms
+from paddle_mla.platform.triton_host import dot_precision, env_overrides, interpreting, next_pow2, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exported)
     MAX_DV_SPLIT, DecodeWorkspace, alloc_decode_workspace, build_decode_plan, partial_rows, split_cap,
 )

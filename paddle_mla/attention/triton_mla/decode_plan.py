@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import next_pow2
+from paddle_mla.platform.triton_host import next_pow2
 
 
 @dataclass

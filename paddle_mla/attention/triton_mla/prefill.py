@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import dot_precision, env_overrides, interpreting, next_pow2, prev_pow2
+from paddle_mla.platform.triton_host import dot_precision, env_overrides, interpreting, next_pow2, prev_pow2
 
 LOG2E = 1.4426950408889634
 

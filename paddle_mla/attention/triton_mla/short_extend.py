@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paddle_mla.attention.triton_mla._util import next_pow2
+from paddle_mla.platform.triton_host import next_pow2
 from paddle_mla.attention.triton_mla.decode import QueryGroups, alloc_decode_workspace, decode_config
 from paddle_mla.attention.triton_mla.decode_plan import fixed_split_tiles, fixed_split_workspace
 

@@ -1,4 +1,5 @@
-"""Small host-side helpers shared by the Triton MLA kernels (no tensor imports)."""
+"""Host-side helpers of kernel launches (no tensor imports): SM count, device index, launch-config
+overrides from the environment, the Triton interpreter flag, power-of-two rounding."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def dot_precision(dtype) -> str:
 
 def env_overrides(name: str) -> dict[str, int]:
     """Launch-config overrides for tuning from environment variable ``name``: "key=int,key=int"."""
-    text = os.environ.get(name)
-    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(","))} if text else {}
+    text = os.environ.get(name, "")
+    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv.strip())}
 
 
 def interpreting() -> bool:
