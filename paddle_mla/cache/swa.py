@@ -76,7 +76,7 @@ def per_rank_swa_heads(num_kv_heads: int, num_swa_heads: int, tp_size: int) -> i
 def head_wise_swa(cfg: EngineConfig, family: str, num_kv_heads: int, tp_size: int = 1) -> HeadWiseSwa | None:
     """The head-wise SWA plan of one rank of ``cfg`` for a model of ``family`` with ``num_kv_heads``
     KV heads in all, over ``tp_size`` tensor-parallel ranks; None when the ratio is 0 (every head
-    full: uniform block tables, exactly today's engine). ConfigError when the model cannot take it."""
+    full: uniform block tables). ConfigError when the model cannot take it."""
     a = cfg.attention
     if a.head_wise_swa_ratio == 0:
         return None

@@ -35,7 +35,6 @@ def output_to(log: Path | None):
             os.close(fd)
 
 
-
 @contextlib.contextmanager
 def logging_off():
     """Paddle logs an INFO line per loaded library through its own handlers."""

@@ -30,6 +30,7 @@ from paddle_mla.attention.forward_meta import ForwardMeta, SideArrays, StepBatch
 from paddle_mla.cache.kv_cache import (allocate_flat_gqa_caches, allocate_index_caches,  # noqa: E402
                                        allocate_kv_caches, auto_num_blocks, bytes_per_block, usable_num_blocks)
 from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges, make_block_pool  # noqa: E402
+from paddle_mla.config.backends import BACKEND_CAPS  # noqa: E402
 from paddle_mla.config.schema import EngineConfig  # noqa: E402
 from paddle_mla.worker import sampler  # noqa: E402
 from paddle_mla.worker.penalties import PenaltyState  # noqa: E402
@@ -106,11 +107,10 @@ class ModelRunner:
         """The attention backend (with its start-up workspaces) and, for dsa, the indexer's key windows."""
         plan, arch, sc = self.plan, self.arch, self.cfg.scheduler
         swa_kwargs = plan.kv.swa.backend_kwargs() if plan.kv.swa is not None else {}
-        backend_kwargs = dict(index_topk=arch.indexer.topk, deterministic=self.cfg.deterministic) \
-            if plan.backend == "dsa" else {}
+        backend_kwargs = dict(index_topk=arch.indexer.topk) if plan.backend == "dsa" else {}
         if plan.backend in ("triton_mla", "dsa"):
             backend_kwargs["cuda_decode"] = self.cfg.attention.cuda_decode
-        if plan.backend in ("triton_mla", "append_attn"):
+        if BACKEND_CAPS[plan.backend].deterministic:     # the backends that take the mode
             backend_kwargs["deterministic"] = self.cfg.deterministic
         self.backend = create_backend(plan.backend, family=plan.family,
                                       dims=arch.gqa if plan.family == "gqa" else arch.mla,

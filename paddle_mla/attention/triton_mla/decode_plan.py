@@ -182,5 +182,5 @@ def fixed_split_workspace(max_bs: int, num_heads: int, v_dim: int, max_len: int,
     """The workspace of the batch-invariant plan: every request may take its
     cdiv(max_len, split) splits at once, so partials are max_bs x that (no compact bound)."""
     tiles = fixed_split_tiles(split_tokens, block_n)
-    splits = max(-(-(-(-max_len // block_n)) // tiles), 2)
+    splits = max(-(-max_len // (block_n * tiles)), 2)
     return alloc_decode_workspace(max_bs, num_heads, v_dim, splits, device, programs=0)
