@@ -55,7 +55,8 @@ def rowwise(fn, x, dim: int = 0):
     vectorise differently as the row count changes)."""
     if x.shape[dim] == 0:
         return fn(x)
-    return torch.cat([fn(x.narrow(dim, i, 1).contiguous()) for i in range(x.shape[dim])], dim)
+    lead = (slice(None),) * dim     # indexing, not narrow: paddle's proxy narrows a view from its base
+    return torch.cat([fn(x[lead + (slice(i, i + 1),)].contiguous()) for i in range(x.shape[dim])], dim)
 
 
 def linear_rowwise(x2, w, b=None):
