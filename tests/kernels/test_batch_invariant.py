@@ -58,16 +58,24 @@ def test_bmm_row_is_the_same_in_any_batch(dtype):
                                atol=tol * 4, rtol=tol)
 
 
-def test_mode_switch_is_off_by_default_and_routes_the_model_linear():
+def test_mode_switch_is_off_by_default_and_routes_the_model_linear(monkeypatch):
     from paddle_mla.models.fp8 import linear
     from paddle_mla.ops import batch_invariant as bi
 
     assert not bi.enabled()
-    x, w = _t(np.ones((3, 8))), _t(np.eye(8)[:5])
+    calls = []
+    real = bi.linear
+    monkeypatch.setattr(bi, "linear", lambda *a: calls.append(a) or real(*a))
+    rng = np.random.default_rng(3)
+    x, w = _t(rng.standard_normal((3, 8))), _t(rng.standard_normal((5, 8)))
+    linear(x, w)
+    assert calls == [], "default mode must not take the batch-invariant GEMM"
     try:
         bi.set_enabled(True)
         assert bi.enabled()
-        assert bool((linear(x, w) == bi.linear(x, w)).all())
+        got = linear(x, w)
+        assert len(calls) == 1 and calls[0][0] is x and calls[0][1] is w
+        assert bool((got == real(x, w)).all())
     finally:
         bi.set_enabled(False)
 
