@@ -14,16 +14,17 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 export nvcc arch out
 compile_one() {   # "STD SRC": one nvcc compile, or the plain-C++ check of a CPU header
-  local std="$1" src="$2" tag
+  local std="$1" src="$2" tag how=c++
   tag="$(basename "$src").$std"
   if [[ "$src" == *.cu ]]; then
+    how="$arch"
     "$nvcc" -c -std="$std" -O3 -arch="$arch" -Werror all-warnings -Icustom_ops "$src" -o "$out/$tag.o" \
-      >"$out/$tag.log" 2>&1 && echo "ok    $src ($arch, $std)" && return 0
+      >"$out/$tag.log" 2>&1 && echo "ok    $src ($how, $std)" && return 0
   else
     echo "#include \"$(basename "$src")\"" | c++ -std="$std" -Wall -Wextra -Werror -fsyntax-only -Icustom_ops -x c++ - \
-      >"$out/$tag.log" 2>&1 && echo "ok    $src (c++, $std)" && return 0
+      >"$out/$tag.log" 2>&1 && echo "ok    $src ($how, $std)" && return 0
   fi
-  echo "FAIL  $src ($std)" >&2
+  echo "FAIL  $src ($how, $std)" >&2
   cat "$out/$tag.log" >&2
   return 1
 }

@@ -75,9 +75,13 @@ def time_generate(llm: LLM, requests: int, prompt_len: int, max_tokens: int) -> 
                               SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for i in range(requests)]
     runtime.synchronize()
     t = time.perf_counter()
-    llm.generate(reqs, use_tqdm=False)
+    outs = llm.generate(reqs, use_tqdm=False)
     runtime.synchronize()
-    return time.perf_counter() - t
+    took = time.perf_counter() - t
+    errors = [o.error for o in outs if getattr(o, "error", None)]
+    if errors:   # a failed request would post a fast, meaningless time
+        raise RuntimeError(f"{len(errors)} of {requests} requests failed, e.g. {errors[0]}")
+    return took
 
 
 def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:

@@ -31,7 +31,7 @@ PRESETS = {
     # The seed's geometry: a MoE with about 3B active parameters, so a decode step's weight reads are
     # small beside 32k-token KV rows and the KV bytes SWA heads skip show in the step time.
     "ernie45_21b": SwaPreset("ERNIE-4.5-21B-A3B", ERNIE45_21B_A3B, True, SMOKE_ERNIE_MOE),
-    # A dense 8B: its weights dominate a small batch's step (the geometry that hid the effect).
+    # A dense 8B: its weights dominate a small batch's step (so skipped KV bytes barely show in the step).
     "qwen3_8b": SwaPreset("Qwen3-8B", dict(QWEN3_8B, num_hidden_layers=4), False, SMOKE_GQA),
 }
 

@@ -11,7 +11,7 @@ split counts {1,2,4,...,64}, from ./third_party/sglang_decode (scripts/fetch_sgl
   python -m benchmarks.kernels.mla_decode --preset variants    (the register/split variants against today's config and SGLang, < 4 min)
   python -m benchmarks.kernels.mla_decode --preset b1          (h=16 pipeline depth / merge variants)
   python -m benchmarks.kernels.mla_decode --preset targets     (the decode target points; split caps at b=1)
-  python -m benchmarks.kernels.mla_decode --preset cuda        (the SM90 CUDA op at the issue's target points)
+  python -m benchmarks.kernels.mla_decode --preset cuda        (the SM90 CUDA op at its target points)
 Writes JSON to $OUT/bench_mla_decode.json when OUT is set. Every variant gets its own row (µs, graph
 µs, TB/s, TFLOPS, registers/spills, workspace MiB, ratio to the default config and to SGLang). The default
 config is the backend's Triton one; where the ``mla_decode`` CUDA op can run (SM90, built with
@@ -69,7 +69,7 @@ PRESETS = {
         ("128", "1", "4096,16384", "max_splits=32;max_splits=512"),
         ("16,128", "64,128", "4096,16384", ""),
     ],
-    # the CUDA op's target points (issue: h=128 b>=64 -> TFLOPS; h=16 b>=64 -> % of copy; b=1 -> graph µs)
+    # the CUDA op's target points: h=128 b>=64 -> TFLOPS; h=16 b>=64 -> % of copy; b=1 -> graph µs
     "cuda": [
         ("128", "64,128", "4096,16384", ""),
         ("16", "64,128", "4096", ""),

@@ -22,6 +22,7 @@ def test_deterministic_mode_matches_batch1_on_every_configuration(tmp_path, monk
     from benchmarks.e2e import determinism
 
     monkeypatch.setattr(determinism.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")   # what --smoke sets, undone after the test
     # 46-token prompts growing by 3 cross a 16-token block edge, so the preempt pool must preempt
     res = determinism.main(["--smoke", "--layers", "2", "--requests", "8", "--prompt", "46", "--output", "4",
                             "--chunk", "16", "--modes", "deterministic", "--no-time"])
@@ -39,6 +40,7 @@ def test_deterministic_gqa_append_attn_matches_batch1_on_every_configuration(tmp
     if append_attention.implementation(False) != "custom_op":
         pytest.skip("the append_attention op is not built for CPU")
     monkeypatch.setattr(determinism.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")   # what --smoke sets, undone after the test
     # 40-token prompts growing by 12 cross a 16-token block edge, so the preempt pool must preempt
     res = determinism.main(["--smoke", "--dims", "qwen3", "--layers", "2", "--requests", "8", "--prompt", "40",
                             "--output", "12", "--chunk", "16", "--modes", "deterministic", "--no-time"])

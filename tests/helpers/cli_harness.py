@@ -15,18 +15,19 @@ from paddle_mla.cli import app as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def default_sigint() -> None:
-    """``preexec_fn`` of a CLI subprocess a test will interrupt: a test run launched in the
-    background (``cmd &`` in a script) inherits SIGINT ignored, and the CLI keeps an ignored SIGINT
-    ignored, so give it the default a terminal would."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL_ENGINE = importlib.util.find_spec("paddle_mla.engine.tokenizer") is not None and \
     importlib.util.find_spec("paddle_mla.engine.llm") is not None
 
 ENGINES = ["fake", pytest.param("real", marks=pytest.mark.skipif(
     not REAL_ENGINE, reason="the real engine (paddle_mla.engine.llm + paddle_mla.engine.tokenizer) is not there yet"))]
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a CLI subprocess a test will interrupt: a test run launched in the
+    background (``cmd &`` in a script) inherits SIGINT ignored, and the CLI keeps an ignored SIGINT
+    ignored, so give it the default a terminal would."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def invoke(args: list[str], engine: str = "real", monkeypatch=None, input: bytes | None = None, **fake_kw):

@@ -25,8 +25,9 @@ RAGGED = ((4095, 1), (31, 1), (2047, 1), (8191, 1), (0, 0), (100, 1), (6000, 1),
 ONE_LONG = ((8191, 1),)
 # (block size, head-wise tables, (SWA heads, window, sink)) at ERNIE-4.5's 20 query / 4 KV heads
 SWA_TABLES = [(64, True, (2, 512, 64)), (16, True, (3, 256, 16)), (64, True, (4, 1000, 0)), (64, False, (2, 300, 64))]
-# Which decode kernel runs (bf16): the register-O tensor-core one, the WMMA one, the CUDA-core one.
+# The decode split plan: by each row's length, or equal splits (the default).
 PLANS = {"length": "length", "equal": None}
+# Which decode kernel runs (bf16): the register-O tensor-core one, the WMMA one, the CUDA-core one.
 KERNELS = {"mma": {}, "wmma": {"PADDLE_MLA_GQA_TC_KERNEL": "wmma"}, "cudacore": {"PADDLE_MLA_GQA_TC": "0"}}
 
 
