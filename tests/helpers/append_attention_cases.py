@@ -174,3 +174,16 @@ def check_decode_graph_replay(device: str, B: int, hq: int, hkv: int, d: int, bs
         torch.cuda.synchronize()
         np.testing.assert_allclose(out.float().cpu().numpy(), want.float().cpu().numpy(), atol=1e-2, rtol=1e-2)
         assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+def gpu() -> str:
+    """The GPU's device string in the selected runtime."""
+    from paddle_mla.platform import runtime
+
+    return runtime.device_string("gpu")
+
+
+def compare_outputs(got, want, tol: float) -> None:
+    """Two ``run_case`` results, (out, k_cache, v_cache), each within ``tol`` (NaN only where both are)."""
+    for name, g, w in zip(("out", "k_cache", "v_cache"), got, want):
+        np.testing.assert_allclose(g, w, atol=tol, rtol=tol, equal_nan=True, err_msg=name)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.append_attention_cases import Case, check_decode_graph_replay, make_data, run_case
-from paddle_mla.platform import runtime
+from helpers.append_attention_cases import Case, check_decode_graph_replay, compare_outputs, gpu, make_data, run_case
 from paddle_mla.attention.gqa_reference import append_attention_reference
 from paddle_mla.ops import append_attention as op
 from paddle_mla.platform.tensor_api import torch
@@ -27,15 +26,6 @@ REQS = {
 }
 TABLES = [(16, False, (0, 0, 0)), (64, False, (0, 0, 0)), (16, True, (0, 0, 0)), (16, True, (1, 40, 16)),
           (64, True, (2, 100, 4)), (16, False, (1, 7, 0))]
-
-
-def gpu() -> str:
-    return runtime.device_string("gpu")
-
-
-def compare(got, want, tol):
-    for name, g, w in zip(("out", "k_cache", "v_cache"), got, want):
-        np.testing.assert_allclose(g, w, atol=tol, rtol=tol, equal_nan=True, err_msg=name)
 
 
 SHAPES = [(32, 8, 128, 128, True), (12, 4, 80, 64, False), (6, 2, 24, 24, True)]
@@ -58,7 +48,7 @@ def test_cuda_op_matches_cpu_op(dtype, reqs, table, shape):
     assert not np.isnan(got[0]).any(), "NaN in the output: a masked or -1 slot was read"
     assert np.all(got[0][-3:] == 0), "padding tokens must come back as zeros"
     want = run_case(c, op.append_attention, dt, "cpu", data)
-    compare(got, want, TOL[dtype])
+    compare_outputs(got, want, TOL[dtype])
 
 
 @pytest.mark.parametrize("table", TABLES[:4], ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
@@ -68,7 +58,7 @@ def test_cuda_op_matches_reference_fp32(table):
     data = make_data(c)
     got = run_case(c, op.append_attention, torch.float32, gpu(), data)
     want = run_case(c, append_attention_reference, torch.float32, gpu(), data)
-    compare(got, want, 2e-4)
+    compare_outputs(got, want, 2e-4)
 
 
 @pytest.mark.parametrize("ws_seqs", [0, 1, 64])
@@ -79,7 +69,7 @@ def test_decode_splits_and_workspace(ws_seqs):
     ws = torch.empty(op.workspace_numel(ws_seqs, 32, 128) if ws_seqs else 0, dtype=torch.float32, device=gpu())
     got = run_case(c, op.append_attention, torch.bfloat16, gpu(), data, workspace=ws, decode_only=True)
     want = run_case(c, op.append_attention, torch.bfloat16, "cpu", data)
-    compare(got, want, TOL["bfloat16"])
+    compare_outputs(got, want, TOL["bfloat16"])
 
 
 def test_graph_padding_rows_touch_nothing():
@@ -147,7 +137,7 @@ def test_tc_decode_matches_cpu_op(case, env, monkeypatch):
     assert np.all(got[0][-2:] == 0), "padding tokens must come back as zeros"
     if case not in _TC_WANT:   # the C++ op's answer, once per case for the three kernels
         _TC_WANT[case] = run_case(c, op.append_attention, dt, "cpu", data)
-    compare(got, _TC_WANT[case], TOL[dtype])
+    compare_outputs(got, _TC_WANT[case], TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])   # bf16 decode rows take the tensor-core kernel
@@ -164,8 +154,8 @@ def test_cuda_swa_mask_mode_matches_skip_mode(table, reqs, dtype):
     mask = run_case(c, op.append_attention, dt, gpu(), data, swa_mask=True)
     assert not np.isnan(mask[0]).any(), "NaN in the output: a masked or -1 slot was read"
     skip = run_case(c, op.append_attention, dt, gpu(), data)
-    compare(mask, skip, TOL[dtype])
-    compare(mask, run_case(c, op.append_attention, dt, "cpu", data, swa_mask=True), TOL[dtype])
+    compare_outputs(mask, skip, TOL[dtype])
+    compare_outputs(mask, run_case(c, op.append_attention, dt, "cpu", data, swa_mask=True), TOL[dtype])
 
 
 @pytest.mark.parametrize("reqs", ["mixed", "decode", "long_prefill"])
@@ -179,4 +169,4 @@ def test_cuda_flat_cache_with_per_head_ranges(dtype, reqs):
     bases = [3, 3 + data.num_blocks, 7 + 2 * data.num_blocks, 7 + 3 * data.num_blocks + 1]
     got = run_case(c, op.append_attention, dt, gpu(), data, flat_bases=bases)
     assert not np.isnan(got[0]).any()
-    compare(got, run_case(c, op.append_attention, dt, gpu(), data), TOL[dtype])
+    compare_outputs(got, run_case(c, op.append_attention, dt, gpu(), data), TOL[dtype])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.append_attention_cases import Case, make_data, run_case
+from helpers.append_attention_cases import Case, compare_outputs, make_data, run_case
 from paddle_mla.platform import runtime
 from paddle_mla.ops import append_attention as op
 from paddle_mla.platform.tensor_api import torch
@@ -47,11 +47,6 @@ def _want(case, c, data):
     return _WANT[case]
 
 
-def _compare(got, want, tol):
-    for name, g, w in zip(("out", "k_cache", "v_cache"), got, want):
-        np.testing.assert_allclose(g, w, atol=tol, rtol=tol, equal_nan=True, err_msg=name)
-
-
 @pytest.mark.parametrize("case,env", PF_RUNS,
                          ids=["g{}d{}-bs{}{}swa{}-{}-{}".format(c[0], c[1], c[2][0], "hw" if c[2][1] else "",
                                                                 c[2][2][0], c[3], env) for c, env in PF_RUNS])
@@ -63,7 +58,7 @@ def test_tc_prefill_matches_cpu_op(case, env, monkeypatch):
     got = run_case(c, op.append_attention, getattr(torch, case[3]), runtime.device_string("gpu"), data)
     assert not np.isnan(got[0]).any(), "NaN in the output: a masked or -1 slot was read"
     assert np.all(got[0][-3:] == 0), "padding tokens must come back as zeros"
-    _compare(got, _want(case, c, data), TOL[case[3]])
+    compare_outputs(got, _want(case, c, data), TOL[case[3]])
 
 
 SWA_CASES = [c for c in PF_CASES if c[2][2][0]][:4]
@@ -77,4 +72,4 @@ def test_tc_prefill_swa_mask_mode(case):
     got = run_case(c, op.append_attention, getattr(torch, case[3]), runtime.device_string("gpu"), data,
                    swa_mask=True)
     assert not np.isnan(got[0]).any()
-    _compare(got, _want(case, c, data), TOL[case[3]])
+    compare_outputs(got, _want(case, c, data), TOL[case[3]])

@@ -12,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.append_attention_cases import Case, check_decode_graph_replay, make_data, run_case
+from helpers.append_attention_cases import Case, check_decode_graph_replay, compare_outputs, gpu, make_data, run_case
 from paddle_mla.attention.gqa_reference import append_attention_reference
 from paddle_mla.ops import append_attention as op
-from paddle_mla.platform import runtime
 from paddle_mla.platform.tensor_api import torch
 
 pytestmark = pytest.mark.gpu
@@ -29,10 +28,6 @@ SWA_TABLES = [(64, True, (2, 512, 64)), (16, True, (3, 256, 16)), (64, True, (4,
 PLANS = {"length": "length", "equal": None}
 # Which decode kernel runs (bf16): the register-O tensor-core one, the WMMA one, the CUDA-core one.
 KERNELS = {"mma": {}, "wmma": {"PADDLE_MLA_GQA_TC_KERNEL": "wmma"}, "cudacore": {"PADDLE_MLA_GQA_TC": "0"}}
-
-
-def gpu() -> str:
-    return runtime.device_string("gpu")
 
 
 @pytest.fixture(params=sorted(PLANS))
@@ -54,8 +49,7 @@ def bf16_exact(data):
 
 def check(got, want, tol):
     assert not np.isnan(got[0]).any(), "NaN in the output: a masked or -1 slot was read"
-    for name, g, w in zip(("out", "k_cache", "v_cache"), got, want):
-        np.testing.assert_allclose(g, w, atol=tol, rtol=tol, equal_nan=True, err_msg=name)
+    compare_outputs(got, want, tol)
 
 
 @pytest.mark.parametrize("reqs", [RAGGED, ONE_LONG], ids=["ragged", "one_long"])
