@@ -8,7 +8,7 @@ and matches the plain-tensor reference. Interpreter on CPU (float32), or a GPU.
 
 import numpy as np
 import pytest
-from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables
+from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables, upload
 
 pytestmark = pytest.mark.triton
 
@@ -20,17 +20,13 @@ def k():
     return kernel_namespace(DEV)
 
 
-def _t(k, a):
-    return k.torch.from_numpy(np.ascontiguousarray(a)).to(DEV)
-
-
 def _plan(k, seq_lens, fixed_tiles, block_n=16, programs=5, max_bs=8):
     from paddle_mla.attention.triton_mla.decode_plan import fixed_split_workspace
 
     ws = fixed_split_workspace(max_bs, 2, 16, max_len=2000, split_tokens=fixed_tiles * block_n, block_n=block_n,
                                device=DEV)
     bs = len(seq_lens)
-    k.dec.build_decode_plan(_t(k, np.array(seq_lens, dtype=np.int32)), bs, ws, block_n, programs,
+    k.dec.build_decode_plan(upload(k, np.array(seq_lens, dtype=np.int32)), bs, ws, block_n, programs,
                             fixed_tiles=fixed_tiles)
     return ws, bs
 
@@ -66,12 +62,8 @@ def _decode(k, q, cache, tables, lens, fixed_tiles, heads, lora, programs):
                                block_n=cfg.block_n, device=DEV)
     k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles, fixed_tiles=fixed_tiles)
     out = k.torch.full((bs, heads, lora), float("nan"), device=DEV)
-    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, lk_scale(q), cfg)
+    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, q.shape[-1] ** -0.5, cfg)
     return out
-
-
-def lk_scale(q):
-    return q.shape[-1] ** -0.5
 
 
 @pytest.mark.parametrize("programs", [2, 7])
@@ -86,20 +78,20 @@ def test_fixed_plan_decode_row_is_bitwise_the_same_in_any_batch(k, programs):
     lens_all = [n for n, _ in probe] + others
     bt, nb = random_block_tables(rng, lens_all, page)
     lk = lora + rope
-    cache = _t(k, rng.standard_normal((nb, page, 1, lk)).astype(np.float32))
-    q_all = _t(k, rng.standard_normal((len(lens_all), heads, lk)).astype(np.float32))
-    expect = k.ref.mla_decode_ref(q_all, cache, _t(k, bt), _t(k, np.array(lens_all, dtype=np.int32)), lora,
+    cache = upload(k, rng.standard_normal((nb, page, 1, lk)).astype(np.float32))
+    q_all = upload(k, rng.standard_normal((len(lens_all), heads, lk)).astype(np.float32))
+    expect = k.ref.mla_decode_ref(q_all, cache, upload(k, bt), upload(k, np.array(lens_all, dtype=np.int32)), lora,
                                   lk ** -0.5)
     for n, i in probe:
-        alone = _decode(k, q_all[i:i + 1], cache, _t(k, bt[i:i + 1]), _t(k, np.array([n], dtype=np.int32)), fixed,
+        alone = _decode(k, q_all[i:i + 1], cache, upload(k, bt[i:i + 1]), upload(k, np.array([n], dtype=np.int32)), fixed,
                         heads, lora, programs)
         torch.testing.assert_close(alone[0], expect[i], atol=TOL, rtol=TOL)
         for size in (3, 5, 8):
             for pos in range(size):
-                rows = [j for j in range(2, 2 + size - 1)]
+                rows = list(range(2, 2 + size - 1))
                 rows = rows[:pos] + [i] + rows[pos:]
                 idx = np.array(rows)
-                out = _decode(k, q_all[_t(k, idx)], cache, _t(k, bt[idx]),
-                              _t(k, np.array([lens_all[j] for j in rows], dtype=np.int32)), fixed, heads, lora,
+                out = _decode(k, q_all[upload(k, idx)], cache, upload(k, bt[idx]),
+                              upload(k, np.array([lens_all[j] for j in rows], dtype=np.int32)), fixed, heads, lora,
                               programs)
                 assert torch.equal(out[pos], alone[0]), (n, size, pos)
