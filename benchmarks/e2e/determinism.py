@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness.checkpoints import dummy_model_dir
 from benchmarks.harness.dims import QWEN3_8B, SMOKE_GQA, SMOKE_MOE, V2_LITE
 
 VARIANTS = ("batch1", "batch256", "chunked", "prefix", "preempt", "dp2")
@@ -98,9 +99,8 @@ def model_folder(dims: str, layers: int, smoke: bool) -> tuple[str, dict]:
     """A folder with only config.json: the engine draws the weights (``load_format: dummy``)."""
     base, tiny = (V2_LITE, SMOKE_MOE) if dims == "v2-lite" else (QWEN3_8B, SMOKE_GQA)
     cfg = dict(base, num_hidden_layers=layers, **(tiny if smoke else {}))
-    path = Path(tempfile.gettempdir()) / f"determinism_{dims}_{layers}L{'_smoke' if smoke else ''}"
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
+    path = dummy_model_dir(Path(tempfile.gettempdir()) / f"determinism_{dims}_{layers}L{'_smoke' if smoke else ''}",
+                           cfg)
     return str(path), cfg
 
 

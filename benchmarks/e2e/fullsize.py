@@ -48,6 +48,7 @@ from paddle_mla.platform import runtime  # noqa: E402
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
+from benchmarks.harness.checkpoints import dummy_model_dir  # noqa: E402
 from benchmarks.harness.batches import PAGE, decode_batch  # noqa: E402
 from benchmarks.harness.dims import SMOKE_MOE, V3, V32  # noqa: E402
 from benchmarks.harness.kernel_profile import kernel_table  # noqa: E402
@@ -154,8 +155,7 @@ def main() -> None:
         cfg.update(SMOKE_MOE, q_lora_rank=48, n_group=2, topk_group=1, first_k_dense_replace=1,
                    quantization_config=dict(V3["quantization_config"], weight_block_size=[16, 16]),
                    **({"index_topk": 16, "index_n_heads": 8, "index_head_dim": 32} if args.arch == "v32" else {}))
-    path = Path(tempfile.mkdtemp(prefix="bench_fullsize_"))
-    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    path = dummy_model_dir(tempfile.mkdtemp(prefix="bench_fullsize_"), cfg)
     gpu = not args.smoke
     device = runtime.device_string("gpu" if gpu else "cpu")
     bw = copy_bandwidth(device) if gpu else 1e11

@@ -51,7 +51,7 @@ from paddle_mla.platform import runtime
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
-from benchmarks.harness.checkpoints import write_qwen3_checkpoint  # noqa: E402
+from benchmarks.harness.checkpoints import dummy_model_dir, write_qwen3_checkpoint  # noqa: E402
 from benchmarks.harness.swa_modes import DEFAULT_MODES, MODES, PRESETS, decode_step_bytes  # noqa: E402
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
@@ -69,8 +69,7 @@ def model_dir(args) -> tuple[Path, dict]:
     if not p.dummy:
         write_qwen3_checkpoint(path, cfg["num_hidden_layers"], args.tiny)
     elif not (path / "config.json").exists():
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(cfg, indent=1))
+        dummy_model_dir(path, cfg)
     return path, cfg
 
 

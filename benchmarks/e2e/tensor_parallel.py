@@ -50,7 +50,7 @@ from paddle_mla.platform import runtime  # noqa: E402
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from benchmarks.harness.batches import PAGE, decode_batch  # noqa: E402
-from benchmarks.harness.checkpoints import write_checkpoint  # noqa: E402
+from benchmarks.harness.checkpoints import dummy_model_dir, write_checkpoint  # noqa: E402
 from benchmarks.harness.dims import SMOKE_MOE, V2_LITE  # noqa: E402
 from benchmarks.harness.models import time_steps  # noqa: E402
 from benchmarks.harness.roofline import decode_bytes, weight_counts  # noqa: E402
@@ -200,8 +200,7 @@ def main() -> None:
             print(f"writing a random bf16 checkpoint to {path}", file=sys.stderr)
             write_checkpoint(path, cfg, 5 * 10 ** 9)
     else:    # load_format: dummy: config.json is the whole model folder
-        path = Path(tempfile.mkdtemp(prefix="bench_tp_dummy_"))
-        (path / "config.json").write_text(json.dumps(cfg, indent=1))
+        path = dummy_model_dir(tempfile.mkdtemp(prefix="bench_tp_dummy_"), cfg)
     rows = []
     for tp in map(int, args.tp.split(",")):
         rows.append(run(tp, path, args, args.gpu_memory_utilization))

@@ -1,6 +1,7 @@
 """Random checkpoints the end-to-end benchmarks load (written once per folder, then reused): sharded
 safetensors of a DeepSeek-family config streamed from a bf16 pool (numpy only: a data-parallel replica
-that re-imports its script does not select a runtime through this), and Qwen3 per-layer files."""
+that re-imports its script does not select a runtime through this), Qwen3 per-layer files, and
+folders holding config.json alone for ``load_format: dummy``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness.dims import QWEN3_8B, SMOKE_GQA, SMOKE_MOE, V2_LITE
+
+
+def dummy_model_dir(path: Path, cfg: dict) -> Path:
+    """``path`` holding only ``cfg`` as config.json: the engine draws the weights (``load_format: dummy``)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    return path
 
 
 def tensor_specs(cfg: dict) -> list[tuple[str, list[int]]]:
