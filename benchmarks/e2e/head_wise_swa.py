@@ -25,8 +25,11 @@ between a request's tokens (p50 and mean over every gap). On the device (CUDA ev
 ``runner.launch``): decode tok/s over decode-only steps, the full-batch TBT (decode-only steps with the
 most rows, the steady batch), device idle time before a decode-only step's work (> 0: the host is the
 bound) and peak concurrent requests (most rows decoding in one step).
-Physics line: the fraction of bytes (weights + KV) a steady-batch decode step of uniform_mask no longer
-reads with head-wise tables (harness.swa_modes.decode_step_bytes), beside the measured full-batch TBT gain.
+Physics line: the fraction of bytes (weights + KV) a steady-batch decode step walks in uniform_mask and
+no longer walks with head-wise tables (harness.swa_modes.decode_step_bytes), beside the measured
+full-batch TBT gain. It is an upper bound on the bytes saved: uniform_mask's tensor-core decode does not
+load the keys it masks (zero-filled planned offsets, docs/append_attention.md), so against it head-wise
+tables save the walk over those keys, not their reads.
 
   python -m benchmarks.e2e.head_wise_swa                     # the seed preset, 3 repeats (about 100 s on an H200)
   python -m benchmarks.e2e.head_wise_swa --quick             # one run per mode
