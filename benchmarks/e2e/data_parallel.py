@@ -1,4 +1,4 @@
-"""Data-parallel throughput: DP=2 replicas vs one engine on the end-to-end MoE workload (2 GPUs).
+"""Data-parallel throughput: DP=2 (``--dp``: any list of sizes) replicas vs one engine on the end-to-end MoE workload.
 
 The workload of benchmarks.e2e.moe (a): a random bf16 checkpoint with DeepSeek-V2-Lite dims cut
 to ``--layers`` 4 (the same folder, written once and reused), 256 requests x 512 prompt tokens x 128
@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--dir", default="", help="checkpoint folder (default: the e2e MoE benchmark's, /tmp/bench_e2e_moe_<L>L)")
     ap.add_argument("--requests", type=int, default=256,
                     help="requests (256: the MoE issue's workload, one engine batch; more: several batches)")
+    ap.add_argument("--dp", default="2", help="replica counts to run beside DP=1, comma-separated (e.g. 2,4 on 4 GPUs)")
     ap.add_argument("--single-gpu", action="store_true",
                     help="one GPU: DP=1 in process against one replica process only (where the replica's time goes)")
     ap.add_argument("--json", default="")
@@ -103,13 +104,15 @@ def main() -> None:
     from paddle_mla.integrations.data_parallel import DataParallelLLM
 
     smoke = args.smoke
+    sizes = [] if args.single_gpu else [int(x) for x in args.dp.split(",") if x]
     path, cfg = moe_checkpoint(args.layers, smoke, args.dir)
     if smoke:
         device, dtype, backend, graphs, n, P, O = "cpu", "float32", "native", False, 16, 16, 4
     else:
         device, dtype, backend, graphs, n, P, O = "gpu", "bfloat16", "triton_mla", True, args.requests, 512, 128
-        if runtime.gpu_count() < 2 and not args.single_gpu:
-            sys.exit(f"bench_dp needs 2 GPUs; this machine has {runtime.gpu_count()}")
+        need = 1 if args.single_gpu else max(sizes)
+        if runtime.gpu_count() < need:
+            sys.exit(f"bench_dp --dp {args.dp} needs {need} GPUs; this machine has {runtime.gpu_count()}")
     block = 64
     base = {"model": str(path), "runtime": runtime.name(), "device": device, "dtype": dtype,
             "attention": {"backend": backend}, "cuda_graph": graphs, "max_model_len": P + O + 64,
@@ -120,7 +123,7 @@ def main() -> None:
     res: dict = {"device": "cpu" if smoke else runtime.device_name(), "gpus": runtime.gpu_count(),
                  "layers": args.layers, "smoke": smoke, "requests": n, "prompt": P, "output": O}
     tokens = {}
-    for name, size in (("dp2", 2), ("dp1_replica", 1))[1 if args.single_gpu else 0:]:
+    for name, size in [(f"dp{m}", m) for m in sizes] + [("dp1_replica", 1)]:
         t = time.perf_counter()
         llm = DataParallelLLM(config_from_dict(dict(base, parallel={"data_parallel_size": size})))
         start = time.perf_counter() - t
@@ -133,10 +136,11 @@ def main() -> None:
     res["dp1"], tokens["dp1"] = timed(llm, reqs)
     res["dp1"]["start_s"] = start
     llm.close()
-    if "dp2" in res:
-        res["ratio_dp2_vs_dp1"] = res["dp2"]["output_tok_s"] / res["dp1"]["output_tok_s"]
-        res["ratio_dp2_vs_dp1_replica"] = res["dp2"]["output_tok_s"] / res["dp1_replica"]["output_tok_s"]
-        res["dp2_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp2"], tokens["dp1"]))
+    res["sizes"] = sizes
+    for m in sizes:
+        res[f"ratio_dp{m}_vs_dp1"] = res[f"dp{m}"]["output_tok_s"] / res["dp1"]["output_tok_s"]
+        res[f"ratio_dp{m}_vs_dp1_replica"] = res[f"dp{m}"]["output_tok_s"] / res["dp1_replica"]["output_tok_s"]
+        res[f"dp{m}_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens[f"dp{m}"], tokens["dp1"]))
     res["replica_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp1_replica"], tokens["dp1"]))
     print_table(res)
     if args.json:
@@ -150,8 +154,8 @@ def print_table(r: dict) -> None:
     print("| engine | output tok/s | seconds | cold first run s | start s | ratio to DP=1 | token steps | "
           "median step ms | stalls ms | first token after ms | after last token ms | lag median / max ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, label in (("dp1", "DP=1, LLM in process"), ("dp1_replica", "DP=1, one replica process"),
-                        ("dp2", "DP=2, two replica processes")):
+    for name, label in [("dp1", "DP=1, LLM in process"), ("dp1_replica", "DP=1, one replica process")] + \
+            [(f"dp{m}", f"DP={m}, {m} replica processes") for m in r.get("sizes", [])]:
         if name not in r:
             continue
         e = r[name]
@@ -160,11 +164,11 @@ def print_table(r: dict) -> None:
               f"{e['stall_ms']:.0f} | {e['first_token_after_ms']:.0f} | {e['after_last_token_ms']:.0f} | "
               f"{e['lag_median_ms']:.2f} / {e['lag_max_ms']:.1f} |")
     print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
-    if "dp2" not in r:
-        return
-    print(f"\nDP=2 / DP=1: {r['ratio_dp2_vs_dp1']:.2f}x (target >= 1.9x); DP=2 / one replica process: "
-          f"{r['ratio_dp2_vs_dp1_replica']:.2f}x; DP=2 outputs equal to DP=1's: {r['dp2_outputs_equal_dp1']}"
-          f"/{r['requests']}")
+    for m in r.get("sizes", []):
+        target = f" (target >= {0.95 * m:.1f}x)"
+        print(f"\nDP={m} / DP=1: {r[f'ratio_dp{m}_vs_dp1']:.2f}x{target}; DP={m} / one replica process: "
+              f"{r[f'ratio_dp{m}_vs_dp1_replica']:.2f}x; DP={m} outputs equal to DP=1's: "
+              f"{r[f'dp{m}_outputs_equal_dp1']}/{r['requests']}")
 
 
 if __name__ == "__main__":

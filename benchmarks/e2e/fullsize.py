@@ -1,10 +1,16 @@
-"""Benchmark: DeepSeek-V3 dimensions, FP8 as published, tensor-parallel, cut to the layers that fit.
+"""Benchmark: a full-size DeepSeek model, tensor-parallel (optionally expert-parallel), dummy-loaded.
 
-The published V3 config (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, 256 routed experts of
-2048 top-8 + 1 shared, noaux_tc, first 3 layers dense 18432, vocab 129280, FP8 128x128 block
-scales) with ``num_hidden_layers`` cut to ``--layers``; ``load_format: dummy`` (each rank makes its
-own shards on its GPU: nothing is written, nothing travels) and ``quantization: fp8``; triton_mla
-(``--arch v32``: the V3.2 indexer dims and the dsa backend), CUDA graphs, bf16 activations.
+``--arch v3``: the published V3 config (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, 256 routed
+experts of 2048 top-8 + 1 shared, noaux_tc, first 3 layers dense 18432, vocab 129280, FP8 128x128
+block scales) with ``num_hidden_layers`` cut to ``--layers`` (default 19: what fits 2 H200s);
+``--arch v32``: the same with the V3.2 indexer dims and the dsa backend; ``--arch v2``: the published
+DeepSeek-V2 config (236B: hidden 5120, 128 heads, 160 routed experts of 1536 top-6 + 2 shared,
+group-limited greedy routing, 60 layers, bf16 as published), whole (``--layers`` default 60).
+``--weights``: ``published`` (V3 FP8, V2 bf16), ``fp8`` (V3's 128x128 block-scaled e4m3 applied to
+every linear: V2's bf16 weights do not fit 4 80-GB cards) or ``auto`` (published when one rank's
+share of it fits 80% of this card, else fp8). ``--ep``: routed experts whole on the ranks
+(``parallel.expert_parallel``). ``load_format: dummy`` (each rank makes its own shards on its GPU:
+nothing is written, nothing travels); triton_mla (dsa for v32), CUDA graphs, bf16 activations.
 One engine, then:
   1. start-up: load time (rank 0's weight making), engine start; per-GPU memory: rank 0's
      profile (weights, activations, CUDA-graph pools, KV cache) and nvidia-smi's used memory;
@@ -13,7 +19,8 @@ One engine, then:
   3. prefill steps: ``--prefills`` (e.g. 8x1024 = 8 prompts of 1024 tokens in one step);
   4. ``--e2e N``: ``paddle-mla bench``'s measurement (``run_once``) of N random requests for each
      ``--e2e-shapes`` (input x output tokens, default 1024x1024): output tok/s, TTFT, TPOT;
-  5. the roofline, and an EXTRAPOLATION to ``--to-layers`` (61) layers on ``--to-tp`` (8) GPUs.
+  5. the roofline, and, when ``--layers`` cuts the model, an EXTRAPOLATION to ``--to-layers`` (the
+     published depth) on ``--to-tp`` (8) GPUs.
 Roofline of a decode step per GPU: (the FP8/bf16 weight bytes it reads: every non-expert weight of
 its shard, and of its routed experts' shards the fraction a batch of B picks at uniform routing,
 1 - (1 - k/E)^B, + the latent cache of the batch, which every rank reads whole; under ``dsa`` only the
@@ -22,7 +29,8 @@ EXTRAPOLATED step = the roofline at 61 layers / 8 GPUs divided by the efficiency
 (roofline / measured at ``--layers`` on ``--tp`` GPUs). It assumes that efficiency carries over
 (all-reduces over 8 GPUs cost more than over 2; nothing of it was run).
 
-    NCCL_NVLS_ENABLE=0 python -m benchmarks.e2e.fullsize [--layers 19] [--tp 2] [--arch v3]
+    NCCL_NVLS_ENABLE=0 python -m benchmarks.e2e.fullsize [--arch v3|v32|v2] [--layers N] [--tp 2] [--ep]
+        [--weights auto|published|fp8]
         [--batches 1,16,64] [--contexts 1024,8192] [--prefills 8x1024,1x8192] [--e2e 64]
         [--e2e-shapes 1024x1024,8192x1024] [--json out.json]
     python -m benchmarks.e2e.fullsize --smoke      (CPU, tiny dims, gloo: the code path)
@@ -50,7 +58,7 @@ runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from benchmarks.harness.checkpoints import dummy_model_dir  # noqa: E402
 from benchmarks.harness.batches import PAGE, decode_batch  # noqa: E402
-from benchmarks.harness.dims import SMOKE_MOE, V3, V32  # noqa: E402
+from benchmarks.harness.dims import SMOKE_MOE, V2, V3, V32  # noqa: E402
 from benchmarks.harness.kernel_profile import kernel_table  # noqa: E402
 from benchmarks.harness.models import greedy_step, time_steps  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
@@ -63,7 +71,6 @@ from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: 
 from paddle_mla.models.arch import parse_arch  # noqa: E402
 from paddle_mla.models.dummy_weights import checkpoint_layout  # noqa: E402
 from paddle_mla.models.sharding import checkpoint_shard  # noqa: E402
-from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 GIB = 2 ** 30
 _BYTES = {"F32": 4, "BF16": 2, "F8_E4M3": 1}
@@ -104,6 +111,20 @@ def roofline_s(cfg: dict, tp: int, batch: int, context: int, bw: float) -> tuple
     return (dense + experts * touched + kv) / bw, (total_dense + total_experts) / (tp * bw)
 
 
+ARCHS = {"v3": (V3, 19), "v32": (V32, 19), "v2": (V2, 60)}   # published config, default --layers
+
+
+def with_weights(cfg: dict, weights: str, tp: int, card_bytes: int) -> dict:
+    """``cfg`` in the weight format asked for: ``published``, ``fp8`` (V3's block-scaled e4m3 on
+    every linear) or ``auto`` (published when one rank's share fits 80% of the card, else fp8)."""
+    fp8 = dict(cfg, quantization_config=V3["quantization_config"])
+    if weights == "published" or "quantization_config" in cfg:
+        return cfg
+    if weights == "fp8":
+        return fp8
+    return cfg if sum(rank_bytes(cfg, tp)) <= 0.8 * card_bytes else fp8
+
+
 def gpu_used_gib() -> list[float]:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
@@ -126,9 +147,12 @@ def main() -> None:
     # a run stopped by `timeout` (SIGTERM) prints where rank 0 was: a slow start and a hang look alike
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", default="v3", choices=["v3", "v32"])
-    ap.add_argument("--layers", type=int, default=19, help="3 dense + 16 MoE: ~95 GB of weights per H200 at TP=2")
+    ap.add_argument("--arch", default="v3", choices=sorted(ARCHS))
+    ap.add_argument("--layers", type=int, default=0,
+                    help="default: v3/v32 19 (3 dense + 16 MoE: ~95 GB of weights per H200 at TP=2), v2 60 (all)")
     ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--ep", action="store_true", help="expert parallel: routed experts whole on the ranks")
+    ap.add_argument("--weights", default="auto", choices=["auto", "published", "fp8"])
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--contexts", default="1024,8192")
     ap.add_argument("--prefills", default="8x1024,1x8192")
@@ -137,7 +161,7 @@ def main() -> None:
     ap.add_argument("--e2e-repeat", type=int, default=1,
                     help="runs of each e2e workload; the last is reported (2: the first compiles what it meets)")
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--to-layers", type=int, default=61)
+    ap.add_argument("--to-layers", type=int, default=0, help="default: the published depth")
     ap.add_argument("--to-tp", type=int, default=8)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--profile", action="store_true",
@@ -150,13 +174,18 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     prefills = [tuple(map(int, p.split("x"))) for p in args.prefills.split(",") if p]
-    cfg = dict(V32 if args.arch == "v32" else V3, num_hidden_layers=args.layers)
+    published, default_layers = ARCHS[args.arch]
+    args.layers = args.layers or default_layers
+    args.to_layers = args.to_layers or published["num_hidden_layers"]
+    cfg = dict(published, num_hidden_layers=args.layers)
     if args.smoke:
         cfg.update(SMOKE_MOE, q_lora_rank=48, n_group=2, topk_group=1, first_k_dense_replace=1,
                    quantization_config=dict(V3["quantization_config"], weight_block_size=[16, 16]),
                    **({"index_topk": 16, "index_n_heads": 8, "index_head_dim": 32} if args.arch == "v32" else {}))
-    path = dummy_model_dir(tempfile.mkdtemp(prefix="bench_fullsize_"), cfg)
     gpu = not args.smoke
+    if gpu:
+        cfg = with_weights(cfg, args.weights, args.tp, runtime.gpu_memory_info()[1])
+    path = dummy_model_dir(tempfile.mkdtemp(prefix="bench_fullsize_"), cfg)
     device = runtime.device_string("gpu" if gpu else "cpu")
     bw = copy_bandwidth(device) if gpu else 1e11
     runtime.empty_cache()      # the copy's 2 GiB go back before the engine sizes its cache
@@ -175,19 +204,22 @@ def main() -> None:
                   "gpu_memory_utilization": args.gpu_memory_utilization},
         "scheduler": {"max_num_seqs": max(batches + [args.e2e]), "max_num_batched_tokens": tokens,
                       "enable_chunked_prefill": True},
-        "parallel": {"tensor_parallel_size": args.tp}}))
+        "parallel": {"tensor_parallel_size": args.tp, "expert_parallel": args.ep}}))
     start_s = time.perf_counter() - t
     runner = llm.runner
     if args.dsa_sparse_only:
         runner.backend.dense_max_context = 0
     prof = runner.memory_profile
-    out = dict(arch=args.arch, layers=args.layers, tp=args.tp, device=runtime.device_name() if gpu else "cpu",
+    out = dict(arch=args.arch, layers=args.layers, tp=args.tp, ep=args.ep, fp8="quantization_config" in cfg,
+               device=runtime.device_name() if gpu else "cpu",
                copy_bw_gbs=bw / 1e9, load_s=runner.load_s, engine_start_s=start_s,
                num_blocks=runner.limits.num_blocks, gpu_used_gib=gpu_used_gib(), decode=[], prefill=[])
     if prof is not None:
         out["memory_gib"] = {k: getattr(prof, k) / GIB for k in ("weights", "activations", "graph_pools", "kv_cache")}
-    title = "DeepSeek-V3.2 (dsa)" if args.arch == "v32" else "DeepSeek-V3"
-    print(f"# {title} dims, {args.layers} layers, FP8 block-scaled, load_format: dummy, TP={args.tp}, "
+    title = {"v32": "DeepSeek-V3.2 (dsa)", "v3": "DeepSeek-V3", "v2": "DeepSeek-V2"}[args.arch]
+    weights = "FP8 block-scaled" if out["fp8"] else "bf16"
+    print(f"# {title} dims, {args.layers} of {args.to_layers} layers, {weights}, load_format: dummy, TP={args.tp}"
+          f"{' + EP' if args.ep else ''}, "
           f"{out['device']}{' SMOKE (tiny dims, CPU)' if args.smoke else ''}\n")
     print(f"load (rank 0 makes its shards) {runner.load_s:.1f} s; engine start {start_s:.1f} s; "
           f"copy bandwidth {bw / 1e9:.0f} GB/s; KV blocks {out['num_blocks']} x {PAGE} tokens")
@@ -231,7 +263,8 @@ def main() -> None:
               f"TPOT p50 {sm['tpot_ms_p50']:.1f} ms, {r.elapsed_s:.1f} s", flush=True)
     # before close(): the 2026-11-24 run was stopped by its time limit while the engine closed, and
     # lost this part (it was computed afterwards from the printed figures, with this same function)
-    extrapolate(out, cfg, args, bw)
+    if args.layers < args.to_layers:
+        extrapolate(out, cfg, args, bw)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     llm.close()

@@ -1,4 +1,4 @@
-"""Benchmark: tensor-parallel decode step, TP=1 vs TP=2 (the nvidia-h200-x2 machine).
+"""Benchmark: tensor-parallel decode step, TP=1 vs TP=2 (and any ``--tp`` list, e.g. 1,2,4 on 4 GPUs).
 
 DeepSeek-V2-Lite dimensions at full depth (27 layers: hidden 2048, 16 heads, kv_lora 512, 64
 routed experts of 1408 top-6 + 2 shared, vocab 102400), random bf16 weights made by the engine
@@ -144,15 +144,17 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
                 prefill_tok_s=args.prefill_requests * io / prefill_s, e2e_out_tok_s=args.e2e * io / e2e_s)
 
 
-def print_roofline(cfg: dict, args) -> None:
-    """The step's byte bound at TP=1 and per TP=2 rank: weights halve, the latent cache does not (every
-    rank reads all of it, its heads share it), so MLA's TP ratio has a floor above 0.5."""
+def print_roofline(cfg: dict, args, sizes: list[int]) -> None:
+    """The step's byte bound at TP=1 and per rank at each TP size: weights split, the latent cache does
+    not (every rank reads all of it, its heads share it), so MLA's TP ratio has a floor above 1/TP."""
     weights, kv = decode_bytes(cfg, [cfg["n_routed_experts"]] * weight_counts(cfg)["moe_layers"],
                                args.batch, args.context, 2)
     rate = copy_bandwidth()                  # bytes/s
-    one, two = (weights + kv) / rate * 1e3, (weights / 2 + kv) / rate * 1e3
+    one = (weights + kv) / rate * 1e3
+    floors = ", ".join(f"TP={tp} rank {(weights / tp + kv) / rate * 1e3:.2f} ms (ratio floor "
+                       f"{(weights / tp + kv) / (weights + kv):.2f}x)" for tp in sizes if tp > 1)
     print(f"byte bound at {rate / 1e9:.0f} GB/s measured copy (every expert read at batch {args.batch}): TP=1 {one:.2f} ms "
-          f"(weights {weights / 1e9:.1f} GB + KV {kv / 1e9:.1f} GB), TP=2 rank {two:.2f} ms: ratio floor {two / one:.2f}x")
+          f"(weights {weights / 1e9:.1f} GB + KV {kv / 1e9:.1f} GB); {floors}")
 
 
 def fit_two_budget(cfg: dict, args) -> float:
@@ -237,7 +239,7 @@ def main() -> None:
         verdict = "met" if two["ratio"] <= 0.6 else "NOT met"
         print(f"\ntarget: TP=2 step <= 0.6x TP=1: {two['ratio']:.2f}x ({verdict})")
     if not args.smoke:
-        print_roofline(cfg, args)
+        print_roofline(cfg, args, sorted({r["tp"] for r in rows}))
     if args.gpu_memory_utilization:
         one = [r for r in rows if r["tp"] == 1 and r["budget"]]
         met = bool(one) and not one[0]["fits"] and two_budget is not None and two_budget["fits"]

@@ -44,6 +44,12 @@ V2_LITE = dict(   # DeepSeek-V2-Lite's published config.json
     bos_token_id=100000, eos_token_id=100001, tie_word_embeddings=False, torch_dtype="bfloat16",
     attention_bias=False, hidden_act="silu")
 
+V2 = dict(   # DeepSeek-V2's published config.json (236B, bf16 as published)
+    V2_LITE, vocab_size=102400, hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536,
+    num_hidden_layers=60, num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, n_routed_experts=160,
+    num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1, n_group=8, topk_group=3,
+    topk_method="group_limited_greedy", routed_scaling_factor=16.0)
+
 QWEN3_8B = dict(   # Qwen3-8B's published config.json
     model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096,
     intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8, head_dim=128,

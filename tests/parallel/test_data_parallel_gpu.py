@@ -1,5 +1,6 @@
-"""Data parallel on 2 GPUs (run by scripts/gpu_check.sh on a machine with two): the DP=2 output file of
-the triton_mla config in fp32 equals the DP=1 file, and the replicas sit on different GPUs."""
+"""Data parallel on 2 GPUs (run by scripts/gpu_scale_out.sh on a machine with two or more): the DP=2 output
+file of the triton_mla config in fp32 equals the DP=1 file, and the replicas (2, and 4 where 4 GPUs are
+visible) sit on different GPUs and each take work."""
 
 import json
 
@@ -27,17 +28,19 @@ def test_dp2_file_equals_dp1_on_two_gpus(tmp_path):
     assert json.loads(summary.read_text())["data_parallel_size"] == 2
 
 
-def test_replicas_get_one_gpu_each():
+@pytest.mark.parametrize("dp", [pytest.param(m, marks=pytest.mark.skipif(runtime.gpu_count() < m, reason=f"needs {m} GPUs"))
+                                for m in (2, 4)])
+def test_replicas_get_one_gpu_each(dp):
     from paddle_mla.config.schema import load_config
     from paddle_mla.sched.request import GenerationRequest, SamplingParams
     from paddle_mla.integrations.data_parallel import DataParallelLLM
 
-    llm = DataParallelLLM(load_config(ROOT / "configs/triton_mla.yaml", ("parallel.data_parallel_size=2",)))
+    llm = DataParallelLLM(load_config(ROOT / "configs/triton_mla.yaml", (f"parallel.data_parallel_size={dp}",)))
     try:
-        assert len({r.env["CUDA_VISIBLE_DEVICES"] for r in llm.replicas}) == 2
+        assert len({r.env["CUDA_VISIBLE_DEVICES"] for r in llm.replicas}) == dp
         outs = llm.generate([GenerationRequest(i, [5, 6, 7 + i], SamplingParams(max_tokens=4, ignore_eos=True))
-                             for i in range(8)], use_tqdm=False)
-        assert [o.id for o in outs] == list(range(8)) and all(len(o.token_ids) == 4 for o in outs)
+                             for i in range(4 * dp)], use_tqdm=False)
+        assert [o.id for o in outs] == list(range(4 * dp)) and all(len(o.token_ids) == 4 for o in outs)
         assert all(r.stats.requests > 0 for r in llm.replicas)     # both replicas took work
     finally:
         llm.close()

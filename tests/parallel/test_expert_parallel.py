@@ -27,7 +27,7 @@ def test_expert_ranges_cover_every_expert_once_in_order(num_experts, size):
 
 
 def _checkpoint(tmp_path, name):
-    transformers = pytest.importorskip("transformers")  # noqa: F841 - the oracle checkpoints need it
+    pytest.importorskip("transformers")     # the oracle checkpoints need it
     from test_model_oracle import CONFIGS, _hf_model
 
     model_type, extra = CONFIGS[name]
@@ -149,13 +149,13 @@ def _generate(model_dir, tp: int, expert_parallel: bool, prompts, new_tokens: in
         llm.close()
 
 
-def _check_ep(model_dir, prompts, new_tokens, expected, num_experts):
-    """Chunked prefill (8-token budget) mixed with decodes, and prefix caching: TP=2+EP == TP=1 == HF."""
+def _check_ep(model_dir, prompts, new_tokens, expected, num_experts, tp: int = 2):
+    """Chunked prefill (8-token budget) mixed with decodes, and prefix caching: TP+EP == TP=1 == HF."""
     one, rows_one = _generate(model_dir, 1, False, prompts, new_tokens)
-    ep, rows_ep = _generate(model_dir, 2, True, prompts, new_tokens)
+    ep, rows_ep = _generate(model_dir, tp, True, prompts, new_tokens)
     assert one == expected
     assert ep == one
-    lo, hi = expert_range(num_experts, 0, 2)
+    lo, hi = expert_range(num_experts, 0, tp)
     assert rows_one and rows_one == [num_experts] * len(rows_one)
     assert rows_ep == [hi - lo] * len(rows_one)          # rank 0 holds only its experts, whole
 
@@ -169,6 +169,17 @@ def test_deepseek_tp2_ep_matches_tp1_and_hf(name, tmp_path):
     hf = _checkpoint(tmp_path, name)
     expected = [_hf_greedy(hf, p)[0] for p in PROMPTS]
     _check_ep(tmp_path, PROMPTS, NEW_TOKENS, expected, hf.config.n_routed_experts)
+
+
+@pytest.mark.skipif(runtime.is_paddle(), reason=TORCH_ONLY)
+def test_deepseek_tp4_ep_matches_tp1_and_hf(tmp_path):
+    """Four ranks (three workers), one head each, experts split 4 ways: the code is not written for two."""
+    from test_model_oracle import NEW_TOKENS, _hf_greedy
+    from test_tensor_parallel import PROMPTS
+
+    hf = _checkpoint(tmp_path, "v2_group_limited_qlora")
+    expected = [_hf_greedy(hf, p)[0] for p in PROMPTS]
+    _check_ep(tmp_path, PROMPTS, NEW_TOKENS, expected, hf.config.n_routed_experts, tp=4)
 
 
 @pytest.mark.skipif(runtime.is_paddle(), reason=TORCH_ONLY)

@@ -1,4 +1,4 @@
-"""Expert parallelism on 2 GPUs (NCCL): TP=2 + EP gives TP=1's greedy tokens in fp32 on a tiny
+"""Expert parallelism on 2 and 4 GPUs (NCCL): TP=2 and TP=4 + EP give TP=1's greedy tokens in fp32 on a tiny
 DeepSeek MoE checkpoint, through the fused MoE (each rank's experts, other ranks' ids skipped) and
 through the masked reference MoE (``PADDLE_MLA_MOE=reference``, inherited by the spawned worker)."""
 
@@ -38,12 +38,14 @@ def _tokens(model_dir, tp: int, expert_parallel: bool):
         llm.close()
 
 
+@pytest.mark.parametrize("tp", [pytest.param(tp, marks=pytest.mark.skipif(runtime.gpu_count() < tp, reason=f"needs {tp} GPUs"))
+                                for tp in (2, 4)])
 @pytest.mark.parametrize("moe", ["triton", "reference"])
-def test_tp2_ep_fp32_matches_tp1(tmp_path, monkeypatch, moe):
+def test_tp_ep_fp32_matches_tp1(tmp_path, monkeypatch, moe, tp):
     pytest.importorskip("transformers")
     from test_model_oracle import CONFIGS, _hf_model
 
     monkeypatch.setenv("PADDLE_MLA_MOE", moe)
     model_type, extra = CONFIGS["v3_qlora_yarn_noaux"]
     _hf_model(model_type, {**extra, "num_attention_heads": 4, "num_key_value_heads": 4}).save_pretrained(tmp_path)
-    assert _tokens(tmp_path, 2, True) == _tokens(tmp_path, 1, False)
+    assert _tokens(tmp_path, tp, True) == _tokens(tmp_path, 1, False)

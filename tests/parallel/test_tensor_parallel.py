@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from helpers.cli_harness import ROOT, read_jsonl
 

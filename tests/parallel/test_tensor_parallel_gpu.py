@@ -1,7 +1,7 @@
-"""Tensor parallelism on 2 GPUs (NCCL, NVLink multicast off): TP=2 in fp32 gives the greedy tokens
-of TP=1, with the triton_mla backend, the fused MoE, CUDA graphs (each rank captures its own,
-collectives included), chunked prefill and prefix caching; and on a GQA MoE checkpoint (eager).
-Needs 2 GPUs (nvidia-h200-x2)."""
+"""Tensor parallelism on 2 and 4 GPUs (NCCL, NVLink multicast off): TP=2 and TP=4 in fp32 give the
+greedy tokens of TP=1, with the triton_mla backend, the fused MoE, CUDA graphs (each rank captures
+its own, collectives included), chunked prefill and prefix caching; and on a GQA MoE checkpoint
+(eager). A TP size above the visible GPU count is skipped."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def _gpus() -> int:
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs and the torch runtime")]
+TP_SIZES = [pytest.param(tp, marks=pytest.mark.skipif(_gpus() < tp, reason=f"needs {tp} GPUs")) for tp in (2, 4)]
 
 
 def _tokens(tp: int, reqs, graph: bool):
@@ -44,21 +45,24 @@ def _tokens(tp: int, reqs, graph: bool):
         llm.close()
 
 
+@pytest.mark.parametrize("tp", TP_SIZES)
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
-def test_tp2_fp32_matches_tp1(graph):
+def test_tp_fp32_matches_tp1(graph, tp):
     reqs = workload(512, seed=7)
-    assert _tokens(2, reqs, graph) == _tokens(1, reqs, graph)
+    assert _tokens(tp, reqs, graph) == _tokens(1, reqs, graph)
 
 
-def test_gqa_tp2_fp32_matches_tp1(tmp_path):
-    """A GQA MoE checkpoint (qwen3_moe: q/k norm, routed experts; 2 KV heads, one per rank), eager,
-    the GQA backend ``auto`` picks, chunked prefill and prefix caching: TP=2 tokens equal TP=1's."""
+@pytest.mark.parametrize("tp", TP_SIZES)
+def test_gqa_tp_fp32_matches_tp1(tmp_path, tp):
+    """A GQA MoE checkpoint (qwen3_moe: q/k norm, routed experts; one KV head per rank, two query
+    heads per KV head), eager, the GQA backend ``auto`` picks, chunked prefill and prefix caching:
+    TP tokens equal TP=1's."""
     pytest.importorskip("transformers")
     from paddle_mla.sched.request import GenerationRequest, SamplingParams
     from test_gqa_oracle import CONFIGS, ENGINE_PROMPTS, _hf_model
 
     prefix, extra, _ = CONFIGS["qwen3_moe_g2_norm"]
-    _hf_model(prefix, {**extra, "num_attention_heads": 4, "num_key_value_heads": 2}).save_pretrained(tmp_path)
+    _hf_model(prefix, {**extra, "num_attention_heads": 2 * tp, "num_key_value_heads": tp}).save_pretrained(tmp_path)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     reqs = [GenerationRequest(i, p, params) for i, p in enumerate(ENGINE_PROMPTS)]
 
@@ -75,4 +79,4 @@ def test_gqa_tp2_fp32_matches_tp1(tmp_path):
         finally:
             llm.close()
 
-    assert tokens(2) == tokens(1)
+    assert tokens(tp) == tokens(1)

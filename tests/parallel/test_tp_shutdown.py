@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,12 +85,12 @@ def write_prompts(path: Path, n: int) -> Path:
     return path
 
 
-def start(inp: Path, *overrides: str) -> Run:
-    """``generate`` with TP=2, records on stdout (the lines timed), on the device ``overrides`` name."""
+def start(inp: Path, *overrides: str, tp: int = 2) -> Run:
+    """``generate`` at TP=``tp``, records on stdout (the lines timed), on the device ``overrides`` name."""
     mark = uuid.uuid4().hex
     env = dict(os.environ, PADDLE_MLA_RUNTIME="torch", PYTHONPATH=str(ROOT), **{MARK: mark})
     cmd = [sys.executable, "-m", "paddle_mla.cli.app", "generate", "-i", str(inp), "-o", "-", "--no-progress",
-           "--set", "parallel.tensor_parallel_size=2", *[a for o in overrides for a in ("--set", o)]]
+           "--set", f"parallel.tensor_parallel_size={tp}", *[a for o in overrides for a in ("--set", o)]]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_sigint)
     run = Run(proc, mark)
@@ -123,8 +124,8 @@ def assert_no_worker_left(run: Run) -> None:
     assert not left, f"worker processes outlived generate: {left}"
 
 
-def check_exits_after_last_line(inp: Path, *overrides: str) -> None:
-    run = start(inp, *overrides)
+def check_exits_after_last_line(inp: Path, *overrides: str, tp: int = 2) -> None:
+    run = start(inp, *overrides, tp=tp)
     code, ended, err = finish(run, timeout=300)
     assert code == 0, err[-2000:]
     assert len(run.lines) == len(inp.read_text().splitlines())
@@ -142,24 +143,32 @@ def test_tp2_exits_soon_after_its_last_line(tmp_path):
     check_exits_after_last_line(write_prompts(tmp_path / "in.jsonl", 6), *CPU)
 
 
-def test_sigint_exits_130_promptly_and_leaves_no_worker(tmp_path):
-    run = start(write_prompts(tmp_path / "in.jsonl", 60), *CPU_LONG)
+def check_sigint_exits_130_promptly(inp: Path, *overrides: str, tp: int = 2) -> None:
+    """SIGINT mid-run: exit 130 within 5 s, one "interrupted" message, no worker left. ``inp`` must
+    hold more records than stream out before the first line plus the signal's delivery."""
+    total = len(inp.read_text().splitlines())
+    run = start(inp, *overrides, tp=tp)
     assert run.first_line.wait(240) and run.lines, "no output line"
-    assert run.workers(), "the TP worker was not found while generating"
+    assert len(run.workers()) == tp - 1, "the TP workers were not found while generating"
     sent = time.monotonic()
     run.proc.send_signal(signal.SIGINT)
     code, ended, err = finish(run, timeout=60)
     assert code == 130, err[-2000:]
     assert ended - sent < EXIT_AFTER_LAST_LINE_S, f"exited {ended - sent:.1f} s after SIGINT"
     assert "interrupted" in err
-    assert len(run.lines) < 60, "the run ended before the interrupt: nothing was tested"
+    assert len(run.lines) < total, "the run ended before the interrupt: nothing was tested"
     assert_no_worker_left(run)
 
 
-def test_killed_worker_fails_promptly_with_one_line(tmp_path):
-    run = start(write_prompts(tmp_path / "in.jsonl", 60), *CPU_LONG)
+def check_killed_worker_fails_promptly(inp: Path, *overrides: str, tp: int = 2) -> None:
+    """One worker SIGKILLed mid-run: exit 1 within 5 s, one error line naming that worker, no
+    traceback, no worker left (the others are stopped, not awaited)."""
+    total = len(inp.read_text().splitlines())
+    run = start(inp, *overrides, tp=tp)
     assert run.first_line.wait(240) and run.lines, "no output line"
-    (worker,) = run.workers()
+    workers = run.workers()
+    assert len(workers) == tp - 1, "the TP workers were not found while generating"
+    worker = workers[0]
     killed = time.monotonic()
     os.kill(worker, signal.SIGKILL)
     code, ended, err = finish(run, timeout=60)
@@ -167,10 +176,19 @@ def test_killed_worker_fails_promptly_with_one_line(tmp_path):
     assert ended - killed < EXIT_AFTER_LAST_LINE_S, f"exited {ended - killed:.1f} s after the kill"
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, err[-2000:]
-    assert errors[0].startswith(f"error: tensor-parallel worker rank 1 (pid {worker}) died (killed by SIGKILL)")
+    assert re.match(rf"error: tensor-parallel worker rank [1-9]\d* \(pid {worker}\) died \(killed by SIGKILL\)",
+                    errors[0]), errors[0]
     assert "Traceback" not in err, err[-2000:]
-    assert len(run.lines) < 60, "the run ended before the kill: nothing was tested"
+    assert len(run.lines) < total, "the run ended before the kill: nothing was tested"
     assert_no_worker_left(run)
+
+
+def test_sigint_exits_130_promptly_and_leaves_no_worker(tmp_path):
+    check_sigint_exits_130_promptly(write_prompts(tmp_path / "in.jsonl", 60), *CPU_LONG)
+
+
+def test_killed_worker_fails_promptly_with_one_line(tmp_path):
+    check_killed_worker_fails_promptly(write_prompts(tmp_path / "in.jsonl", 60), *CPU_LONG)
 
 
 def _tp2_llm():
