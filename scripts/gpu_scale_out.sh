@@ -73,8 +73,18 @@ if has dp; then
 fi
 if has test; then
   stamp "tests/parallel/*_gpu.py"
-  TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/parallel/test_tensor_parallel_gpu.py tests/parallel/test_tp_shutdown_gpu.py \
-    tests/parallel/test_expert_parallel_gpu.py tests/parallel/test_data_parallel_gpu.py 2>&1 | tee "$OUT/tp_test.txt"
+  TESTS=(tests/parallel/test_tensor_parallel_gpu.py tests/parallel/test_tp_shutdown_gpu.py
+         tests/parallel/test_expert_parallel_gpu.py tests/parallel/test_data_parallel_gpu.py)
+  PYTEST=(python3 -m pytest -q -p no:cacheprovider -rs "${TESTS[@]}")
+  if [ "$NGPU" -ge 4 ]; then
+    # the 2-GPU cases on GPUs 0,1 beside the 4-GPU cases on all four, at once: the models are tiny
+    CUDA_VISIBLE_DEVICES=0,1 TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" "${PYTEST[@]}" -k "not tp4 and not dp4" \
+      > "$OUT/tp_test_2gpu.txt" 2>&1 &
+    TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" "${PYTEST[@]}" -k "tp4 or dp4" > "$OUT/tp_test_4gpu.txt" 2>&1 &
+    wait
+    tail -n 30 "$OUT/tp_test_2gpu.txt" "$OUT/tp_test_4gpu.txt"
+  else
+    TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" "${PYTEST[@]}" 2>&1 | tee "$OUT/tp_test.txt"
+  fi
 fi
 stamp "done"

@@ -28,7 +28,8 @@ def test_dp2_file_equals_dp1_on_two_gpus(tmp_path):
     assert json.loads(summary.read_text())["data_parallel_size"] == 2
 
 
-@pytest.mark.parametrize("dp", [pytest.param(m, marks=pytest.mark.skipif(runtime.gpu_count() < m, reason=f"needs {m} GPUs"))
+@pytest.mark.parametrize("dp", [pytest.param(m, id=f"dp{m}", marks=pytest.mark.skipif(runtime.gpu_count() < m,
+                                                                       reason=f"needs {m} GPUs"))
                                 for m in (2, 4)])
 def test_replicas_get_one_gpu_each(dp):
     from paddle_mla.config.schema import load_config

@@ -38,7 +38,8 @@ def _tokens(model_dir, tp: int, expert_parallel: bool):
         llm.close()
 
 
-@pytest.mark.parametrize("tp", [pytest.param(tp, marks=pytest.mark.skipif(runtime.gpu_count() < tp, reason=f"needs {tp} GPUs"))
+@pytest.mark.parametrize("tp", [pytest.param(tp, id=f"tp{tp}", marks=pytest.mark.skipif(runtime.gpu_count() < tp,
+                                                                          reason=f"needs {tp} GPUs"))
                                 for tp in (2, 4)])
 @pytest.mark.parametrize("moe", ["triton", "reference"])
 def test_tp_ep_fp32_matches_tp1(tmp_path, monkeypatch, moe, tp):

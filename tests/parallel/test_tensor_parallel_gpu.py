@@ -27,7 +27,8 @@ def _gpus() -> int:
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs and the torch runtime")]
-TP_SIZES = [pytest.param(tp, marks=pytest.mark.skipif(_gpus() < tp, reason=f"needs {tp} GPUs")) for tp in (2, 4)]
+TP_SIZES = [pytest.param(tp, id=f"tp{tp}", marks=pytest.mark.skipif(_gpus() < tp, reason=f"needs {tp} GPUs"))
+            for tp in (2, 4)]
 
 
 def _tokens(tp: int, reqs, graph: bool):

@@ -14,7 +14,7 @@ from paddle_mla.platform import runtime
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(runtime.is_paddle(), reason="the torch runtime drives the GPUs")]
 
-TP_SIZES = [2, 4]
+TP_SIZES = [pytest.param(tp, id=f"tp{tp}") for tp in (2, 4)]
 # long enough that SIGINT and the kill land mid-run: records stream out over many seconds
 GPU_LONG = ("device=gpu", "attention.backend=triton_mla", "sampling.max_tokens=64", "sampling.ignore_eos=true",
             "scheduler.max_num_seqs=2")
