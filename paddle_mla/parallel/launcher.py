@@ -13,8 +13,11 @@ step in flight fails (gloo reports the closed peer at once) and is re-raised as
 ``TensorParallelError`` naming the rank, its exit signal and its traceback when it sent one; an
 idle engine raises it at the next step. Where a collective cannot notice the dead peer (NCCL
 kernels spin), the watchdog aborts the communicator, and if the engine is still stuck after
-``PADDLE_MLA_TP_GRACE_S`` seconds (default 60) it prints the error and exits the process with 1,
+``PADDLE_MLA_TP_GRACE_S`` seconds (default 3) it prints the error and exits the process with 1,
 so a batch run never hangs: its output so far is intact and ``generate --resume`` completes it.
+A step that returns while a worker died during it (an aborted collective lets it finish on partial
+sums) raises too: its tokens are not trusted. The close after such a failure runs under the same
+deadline (freeing graphs whose collectives an abort did not stop would wait on the device forever).
 
 Shutdown (``close``) never waits on a peer: the workers leave first (each drops its CUDA graphs and
 aborts its communicator, then exits), then rank 0 does the same; after a dead worker or a cut step
@@ -82,8 +85,10 @@ class TPDriver:
         self._busy = 0                 # > 0 while the main thread is inside a guarded call
         self._raised = False
         self._cut = False              # a guarded call ended by an exception: workers may be mid-step
+        self._interrupted = False      # ... by Ctrl-C
         self._runner = None            # weakref to rank 0's ModelRunner (its graphs go before the group)
-        self.grace_s = float(os.environ.get("PADDLE_MLA_TP_GRACE_S", "60"))
+        # after the abort, how long a stuck step (or the close after a failure) may take before exit
+        self.grace_s = float(os.environ.get("PADDLE_MLA_TP_GRACE_S", "3"))
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self, eos_token_ids: frozenset = frozenset()):
@@ -152,9 +157,15 @@ class TPDriver:
             if failure:
                 raise TensorParallelError(failure)
             yield
+            failure = self._failure()     # died during the call: an aborted collective's sums are partial
+            if failure:
+                raise TensorParallelError(failure)
             finished = True
         except TensorParallelError:
             self._raised = True
+            raise
+        except KeyboardInterrupt:
+            self._interrupted = True
             raise
         except Exception as exc:
             failure = self._failure(wait_s=5.0)   # the exit may be seen a moment after the error
@@ -220,6 +231,29 @@ class TPDriver:
         self._closing = True
         atexit.unregister(self.close)
         clean = not self._cut and all(proc.exitcode is None for proc in self.procs)
+        deadline = None if clean else self._exit_unless_closed(self.grace_s)
+        try:
+            self._close(clean)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+
+    def _exit_unless_closed(self, seconds: float) -> threading.Timer:
+        """After a failure, close must not hang either: freeing graphs or the communicator waits on the
+        device, where a collective the abort did not stop still spins. The process exits instead."""
+        def expire() -> None:
+            failure = self._failure()
+            reason = failure or ("interrupted" if self._interrupted else "a tensor-parallel step failed")
+            sys.stderr.write(f"error: {reason} (closing the engine took over {seconds:.0f} s: exiting)\n")
+            sys.stderr.flush()
+            os._exit(130 if self._interrupted and not failure else 1)
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _close(self, clean: bool) -> None:
         if clean:
             for conn in self.conns:
                 try:

@@ -88,7 +88,8 @@ def write_prompts(path: Path, n: int) -> Path:
 def start(inp: Path, *overrides: str, tp: int = 2) -> Run:
     """``generate`` at TP=``tp``, records on stdout (the lines timed), on the device ``overrides`` name."""
     mark = uuid.uuid4().hex
-    env = dict(os.environ, PADDLE_MLA_RUNTIME="torch", PYTHONPATH=str(ROOT), **{MARK: mark})
+    # PYTHONFAULTHANDLER: a hung run is stopped with SIGABRT, which then prints where every thread was
+    env = dict(os.environ, PADDLE_MLA_RUNTIME="torch", PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1", **{MARK: mark})
     cmd = [sys.executable, "-m", "paddle_mla.cli.app", "generate", "-i", str(inp), "-o", "-", "--no-progress",
            "--set", f"parallel.tensor_parallel_size={tp}", *[a for o in overrides for a in ("--set", o)]]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -105,9 +106,17 @@ def finish(run: Run, timeout: float) -> tuple[int, float, str]:
     try:
         run.proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        run.proc.send_signal(signal.SIGABRT)      # the faulthandler's stack dump goes to stderr
+        try:
+            run.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         for pid in _pids_with(run.mark):
             os.kill(pid, signal.SIGKILL)
-        raise AssertionError(f"generate still running {timeout:.0f} s on: a hang") from None
+        for reader in run.readers:
+            reader.join(timeout=10)
+        raise AssertionError(f"generate still running {timeout:.0f} s on: a hang; its stderr ends:\n"
+                             + "".join(run.err)[-6000:]) from None
     ended = time.monotonic()
     for reader in run.readers:     # the pipes close with the process (and any worker holding them)
         reader.join(timeout=10)
@@ -232,3 +241,36 @@ def test_close_after_a_worker_died_does_not_wait():
     llm.close()
     assert time.monotonic() - t0 < 2.0
     assert proc.exitcode == -signal.SIGKILL
+
+
+def test_a_step_that_returns_after_a_worker_died_raises():
+    """An aborted NCCL all-reduce lets the step finish on partial sums: its tokens must not count."""
+    from paddle_mla.parallel.launcher import TensorParallelError
+
+    llm = _tp2_llm()
+    driver = llm.runner.tp_driver
+    (proc,) = driver.procs
+    try:
+        with pytest.raises(TensorParallelError, match=r"worker rank 1 .* died \(killed by SIGKILL\)"):
+            with driver._guard():          # the step itself "succeeds"; the worker dies meanwhile
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join(10)
+    finally:
+        llm.close()
+
+
+def test_a_close_that_hangs_after_a_failure_exits_the_process(monkeypatch, capsys):
+    from paddle_mla.parallel import launcher
+
+    llm = _tp2_llm()
+    driver = llm.runner.tp_driver
+    (proc,) = driver.procs
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    codes = []
+    monkeypatch.setattr(launcher.os, "_exit", codes.append)
+    driver._exit_unless_closed(0.05).join(5)   # the timer fires: a close that never finished
+    llm.close()
+    assert codes == [1]
+    assert re.match(r"error: tensor-parallel worker rank 1 .* died \(killed by SIGKILL\).*exiting\)$",
+                    capsys.readouterr().err.strip().splitlines()[-1])
