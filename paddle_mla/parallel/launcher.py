@@ -206,7 +206,10 @@ class TPDriver:
             if not self._busy:          # idle: the next guarded call raises it
                 return
             if self.group is not None and self.device_kind == "gpu":
-                self.group.abort()      # NCCL kernels waiting on the dead rank never return otherwise
+                # NCCL kernels waiting on the dead rank never return otherwise. The abort can block
+                # too (measured: rank 0's host inside an eager all-reduce's enqueue holds the
+                # communicator), so it runs on its own thread and the deadline below still holds.
+                threading.Thread(target=self.group.abort, name="paddle-mla-tp-abort", daemon=True).start()
             deadline = time.monotonic() + self.grace_s
             while time.monotonic() < deadline and self._busy and not self._raised:
                 time.sleep(0.2)
