@@ -23,6 +23,9 @@ import numpy as np
 import torch
 
 
+# queries per scores block: a long prefill's [Hkv, G, q, k] fp32 scores at once would take gigabytes
+_Q_CHUNK = 512
+
 def _host_ints(x) -> np.ndarray:
     """Lengths on the host. A tensor is refused: reading it back would sync inside the step."""
     if not isinstance(x, (np.ndarray, list, tuple)):
@@ -150,13 +153,14 @@ def append_attention_reference(q, k, v, k_cache, v_cache, block_tables, cu_seqle
             continue
         keys, present = _gather_request(k_cache, block_tables[b], k_len)
         vals, _ = _gather_request(v_cache, block_tables[b], k_len)
-        vis = visible_mask(positions[s:e], k_len, Hkv, num_swa_heads, window, sink)     # [Hkv, q, k]
-        if head_wise and bool((vis & ~present.unsqueeze(1)).any()):
-            raise ValueError(f"request {b}: a visible key position has no block (-1) in its head-wise table")
-        qb = q_r[s:e].reshape(e - s, Hkv, group, D).permute(1, 2, 0, 3)                # [Hkv, G, q, D]
-        scores = torch.matmul(qb, keys.unsqueeze(1).transpose(-1, -2)) * softmax_scale  # [Hkv, G, q, k]
-        scores = torch.where(vis.unsqueeze(1), scores, torch.full_like(scores, float("-inf")))
-        p = torch.softmax(scores, dim=-1)
-        o = torch.matmul(p, vals.unsqueeze(1))                                           # [Hkv, G, q, D]
-        out[s:e] = o.permute(2, 0, 1, 3).reshape(e - s, Hq, D).to(out.dtype)
+        for qs in range(s, e, _Q_CHUNK):     # query chunks: the fp32 scores stay [Hkv, G, chunk, k]
+            qe = min(e, qs + _Q_CHUNK)
+            vis = visible_mask(positions[qs:qe], k_len, Hkv, num_swa_heads, window, sink)   # [Hkv, q, k]
+            if head_wise and bool((vis & ~present.unsqueeze(1)).any()):
+                raise ValueError(f"request {b}: a visible key position has no block (-1) in its head-wise table")
+            qb = q_r[qs:qe].reshape(qe - qs, Hkv, group, D).permute(1, 2, 0, 3)            # [Hkv, G, q, D]
+            scores = torch.matmul(qb, keys.unsqueeze(1).transpose(-1, -2)) * softmax_scale  # [Hkv, G, q, k]
+            scores = torch.where(vis.unsqueeze(1), scores, torch.full_like(scores, float("-inf")))
+            o = torch.matmul(torch.softmax(scores, dim=-1), vals.unsqueeze(1))              # [Hkv, G, q, D]
+            out[qs:qe] = o.permute(2, 0, 1, 3).reshape(qe - qs, Hq, D).to(out.dtype)
     return out

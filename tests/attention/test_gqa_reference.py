@@ -9,6 +9,7 @@ numbers and softmaxes each request's full unpaged sequence with the contract's m
 import numpy as np
 import pytest
 
+from paddle_mla.attention import gqa_reference
 from paddle_mla.attention.gqa_reference import append_attention_reference, write_kv
 from paddle_mla.platform.tensor_api import torch
 
@@ -77,7 +78,9 @@ CASES = [   # (cached prefix, new tokens) per request
                                                (6, 2, 14, 14, False), (9, 3, 6, 4, True)])
 @pytest.mark.parametrize("block_size,head_wise,swa", [(4, False, None), (16, False, None), (4, True, None),
                                                       (4, True, (1, 5, 2)), (16, False, (2, 3, 0))])
-def test_reference_matches_dense_oracle(case, hq, hkv, d, rot, neox, block_size, head_wise, swa):
+@pytest.mark.parametrize("q_chunk", [512, 3], ids=["whole", "chunked_queries"])
+def test_reference_matches_dense_oracle(case, hq, hkv, d, rot, neox, block_size, head_wise, swa, q_chunk, monkeypatch):
+    monkeypatch.setattr(gqa_reference, "_Q_CHUNK", q_chunk)    # 3: requests split over query chunks
     reqs = CASES[case]
     n_swa, window, sink = swa if swa else (0, 0, 0)
     n_swa = min(n_swa, hkv)
