@@ -202,7 +202,7 @@ def test_short_extends_run_absorbed_and_match_native(k, monkeypatch, chunk):
     """Short extend rows become pseudo decode rows (one per new token, causal seq len); only the
     long row's keys are expanded; outputs equal native and the plain reference."""
     from paddle_mla.attention.triton_mla import backend as tb
-    from paddle_mla.attention.triton_mla import extend
+    from paddle_mla.attention.triton_mla import extend, short_extend
 
     torch = k.torch
     windows, decode_rows = [], []
@@ -210,7 +210,8 @@ def test_short_extends_run_absorbed_and_match_native(k, monkeypatch, chunk):
     monkeypatch.setattr(extend, "read_cache_and_interleave",
                         lambda *a, **kw: windows.append((kw["k_start"], a[5])) or read(*a, **kw))
     decode = tb.mla_decode
-    monkeypatch.setattr(tb, "mla_decode", lambda q, *a: decode_rows.append(q.shape[0]) or decode(q, *a))
+    for module in (tb, short_extend):      # the decode rows, then the pseudo rows
+        monkeypatch.setattr(module, "mla_decode", lambda q, *a: decode_rows.append(q.shape[0]) or decode(q, *a))
     case = make_case(SHORT, page=8, device=DEV, dtype=torch.float32, seed=chunk)
     got, cache, meta = run_backend("triton_mla", case, DEV, extend_chunk_tokens=chunk, short_extend_tokens=5)
     native, _, _ = run_backend("native", case, DEV)
@@ -256,3 +257,29 @@ def test_short_extends_in_several_query_groups_match_native(k):
     assert split.rows == 20 + 33 + 16 + 17 and split.groups == 2 + 3 + 1 + 2
     torch.testing.assert_close(got, native, atol=TOL, rtol=TOL)
     torch.testing.assert_close(got, plain_reference(case, cache, meta), atol=TOL, rtol=TOL)
+
+
+def test_deterministic_pseudo_rows_in_chunks_give_the_same_bits(k, monkeypatch):
+    """``deterministic: true`` sizes the pseudo rows' partials by max_model_len, so their groups go
+    through the decode kernel in chunks that fit the workspace cap: several chunks give the bits of
+    one launch, and native's answer."""
+    from paddle_mla.attention.triton_mla import short_extend
+
+    torch = k.torch
+    case = make_case(LONG_SHORT, page=8, device=DEV, dtype=torch.float32, seed=5)
+    whole, cache, meta = run_backend("triton_mla", case, DEV, deterministic=True)
+    split = meta.attn.short_split
+    assert split.groups == 2 + 3 + 1 + 2     # every extend token absorbed in this mode, 16 a group
+    built = []
+    init = short_extend.PseudoRows.__init__
+    monkeypatch.setattr(short_extend.PseudoRows, "__init__",
+                        lambda self, *a, **kw: init(self, *a, **kw) or built.append(self))
+    # a group's partials as if max_model_len were long: two groups fill the workspace cap
+    monkeypatch.setattr(short_extend, "fixed_split_group_bytes", lambda *a: short_extend.PSEUDO_WORKSPACE_BYTES // 2)
+    chunked, _, _ = run_backend("triton_mla", case, DEV, deterministic=True)
+    (p,) = built
+    assert p.chunk == 2 and len(p.chunk_ws) >= 4     # this step: 8 groups in 4 launches
+    assert all(ws.partial_out is p.ws.partial_out for ws in p.chunk_ws)
+    assert torch.equal(chunked, whole)
+    native, _, _ = run_backend("native", case, DEV)
+    torch.testing.assert_close(whole, native, atol=TOL, rtol=TOL)

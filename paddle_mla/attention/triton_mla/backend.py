@@ -129,8 +129,7 @@ class TritonMLABackend(MLABackend):
             plan.extend_plan = plan_extend(meta, split.lead_end, split.tail_begin)
             if split.rows:
                 p.gather(meta, split)
-                build_decode_plan(p.seq_lens, split.groups, p.ws, p.cfg.block_n, p.cfg.target_items, p.cfg.min_tiles,
-                                  p.fixed_tiles)
+                p.plan(split)
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
@@ -158,7 +157,7 @@ class TritonMLABackend(MLABackend):
             q[r0:r0 + b - a, :, :L].copy_(self._bmm(q_nope[a:b].transpose(0, 1), w_kc).transpose(0, 1))
             q[r0:r0 + b - a, :, L:].copy_(q_pe[a:b])
         o = p.o[:n]
-        mla_decode(q, kv_cache, p.tables, p.seq_lens, o, p.ws, L, self.dims.softmax_scale, p.cfg, p.groups(split))
+        p.decode(q, kv_cache, o, L, self.dims.softmax_scale, split)
         res = self._bmm(o.transpose(0, 1), w_vc).transpose(0, 1)
         for a, b, r0 in ranges:
             out[a:b].copy_(res[r0:r0 + b - a])

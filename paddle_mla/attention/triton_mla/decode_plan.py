@@ -177,10 +177,19 @@ def fixed_split_tiles(split_tokens: int, block_n: int) -> int:
     return max(-(-int(split_tokens) // block_n), 1)
 
 
+def fixed_splits(max_len: int, split_tokens: int, block_n: int) -> int:
+    """Most splits a request of ``max_len`` keys takes under the batch-invariant plan."""
+    return max(-(-max_len // (block_n * fixed_split_tiles(split_tokens, block_n))), 2)
+
+
+def fixed_split_group_bytes(num_heads: int, v_dim: int, max_len: int, split_tokens: int, block_n: int) -> int:
+    """Partial-output bytes one plan row needs under the batch-invariant plan (``fixed_split_workspace``)."""
+    return fixed_splits(max_len, split_tokens, block_n) * num_heads * (v_dim + MAX_DV_SPLIT) * 4
+
+
 def fixed_split_workspace(max_bs: int, num_heads: int, v_dim: int, max_len: int, split_tokens: int,
                           block_n: int, device: str) -> DecodeWorkspace:
     """The workspace of the batch-invariant plan: every request may take its
     cdiv(max_len, split) splits at once, so partials are max_bs x that (no compact bound)."""
-    tiles = fixed_split_tiles(split_tokens, block_n)
-    splits = max(-(-max_len // (block_n * tiles)), 2)
-    return alloc_decode_workspace(max_bs, num_heads, v_dim, splits, device, programs=0)
+    return alloc_decode_workspace(max_bs, num_heads, v_dim, fixed_splits(max_len, split_tokens, block_n), device,
+                                  programs=0)

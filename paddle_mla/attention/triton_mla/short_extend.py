@@ -30,6 +30,7 @@ is built on the device. No host sync and nothing per layer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,8 +39,10 @@ import triton
 import triton.language as tl
 
 from paddle_mla.platform.triton_host import next_pow2
-from paddle_mla.attention.triton_mla.decode import QueryGroups, alloc_decode_workspace, decode_config
-from paddle_mla.attention.triton_mla.decode_plan import fixed_split_tiles, fixed_split_workspace
+from paddle_mla.attention.triton_mla.decode import (QueryGroups, alloc_decode_workspace, build_decode_plan,
+                                                   decode_config, mla_decode)
+from paddle_mla.attention.triton_mla.decode_plan import (fixed_split_group_bytes, fixed_split_tiles,
+                                                        fixed_split_workspace)
 
 GROUP_ROWS = 64   # (token, head) rows of one query group: the decode kernel's head block at h >= 64
 GROUP_SLACK = 64  # groups beyond max_rows / qg: room for the partial last groups of that many rows
@@ -159,10 +162,22 @@ class PseudoRows:
         groups = max(self.max_groups, 1)
         i32 = torch.int32
         if split_tokens:
-            self.ws = fixed_split_workspace(groups, self.qg * H, L, max_len, split_tokens, self.cfg.block_n, device)
+            # every group may take all its fixed splits, so the partials grow with max_len: the groups
+            # go through the kernel in chunks that fit PSEUDO_WORKSPACE_BYTES, each with its own plan
+            # (built in ``plan``), all sharing one workspace's partials. A group's bits do not depend
+            # on its chunk: its splits and their merge order are its own.
+            self.chunk = max(1, min(groups, PSEUDO_WORKSPACE_BYTES // fixed_split_group_bytes(
+                self.qg * H, L, max_len, split_tokens, self.cfg.block_n)))
+            self.ws = fixed_split_workspace(self.chunk, self.qg * H, L, max_len, split_tokens, self.cfg.block_n,
+                                            device)
         else:
+            self.chunk = groups
             self.ws = alloc_decode_workspace(groups, self.qg * H, L, PSEUDO_MAX_KV_SPLITS, device,
                                              programs=self.cfg.programs)
+        self.chunk_ws = [self.ws] + [dataclasses.replace(  # own plan arrays, shared partials
+            self.ws, num_kv_splits=torch.ones_like(self.ws.num_kv_splits), cu_tiles=torch.zeros_like(self.ws.cu_tiles),
+            split_start=torch.zeros_like(self.ws.split_start), tiles_per_prog=torch.ones_like(self.ws.tiles_per_prog))
+            for _ in range(1, -(-groups // self.chunk))]
         self.tables = torch.zeros(groups, max(max_blocks, 1), dtype=i32, device=device)
         self.seq_lens = torch.zeros(groups, dtype=i32, device=device)
         self.row0 = torch.zeros(groups, dtype=i32, device=device)
@@ -170,8 +185,22 @@ class PseudoRows:
         self.q = torch.zeros(rows, H, dims.latent_dim, dtype=dtype, device=device)
         self.o = torch.zeros(rows, H, L, dtype=dtype, device=device)
 
-    def groups(self, split: ShortSplit) -> QueryGroups:
-        return QueryGroups(self.row0, self.ntok, self.qg, split.groups)
+    def _chunks(self, split: ShortSplit):
+        """(first group, group count, workspace) of each launch over the step's groups."""
+        for i, g0 in enumerate(range(0, split.groups, self.chunk)):
+            yield g0, min(self.chunk, split.groups - g0), self.chunk_ws[i]
+
+    def plan(self, split: ShortSplit) -> None:
+        """The decode plan of every chunk of the step's groups (device, once per step)."""
+        for g0, n, ws in self._chunks(split):
+            build_decode_plan(self.seq_lens[g0:], n, ws, self.cfg.block_n, self.cfg.target_items, self.cfg.min_tiles,
+                              self.fixed_tiles)
+
+    def decode(self, q, kv_cache, out, kv_lora_rank: int, sm_scale: float, split: ShortSplit) -> None:
+        """Attention of the pseudo rows ``q`` into ``out``, chunk by chunk (plans from ``plan``)."""
+        for g0, n, ws in self._chunks(split):
+            mla_decode(q, kv_cache, self.tables[g0:], self.seq_lens[g0:], out, ws, kv_lora_rank, sm_scale, self.cfg,
+                       QueryGroups(self.row0[g0:], self.ntok[g0:], self.qg, n))
 
     def gather(self, meta, split: ShortSplit) -> None:
         """Block-table rows, causal lengths, first rows and token counts of the groups (device, once per step)."""
