@@ -234,18 +234,19 @@ class TPDriver:
         self._closing = True
         atexit.unregister(self.close)
         clean = not self._cut and all(proc.exitcode is None for proc in self.procs)
-        deadline = None if clean else self._exit_unless_closed(self.grace_s)
+        # the reason is taken now: _close kills the live workers, after which every one looks dead
+        deadline = None if clean else self._exit_unless_closed(self.grace_s, self._failure())
         try:
             self._close(clean)
         finally:
             if deadline is not None:
                 deadline.cancel()
 
-    def _exit_unless_closed(self, seconds: float) -> threading.Timer:
+    def _exit_unless_closed(self, seconds: float, failure: str | None) -> threading.Timer:
         """After a failure, close must not hang either: freeing graphs or the communicator waits on the
-        device, where a collective the abort did not stop still spins. The process exits instead."""
+        device, where a collective the abort did not stop still spins. The process exits instead,
+        naming ``failure`` (a dead worker), else the interrupt or the failed step."""
         def expire() -> None:
-            failure = self._failure()
             reason = failure or ("interrupted" if self._interrupted else "a tensor-parallel step failed")
             sys.stderr.write(f"error: {reason} (closing the engine took over {seconds:.0f} s: exiting)\n")
             sys.stderr.flush()

@@ -269,8 +269,11 @@ def test_a_close_that_hangs_after_a_failure_exits_the_process(monkeypatch, capsy
     proc.join(10)
     codes = []
     monkeypatch.setattr(launcher.os, "_exit", codes.append)
-    driver._exit_unless_closed(0.05).join(5)   # the timer fires: a close that never finished
+    driver._exit_unless_closed(0.05, driver._failure()).join(5)   # the timer fires: a close that never finished
+    driver._interrupted = True                 # Ctrl-C, no dead worker: 130, and not blamed on a worker
+    driver._exit_unless_closed(0.05, None).join(5)
     llm.close()
-    assert codes == [1]
-    assert re.match(r"error: tensor-parallel worker rank 1 .* died \(killed by SIGKILL\).*exiting\)$",
-                    capsys.readouterr().err.strip().splitlines()[-1])
+    assert codes == [1, 130]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert re.match(r"error: tensor-parallel worker rank 1 .* died \(killed by SIGKILL\).*exiting\)$", err[-2])
+    assert re.match(r"error: interrupted \(closing the engine took over 0 s: exiting\)$", err[-1])
