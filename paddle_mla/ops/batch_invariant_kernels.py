@@ -31,13 +31,13 @@ WIDE = (128, 128, 64, 8, 4, 4)
 NARROW = (64, 128, 64, 8, 4, 6)
 
 
-def tile_for(M: int, N: int, device) -> tuple:
-    """WIDE when its tiles fill two waves of the GPU's SMs, else NARROW (and off a GPU: the
-    interpreter's tests)."""
+def tile_for(M: int, N: int, device, groups: int = 1) -> tuple:
+    """WIDE when its tiles (over ``groups`` products of a batched launch) fill two waves of the
+    GPU's SMs, else NARROW (and off a GPU: the interpreter's tests)."""
     if device.type != "cuda":
         return NARROW
     sms = num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return WIDE if triton.cdiv(M, WIDE[0]) * triton.cdiv(N, WIDE[1]) >= 2 * sms else NARROW
+    return WIDE if groups * triton.cdiv(M, WIDE[0]) * triton.cdiv(N, WIDE[1]) >= 2 * sms else NARROW
 
 
 @triton.jit
@@ -157,7 +157,7 @@ def bmm_nn(a, b):
     G, M, K = a.shape
     N = b.shape[2]
     out = torch.empty((G, M, N), dtype=a.dtype, device=a.device)
-    _launch(a, b, out, G, M, N, K, a.stride(), b.stride(), out.stride(), tile_for(M, N, a.device))
+    _launch(a, b, out, G, M, N, K, a.stride(), b.stride(), out.stride(), tile_for(M, N, a.device, G))
     return out
 
 
