@@ -36,16 +36,18 @@ import numpy as np
 
 from benchmarks.harness.checkpoints import dummy_model_dir
 from benchmarks.harness.dims import QWEN3_8B, SMOKE_GQA, SMOKE_MOE, V2_LITE
+from benchmarks.harness.errors import raise_on_failed
 
 VARIANTS = ("batch1", "batch256", "chunked", "prefix", "preempt", "dp2")
 PREEMPT_BLOCK = 16   # the preempt configuration's block size: small, so decode crosses block edges
 MODES = ("default", "deterministic")
 
 
-def variant_config(name: str, chunk: int, prompt: int = 256) -> dict:
+def variant_config(name: str, chunk: int, prompt: int = 256, output: int = 32) -> dict:
     """One configuration's overrides. ``preempt``: a pool of two prompts' blocks and one more, so
-    requests that grow past a block edge preempt one another (recomputed from their tokens)."""
-    pool = 2 * -(-prompt // PREEMPT_BLOCK) + 1
+    requests that grow past a block edge preempt one another (recomputed from their tokens), and
+    never less than one whole request needs, so one alone always finishes."""
+    pool = max(2 * -(-prompt // PREEMPT_BLOCK) + 1, -(-(prompt + output) // PREEMPT_BLOCK) + 1)
     return {
         "batch1": {"scheduler": {"max_num_seqs": 1}},
         "batch256": {"scheduler": {"max_num_seqs": 256}},
@@ -125,9 +127,7 @@ def generate(llm, work, max_tokens: int | None = None) -> list[tuple[list[int], 
     reqs = [GenerationRequest(i, ids, p if max_tokens is None else dataclasses.replace(p, max_tokens=max_tokens))
             for i, (ids, p) in enumerate(work)]
     outs = llm.generate(reqs, use_tqdm=False)
-    errors = [o.error for o in outs if getattr(o, "error", None)]
-    if errors:
-        raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0]}")
+    raise_on_failed(outs)
     return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []])
             for o in sorted(outs, key=lambda o: o.id)]
 
@@ -168,7 +168,7 @@ def run_mode(mode: str, args, base: dict, work, variants) -> dict:
     res: dict = {"rows": {}, "tokens": {}}
     over = set_overrides(args.set)
     for name in variants:
-        cfg = merge(merge(merge(base, variant_config(name, args.chunk, args.prompt)),
+        cfg = merge(merge(merge(base, variant_config(name, args.chunk, args.prompt, args.output)),
                           {"deterministic": mode == "deterministic"}),
                     over)
         try:
