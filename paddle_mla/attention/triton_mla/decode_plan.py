@@ -182,9 +182,14 @@ def fixed_splits(max_len: int, split_tokens: int, block_n: int) -> int:
     return max(-(-max_len // (block_n * fixed_split_tiles(split_tokens, block_n))), 2)
 
 
+def partial_row_bytes(num_heads: int, v_dim: int) -> int:
+    """Bytes of one partial row of a workspace: fp32 outputs and LSEs (``alloc_decode_workspace``)."""
+    return num_heads * (v_dim + MAX_DV_SPLIT) * 4
+
+
 def fixed_split_group_bytes(num_heads: int, v_dim: int, max_len: int, split_tokens: int, block_n: int) -> int:
     """Partial-output bytes one plan row needs under the batch-invariant plan (``fixed_split_workspace``)."""
-    return fixed_splits(max_len, split_tokens, block_n) * num_heads * (v_dim + MAX_DV_SPLIT) * 4
+    return fixed_splits(max_len, split_tokens, block_n) * partial_row_bytes(num_heads, v_dim)
 
 
 def fixed_split_workspace(max_bs: int, num_heads: int, v_dim: int, max_len: int, split_tokens: int,

@@ -42,7 +42,7 @@ from paddle_mla.platform.triton_host import next_pow2
 from paddle_mla.attention.triton_mla.decode import (QueryGroups, alloc_decode_workspace, build_decode_plan,
                                                    decode_config, mla_decode)
 from paddle_mla.attention.triton_mla.decode_plan import (fixed_split_group_bytes, fixed_split_tiles,
-                                                        fixed_split_workspace)
+                                                        fixed_split_workspace, partial_row_bytes)
 
 GROUP_ROWS = 64   # (token, head) rows of one query group: the decode kernel's head block at h >= 64
 GROUP_SLACK = 64  # groups beyond max_rows / qg: room for the partial last groups of that many rows
@@ -64,7 +64,7 @@ def query_group(num_heads: int) -> int:
 
 
 def max_pseudo_rows(dims, max_tokens: int) -> int:
-    per_row = dims.num_heads * PSEUDO_MAX_KV_SPLITS * dims.kv_lora_rank * 4
+    per_row = PSEUDO_MAX_KV_SPLITS * partial_row_bytes(dims.num_heads, dims.kv_lora_rank)
     return max(min(max_tokens, PSEUDO_WORKSPACE_BYTES // per_row), 0)
 
 
