@@ -55,6 +55,7 @@ from paddle_mla.platform import runtime
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from benchmarks.harness.checkpoints import dummy_model_dir, write_qwen3_checkpoint  # noqa: E402
+from benchmarks.harness.errors import raise_on_failed  # noqa: E402
 from benchmarks.harness.swa_modes import DEFAULT_MODES, MODES, PRESETS, decode_step_bytes  # noqa: E402
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
@@ -151,7 +152,7 @@ def run(llm: LLM, args, n: int, output: int, seed: int) -> dict:
     sync()
     seconds = time.perf_counter() - t
     steps = clock.close()
-    assert all(o.error is None for o in outs), [o.error for o in outs if o.error]
+    raise_on_failed(outs)
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
     tbt = [g for o in outs for g in np.diff(o.metrics.token_times).tolist()]
     dec = [(rows, period) for rows, decoding, period, _ in steps if decoding == rows and rows]

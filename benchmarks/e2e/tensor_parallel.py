@@ -52,6 +52,7 @@ runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 from benchmarks.harness.batches import PAGE, decode_batch  # noqa: E402
 from benchmarks.harness.checkpoints import dummy_model_dir, write_checkpoint  # noqa: E402
 from benchmarks.harness.dims import SMOKE_MOE, V2_LITE  # noqa: E402
+from benchmarks.harness.errors import raise_on_failed  # noqa: E402
 from benchmarks.harness.models import time_steps  # noqa: E402
 from benchmarks.harness.roofline import decode_bytes, weight_counts  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
@@ -78,9 +79,7 @@ def time_generate(llm: LLM, requests: int, prompt_len: int, max_tokens: int) -> 
     outs = llm.generate(reqs, use_tqdm=False)
     runtime.synchronize()
     took = time.perf_counter() - t
-    errors = [o.error for o in outs if getattr(o, "error", None)]
-    if errors:   # a failed request would post a fast, meaningless time
-        raise RuntimeError(f"{len(errors)} of {requests} requests failed, e.g. {errors[0]}")
+    raise_on_failed(outs)
     return took
 
 

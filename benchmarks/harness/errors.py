@@ -12,3 +12,10 @@ def rel_err(a, b) -> float:
 
 def max_abs_err(a, b) -> float:
     return float((a.float() - b.float()).abs().max())
+
+
+def raise_on_failed(outs) -> None:
+    """A benchmark must not time or compare requests that failed (a failed request is fast and empty)."""
+    errors = [o.error for o in outs if o.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(outs)} requests failed, e.g. {errors[0]}")

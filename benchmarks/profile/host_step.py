@@ -45,6 +45,7 @@ from paddle_mla.platform import runtime
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from benchmarks.harness.phases import PhaseTimer, forward_host_part_only, wrap_phases  # noqa: E402
+from benchmarks.harness.errors import raise_on_failed  # noqa: E402
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.platform.tensor_api import torch  # noqa: E402
 from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
@@ -143,7 +144,7 @@ def profile(batch: int, context: int, steps: int, overlap: bool, prefix: bool, s
     finally:
         timer.close()
         sampler.sample_step_ids = real_sampler
-    assert all(o.error is None for o in outs)
+    raise_on_failed(outs)
     n = len(step_times)
     # mean: every decode step, the last one (all requests finish: blocks released, outputs built)
     # included; median: the steady decode step (per phase, and of the per-step host totals)
