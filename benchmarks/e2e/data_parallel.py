@@ -105,6 +105,8 @@ def main() -> None:
 
     smoke = args.smoke
     sizes = [] if args.single_gpu else [int(x) for x in args.dp.split(",") if x]
+    if not args.single_gpu and (not sizes or min(sizes) < 2):
+        ap.error(f"--dp {args.dp!r}: replica counts of 2 or more (DP=1 always runs beside them)")
     path, cfg = moe_checkpoint(args.layers, smoke, args.dir)
     if smoke:
         device, dtype, backend, graphs, n, P, O = "cpu", "float32", "native", False, 16, 16, 4

@@ -25,9 +25,9 @@ Roofline of a decode step per GPU: (the FP8/bf16 weight bytes it reads: every no
 its shard, and of its routed experts' shards the fraction a batch of B picks at uniform routing,
 1 - (1 - k/E)^B, + the latent cache of the batch, which every rank reads whole; under ``dsa`` only the
 top-k rows of it, plus the whole indexer key cache) / the copy bandwidth measured here. The issue's simpler figure, all weight bytes / (GPUs x bandwidth), is printed too.
-EXTRAPOLATED step = the roofline at 61 layers / 8 GPUs divided by the efficiency measured here
-(roofline / measured at ``--layers`` on ``--tp`` GPUs). It assumes that efficiency carries over
-(all-reduces over 8 GPUs cost more than over 2; nothing of it was run).
+EXTRAPOLATED step = the roofline at ``--to-layers`` layers / ``--to-tp`` GPUs divided by the efficiency
+measured here (roofline / measured at ``--layers`` on ``--tp`` GPUs). It assumes that efficiency carries
+over (all-reduces over 8 GPUs cost more than over 2; nothing of it was run).
 
     NCCL_NVLS_ENABLE=0 python -m benchmarks.e2e.fullsize [--arch v3|v32|v2] [--layers N] [--tp 2] [--ep]
         [--weights auto|published|fp8]

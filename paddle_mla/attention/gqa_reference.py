@@ -26,6 +26,7 @@ import torch
 # queries per scores block: a long prefill's [Hkv, G, q, k] fp32 scores at once would take gigabytes
 _Q_CHUNK = 512
 
+
 def _host_ints(x) -> np.ndarray:
     """Lengths on the host. A tensor is refused: reading it back would sync inside the step."""
     if not isinstance(x, (np.ndarray, list, tuple)):

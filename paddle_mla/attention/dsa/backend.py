@@ -42,7 +42,6 @@ from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.extend import plan_extend
 
 
-
 PREFILL_SCORE_BYTES = 256 << 20   # prefill indexer scores per chunk of rows (fp32 [rows, longest context])
 PREFILL_TOPK_ROWS = 1024            # rows per chunk, at most (the top-k candidate buffers: 32 MiB at top-k 2048)
 
