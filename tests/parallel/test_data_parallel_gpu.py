@@ -6,6 +6,7 @@ import json
 
 import pytest
 from helpers.cli_harness import ROOT, invoke, read_jsonl
+from helpers.gpus import sizes
 
 from paddle_mla.platform import runtime
 
@@ -28,9 +29,7 @@ def test_dp2_file_equals_dp1_on_two_gpus(tmp_path):
     assert json.loads(summary.read_text())["data_parallel_size"] == 2
 
 
-@pytest.mark.parametrize("dp", [pytest.param(m, id=f"dp{m}", marks=pytest.mark.skipif(runtime.gpu_count() < m,
-                                                                       reason=f"needs {m} GPUs"))
-                                for m in (2, 4)])
+@pytest.mark.parametrize("dp", sizes("dp", 2, 4))
 def test_replicas_get_one_gpu_each(dp):
     from paddle_mla.config.schema import load_config
     from paddle_mla.sched.request import GenerationRequest, SamplingParams

@@ -9,6 +9,7 @@ import os
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")   # exact fp32 dots, in the workers too (inherited)
 
 import pytest  # noqa: E402
+from helpers.gpus import sizes  # noqa: E402
 
 from paddle_mla.platform import runtime  # noqa: E402
 
@@ -38,9 +39,7 @@ def _tokens(model_dir, tp: int, expert_parallel: bool):
         llm.close()
 
 
-@pytest.mark.parametrize("tp", [pytest.param(tp, id=f"tp{tp}", marks=pytest.mark.skipif(runtime.gpu_count() < tp,
-                                                                          reason=f"needs {tp} GPUs"))
-                                for tp in (2, 4)])
+@pytest.mark.parametrize("tp", sizes("tp", 2, 4))
 @pytest.mark.parametrize("moe", ["triton", "reference"])
 def test_tp_ep_fp32_matches_tp1(tmp_path, monkeypatch, moe, tp):
     pytest.importorskip("transformers")

@@ -12,6 +12,8 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import pytest  # noqa: E402
 
+from helpers.gpus import sizes  # noqa: E402
+
 from paddle_mla.platform import runtime  # noqa: E402
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
@@ -27,8 +29,7 @@ def _gpus() -> int:
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs and the torch runtime")]
-TP_SIZES = [pytest.param(tp, id=f"tp{tp}", marks=pytest.mark.skipif(_gpus() < tp, reason=f"needs {tp} GPUs"))
-            for tp in (2, 4)]
+TP_SIZES = sizes("tp", 2, 4)
 
 
 def _tokens(tp: int, reqs, graph: bool):
