@@ -12,7 +12,8 @@
 #   test    the multi-GPU tests: TP=2 (and TP=4 on 4 GPUs) fp32 == TP=1 (MLA and GQA), TP shutdown (exit within
 #           5 s, Ctrl-C, a killed worker), expert parallelism, data parallelism.
 # The CUDA custom ops are built first (nvcc, ~55 s on a bare machine). Each step runs under its own
-# time limit (T_FULL / T_V2 / T_TP / T_DP / T_TEST seconds), so one that overruns leaves the others' results.
+# time limit (T_FULL / T_V2 / T_TP / T_DP / T_TEST seconds; T_V2 for each of v2full's two runs), so one that
+# overruns leaves the others' results. Exits 1 when a test step failed.
 #   bash scripts/gpu_scale_out.sh     STEPS="test" bash scripts/gpu_scale_out.sh     SMOKE=1 bash scripts/gpu_scale_out.sh (CPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,9 +21,9 @@ OUT="${OUT:-$PWD/.bench_out}"; mkdir -p "$OUT"
 export PYTHONPATH="$PWD" PADDLE_MLA_RUNTIME=torch PYTHONUNBUFFERED=1 PADDLE_MLA_CACHE="${PADDLE_MLA_CACHE:-/tmp/pm_cache}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # no NVLink multicast
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ -n "${SMOKE:-}" ] && NGPU=2
 if [ "$NGPU" -ge 4 ]; then DEF_TP=1,2,4 DEF_DP=2,4; else DEF_TP=1,2 DEF_DP=2; fi
 if [ -n "${SMOKE:-}" ]; then
-  NGPU=2
   V2FULL=(--smoke --layers 3 --batches 1,4 --contexts 128,512 --prefills 2x64 --e2e-shapes 32x32 --iters 2); V2_E2E=${V2_E2E:-4}
   FULL=(--smoke --layers 3 --batches 1,4 --contexts 128,512 --prefills 2x64,1x256 --e2e 4 --e2e-shapes 32x32,64x16 --iters 2)
   TP=(--smoke --layers 3 --batch 4 --context 256 --iters 2)
@@ -36,6 +37,7 @@ fi
 read -r -a TP_EXTRA <<< "${TP_ARGS:-}"   # e.g. TP_ARGS="--prefill-requests 0 --e2e 0"
 TP+=(--tp "${TP_SIZES:-$DEF_TP}" "${TP_EXTRA[@]}"); DP+=(--dp "${DP_SIZES:-$DEF_DP}")
 STEPS="${STEPS:-tp dp test}"
+status=0   # the tests' verdict (the benchmarks report, they do not fail the script)
 stamp() { echo "=== $(date +%T) $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
@@ -61,7 +63,7 @@ if has v2full; then
     --json "$OUT/v2full_ep.json" 2>&1 | tee "$OUT/v2full_ep.md"
 fi
 if has tp; then
-  stamp "bench_tp: TP sizes ${TP[*]} (and EP), gpu_memory_utilization auto"
+  stamp "bench_tp: ${TP[*]} (and EP), gpu_memory_utilization auto"
   timeout "${T_TP:-480}" python3 -m benchmarks.e2e.tensor_parallel "${TP[@]}" --gpu-memory-utilization auto --json "$OUT/tp.json" 2>&1 \
     | tee "$OUT/tp.md"
 fi
@@ -79,12 +81,18 @@ if has test; then
   if [ "$NGPU" -ge 4 ]; then
     # the 2-GPU cases on GPUs 0,1 beside the 4-GPU cases on all four, at once: the models are tiny
     CUDA_VISIBLE_DEVICES=0,1 TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" "${PYTEST[@]}" -k "not tp4 and not dp4" \
-      > "$OUT/tp_test_2gpu.txt" 2>&1 &
-    TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" "${PYTEST[@]}" -k "tp4 or dp4" > "$OUT/tp_test_4gpu.txt" 2>&1 &
-    wait
+      --basetemp "$OUT/pytest_2gpu" > "$OUT/tp_test_2gpu.txt" 2>&1 &
+    two=$!
+    TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" "${PYTEST[@]}" -k "tp4 or dp4" --basetemp "$OUT/pytest_4gpu" \
+      > "$OUT/tp_test_4gpu.txt" 2>&1 &
+    four=$!
+    wait "$two" || status=1
+    wait "$four" || status=1
     tail -n 30 "$OUT/tp_test_2gpu.txt" "$OUT/tp_test_4gpu.txt"
   else
     TRITON_F32_DEFAULT=ieee timeout "${T_TEST:-420}" "${PYTEST[@]}" 2>&1 | tee "$OUT/tp_test.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
 fi
 stamp "done"
+exit "$status"
