@@ -1,4 +1,5 @@
-// append_attention, CUDA prefill / extend kernel (requests with >= 2 new tokens this step).
+// append_attention, CUDA prefill / extend kernel (requests with >= 2 new tokens this step; every
+// request under batch_invariant).
 // One block per (query tile, KV head): 4 warps x 8 rows, a row being one (query, query head) of the
 // KV head's group, so the group's heads share every K/V tile in shared memory. Keys stream in
 // 32-key tiles (cp.async, double buffered) over the union of the tile's visible ranges: [0, last]
@@ -20,8 +21,9 @@ struct PrefillGeometry {
   size_t smem;
 };
 
-// The (request, first query) of tile `x` among the requests with >= 2 new tokens, by a warp-wide scan
-// of cu_seqlens_q; request -1 when x is past the last tile. Called by one whole warp.
+// The (request, first query) of tile `x` among the requests it takes (>= 2 new tokens; all under
+// batch_invariant), by a warp-wide scan of cu_seqlens_q; request -1 when x is past the last tile.
+// Called by one whole warp.
 __device__ __forceinline__ void find_tile(const AppendAttentionArgs& a, int64_t x, int queries, int64_t& req,
                                           int64_t& q0) {
   const unsigned full = 0xffffffffu;

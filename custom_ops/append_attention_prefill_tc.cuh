@@ -1,6 +1,6 @@
 // append_attention, tensor-core prefill / extend kernel (bf16 / fp16 caches, head_dim 64, 80, 96 or 128),
-// flash-attention-2 style. Requests with >= 2 new tokens, as prefill_kernel (which keeps fp32 caches,
-// other head dims and pre-sm80 GPUs).
+// flash-attention-2 style. Requests with >= 2 new tokens (all under batch_invariant), as prefill_kernel
+// (which keeps fp32 caches, other head dims and pre-sm80 GPUs).
 //
 // One block of W warps per (query tile, KV head); a tile is 16 MF W rows, row r being query q0 + r / group
 // and query head g * group + r % group of one request, so the group's heads share every K/V tile. Warp w

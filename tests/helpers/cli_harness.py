@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from paddle_mla.cli import app as cli
 
 ROOT = Path(__file__).resolve().parents[2]
-
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL_ENGINE = importlib.util.find_spec("paddle_mla.engine.tokenizer") is not None and \
     importlib.util.find_spec("paddle_mla.engine.llm") is not None
