@@ -13,7 +13,8 @@
 // warps' (m, l, O) merge once, through shared memory, at the end of the split.
 // K/V tiles stream in through the block table with 16-byte cp.async, NST stages deep (NST - 1 tiles in
 // flight during a tile's MMAs); offsets are planned by one thread per key a stage ahead of their copy
-// (-1: past the split, no block, or masked in swa_mask mode: zero-filled, never dereferenced). Plans
+// (-1: past the split or no block: zero-filled, never dereferenced; a key masked in swa_mask mode is
+// read and masked, see read_offset). Plans
 // have NST + 1 slots: those of the tiles in flight, the current tile's validity bits, the new plan. Included by append_attention_kernels.cu.
 #pragma once
 
@@ -100,9 +101,10 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
       if (i < hi) {
         const int64_t j = keys.position(i);
         const int64_t blk = checked_block(a, raw);
-        // swa_mask (the uniform-table baseline) walks every key of an SWA head: those outside its
-        // sinks and window are masked here, like a -1 block (always visible in skip mode)
-        if (blk >= 0 && key_visible(a, g, p, j)) off = cache_offset(a, g, blk, j);
+        // swa_mask (the uniform-table baseline) walks every key of an SWA head and reads it: those
+        // outside its sinks and window are masked here (always visible in skip mode)
+        if (blk >= 0) off = cache_offset(a, g, blk, j);
+        if (off >= 0 && !key_visible(a, g, p, j)) off = masked_read(off);
       }
       offs[slot * TK + tid] = off;
       const unsigned ok = __ballot_sync(0xffffffffu, off >= 0);

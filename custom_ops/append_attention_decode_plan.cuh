@@ -17,28 +17,58 @@ namespace paddle_mla {
 namespace {
 
 constexpr int kEqualMaxSplits = 16;    // == MAX_DECODE_SPLITS in paddle_mla/ops/append_attention.py (the workspace's)
-constexpr int kMaxDecodeSplits = 128;  // splits sized by length (PADDLE_MLA_GQA_SPLITS=length), where the workspace holds them
+constexpr int kMaxDecodeSplits = 128;  // splits sized by length (the default plan), where the workspace holds them
 
+// One block per (decode row, query head). The split weights 2^(lse - max) are computed once into shared
+// memory (warp 0, a fixed shuffle order), then each thread sums its dims over the splits with loads that
+// do not wait on each other: a serial walk that tests each split's lse before reading its partial costs
+// a memory latency per split, which at a hundred splits is longer than the decode itself. A split that
+// saw no key has weight 0 and its partial (never written) is not used.
 template <typename T>
 __global__ void merge_kernel(AppendAttentionArgs a, int splits, const float* ws_o, const float* ws_lse) {
+  __shared__ float weight[kMaxDecodeSplits];
+  __shared__ float total;
+  __shared__ int used;  // splits up to the last that saw a key (later ones exited on an empty range)
   const int64_t b = blockIdx.x, h = blockIdx.y;
   const int32_t t0 = a.cu_seqlens_q[b];
   if (a.cu_seqlens_q[b + 1] - t0 != 1 || token_request(a, t0) != b) return;
   const int64_t row = b * a.num_q_heads + h;
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ws_lse[row * splits + s]);
-  for (int64_t d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-    float l = 0.0f, o = 0.0f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float lse = ws_lse[row * splits + s];
-        if (lse == -INFINITY) continue;
-        const float f = exp2f(lse - mx);
-        l += f;
-        o += f * ws_o[(row * splits + s) * a.head_dim + d];
-      }
+  const float* lse = ws_lse + row * splits;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < 32) {
+    float mx = -INFINITY;
+    for (int s = tid; s < splits; s += 32) mx = fmaxf(mx, lse[s]);
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    int last = -1;
+    for (int s = tid; s < splits; s += 32) {
+      const float x = lse[s];
+      const float f = x == -INFINITY ? 0.0f : exp2f(x - mx);
+      weight[s] = f;
+      sum += f;
+      if (f != 0.0f) last = s;
     }
-    static_cast<T*>(a.out)[(t0 * a.num_q_heads + h) * a.head_dim + d] = attn::from_f<T>(l > 0.0f ? o / l : 0.0f);
+    for (int o = 16; o > 0; o /= 2) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+    }
+    if (tid == 0) {
+      total = sum;
+      used = last + 1;
+    }
+  }
+  __syncthreads();
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  const float* po = ws_o + row * splits * a.head_dim;
+  for (int64_t d = tid; d < a.head_dim; d += blockDim.x) {
+    float o = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < used; ++s) {
+      const float v = po[s * a.head_dim + d];
+      const float f = weight[s];
+      o += f != 0.0f ? f * v : 0.0f;
+    }
+    static_cast<T*>(a.out)[(t0 * a.num_q_heads + h) * a.head_dim + d] = attn::from_f<T>(o * inv);
   }
 }
 
@@ -52,17 +82,19 @@ int tile_row_bytes(int64_t head_dim) {
 
 // A decode launch's split plan from shapes only (CUDA-graph replayable): `splits` is the grid's z, the
 // most splits one (row, KV head) may take. Two plans:
-// - equal (the default): every (row, KV head) in `splits` equal parts, z for 4 blocks an SM over every
-//   head, at most 16 (`target` 0 tells decode_split_keys).
-// - by length (PADDLE_MLA_GQA_SPLITS=length, read per call): one split size for the launch, the
-//   decode rows' visible keys over `target` splits (decode_split_keys), `target` two waves of the
-//   blocks the GPU holds at once (`kernel`'s occupancy), z sized for the heads that read whole rows
-//   (with SWA heads skipping, the full heads alone), at most kMaxDecodeSplits.
-// Both take at most one split per 256 keys of the longest row and what the workspace holds. On an
-// H200 (BENCHMARKS.md, "Head-wise SWA") by length was faster where equal splits leave a half-empty
-// last wave (8 rows of 32k, ERNIE-4.5 heads: 178 vs 204 µs) and slower where it cuts 2-3 rows into
-// short splits (3 rows: 112 vs 92 µs; a split's fixed cost then outweighs the balance), so equal
-// stays the default. Shared by every decode kernel.
+// - by length (the default): one split size for the launch from the decode rows' visible keys
+//   (decode_split_keys): their total over `target` splits, `target` two waves of the blocks the GPU
+//   holds at once (`kernel`'s occupancy), but a split at least min(kSplitFloorKeys, 4 x that share).
+//   z is sized for the heads that read whole rows (with SWA heads skipping, the full heads alone), at
+//   most kMaxDecodeSplits. An SWA head's short row then takes few splits and frees its SMs for the full
+//   heads' splits, so the time follows the bytes read.
+// - equal (PADDLE_MLA_GQA_SPLITS=equal, read per call): every (row, KV head) in `splits` equal parts,
+//   z for 4 blocks an SM over every head, at most 16 (`target` 0 tells decode_split_keys).
+// Both take at most one split per 256 keys of the longest row and what the workspace holds.
+// Why the floor: a split has a fixed cost (Q load and rope, pipeline fill, partial write) worth
+// several tiles; two waves of 4-tile splits over 3 rows of 32k ran 92 µs where 16-tile ones ran 73
+// (H200, ERNIE-4.5 heads, BENCHMARKS.md "Head-wise SWA"); with many rows the share is past the floor
+// and two full waves keep the last one from running half empty (64 rows of 16k: 95% of copy).
 struct DecodePlan {
   int splits, target;
 };
@@ -77,10 +109,11 @@ DecodePlan decode_plan(const AppendAttentionArgs& a, K kernel, int threads, size
                        int64_t ws_floats) {
   const int64_t per_split_floats = a.batch * a.num_q_heads * (a.head_dim + 1);
   const int64_t ws_splits = per_split_floats > 0 ? ws_floats / per_split_floats : 0;
-  if (!env_is("PADDLE_MLA_GQA_SPLITS", "length")) {
+  const int64_t width = a.max_blocks * a.block_size;  // the longest row's keys, at most
+  if (env_is("PADDLE_MLA_GQA_SPLITS", "equal")) {
     const int64_t blocks = std::max<int64_t>(1, a.batch * a.num_kv_heads * hchunks);
     int64_t splits = (4 * sm_count() + blocks - 1) / blocks;
-    splits = std::min<int64_t>(std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256), ws_splits);
+    splits = std::min<int64_t>(std::min<int64_t>(splits, (width + 255) / 256), ws_splits);
     return {static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, kEqualMaxSplits))), 0};
   }
   int per_sm = 0;
@@ -90,8 +123,11 @@ DecodePlan decode_plan(const AppendAttentionArgs& a, K kernel, int threads, size
   const bool skipping = a.num_swa_heads > 0 && !a.swa_mask && a.num_swa_heads < a.num_kv_heads;
   const int64_t long_heads = skipping ? a.num_kv_heads - a.num_swa_heads : a.num_kv_heads;
   const int64_t rows = std::max<int64_t>(1, a.batch * long_heads);
+  // the device's split is at least this long (its floor from the most keys these shapes hold)
+  const int64_t most_keys = a.batch * a.num_kv_heads * width;
+  const int64_t floor_keys = std::max<int64_t>(1, attn::split_floor_keys(most_keys, target));
   int64_t splits = (target + rows - 1) / rows;
-  splits = std::min<int64_t>(splits, (a.max_blocks * a.block_size + 255) / 256);
+  splits = std::min<int64_t>(splits, (width + std::max<int64_t>(256, floor_keys) - 1) / std::max<int64_t>(256, floor_keys));
   splits = std::min<int64_t>(splits, ws_splits);
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits));
   return {static_cast<int>(splits), static_cast<int>(std::min<int64_t>(target, 1 << 30))};

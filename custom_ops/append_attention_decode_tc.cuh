@@ -11,7 +11,8 @@
 //   per-row rescale is a plain shared-memory multiply (WMMA fragments have no portable row mapping).
 // K/V tiles stream in with 16-byte cp.async, double buffered; their source offsets (and the mask: -1 =
 // past the split, or no block) are planned once per tile by one thread per key, so a -1 block id is
-// never dereferenced and masked rows are zero-filled (a NaN-poisoned slot never reaches the MMA).
+// never dereferenced and rows with nothing to read are zero-filled (a NaN-poisoned slot never reaches
+// the MMA); swa_mask mode reads the keys it masks (read_offset).
 // Which keys a head visits is key_ranges() (an SWA head walks only its sinks and window), exactly as
 // in decode_kernel. Included by append_attention_kernels.cu.
 #pragma once
@@ -110,7 +111,8 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
   }
   for (int e = tid; e < kTcRows * L.pp; e += blockDim.x) ps[e] = from_f<T>(0.0f);
 
-  // Source offset of each key of the tile at virtual index `first` (-1: past the split or no block).
+  // Planned offset of each key of the tile at virtual index `first` (read_offset: -1 past the split or
+  // no block, <= -2 read but masked).
   auto plan = [&](int64_t first, int st) {
     if (tid < TK) {
       const int64_t i = first + tid;
@@ -118,9 +120,10 @@ __global__ void __launch_bounds__(32 * kTcWarps) decode_tc_kernel(AppendAttentio
       if (i < hi) {
         const int64_t j = keys.position(i);
         const int64_t blk = block_of(a, b, g, j);
-        // swa_mask (the uniform-table baseline) walks every key of an SWA head: those outside its
-        // sinks and window are masked here, like a -1 block (always visible in skip mode)
-        if (blk >= 0 && key_visible(a, g, p, j)) off = cache_offset(a, g, blk, j);
+        // swa_mask (the uniform-table baseline) walks every key of an SWA head and reads it: those
+        // outside its sinks and window are masked here (always visible in skip mode)
+        if (blk >= 0) off = cache_offset(a, g, blk, j);
+        if (off >= 0 && !key_visible(a, g, p, j)) off = masked_read(off);
       }
       offs[st * TK + tid] = off;
     }

@@ -90,10 +90,16 @@ __device__ __forceinline__ void load_tile(const AppendAttentionArgs& a, int64_t 
   }
 }
 
-// 16-byte cp.async of `rows` planned K and V rows (offs[n]: element offset of key n in the caches, -1
-// for a masked key or a missing block) into tiles of pitch `pitch` elements, by `nthreads` threads;
-// masked rows are zero-filled, so a -1 block is never dereferenced and a NaN-poisoned slot never
-// reaches an MMA. Commits one cp.async group. Shared by the tensor-core decode and prefill kernels;
+// A planned key's offset: >= 0 a visible key at that element offset; -1 nothing to read (past the
+// split, a missing block: the row is zero-filled); <= -2 a key read but masked, at -off - 2
+// (swa_mask: the uniform-table baseline reads the keys it masks, as the seed's kernel does, so it
+// moves the bytes head-wise tables save).
+PMLA_HD inline int64_t masked_read(int64_t off) { return -off - 2; }
+PMLA_HD inline int64_t read_offset(int64_t off) { return off >= -1 ? off : -off - 2; }
+
+// 16-byte cp.async of `rows` planned K and V rows (offs[n]: a planned offset, see read_offset) into
+// tiles of pitch `pitch` elements, by `nthreads` threads; rows with nothing to read are zero-filled,
+// so a -1 block is never dereferenced and a NaN-poisoned slot never reaches an MMA. Commits one cp.async group. Shared by the tensor-core decode and prefill kernels;
 // kD > 0 (a compile-time head_dim) turns the chunk indexing into shifts; with compile-time rows and
 // thread count as well (kRows, kThreads > 0, which then replace `rows` and `nthreads`; kThreads a
 // multiple of the chunks per row) the copy is straight-line code from per-thread bases: it is issued
@@ -107,7 +113,7 @@ __device__ __forceinline__ void copy_planned_rows(const AppendAttentionArgs& a, 
   const T* vc = static_cast<const T*>(a.v_cache);
   auto chunk = [&](int c) {  // 16 bytes of one K row and one V row
     const int n = c / per_row, e = (c - n * per_row) * kVec;
-    const int64_t off = offs[n];
+    const int64_t off = read_offset(offs[n]);
     T* kd = kd0 + n * pitch + e;
     T* vd = vd0 + n * pitch + e;
     if (off >= 0) {
@@ -130,7 +136,7 @@ __device__ __forceinline__ void copy_planned_rows(const AppendAttentionArgs& a, 
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {
       if (kRows % kStep != 0 && n0 + k * kStep >= kRows) break;
-      const int64_t off = offs[n0 + k * kStep];
+      const int64_t off = read_offset(offs[n0 + k * kStep]);
       if (off >= 0) {
         __pipeline_memcpy_async(kd + k * kStep * pitch, kce + off, 16);
         __pipeline_memcpy_async(vd + k * kStep * pitch, vce + off, 16);
@@ -269,15 +275,24 @@ __device__ void load_q_rows(const AppendAttentionArgs& a, const int64_t* tokens,
   }
 }
 
-// Keys per split of one decode launch (PADDLE_MLA_GQA_SPLITS=length), the same in every block of it: the decode rows' visible keys
-// (each (row, KV head) by its own length: an SWA head counts only its sinks and window) spread over
-// `target` splits, so a full head's long row takes many splits and an SWA head's short row few, and
+// The shortest split of the by-length plan, in keys, from the keys to read and the plan's `target`
+// splits: a split's fixed cost is worth several tiles, so a split takes up to 4x its share of two waves
+// when that is short, but no more than kSplitFloorKeys (decode_plan says where these come from).
+constexpr int64_t kSplitFloorKeys = 1024;
+PMLA_HD inline int64_t split_floor_keys(int64_t total_keys, int64_t target) {
+  const int64_t share4 = 4 * ((total_keys + target - 1) / target);
+  return share4 < kSplitFloorKeys ? share4 : kSplitFloorKeys;
+}
+
+// Keys per split of one decode launch (the by-length plan), the same in every block of it: the decode
+// rows' visible keys (each (row, KV head) by its own length: an SWA head counts only its sinks and
+// window) spread over `target` splits, no shorter than split_floor_keys, so a full head's long row takes many splits and an SWA head's short row few, and
 // every split streams about as many keys: a short row's finished split frees its SM for a long
 // row's next one instead of leaving it idle while the full heads' few long splits run. At least
 // enough that the longest (row, head) fits in the grid's `splits`; whole tiles of `tile` keys. Each
 // block computes it from the batch's positions itself (no pre-pass launch, CUDA-graph replayable).
-// Every thread of the block must call it (a block-wide reduction). `target` 0 (the default plan):
-// this (row, head)'s `nvis` keys in `splits` equal parts instead (decode_plan).
+// Every thread of the block must call it (a block-wide reduction). `target` 0 (the equal plan,
+// PADDLE_MLA_GQA_SPLITS=equal): this (row, head)'s `nvis` keys in `splits` equal parts instead.
 __device__ inline int64_t decode_split_keys(const AppendAttentionArgs& a, int64_t splits, int64_t target,
                                            int64_t tile, int64_t nvis) {
   if (target <= 0) {
@@ -302,8 +317,9 @@ __device__ inline int64_t decode_split_keys(const AppendAttentionArgs& a, int64_
   if (most) atomicMax(&longest, most);
   __syncthreads();
   const int64_t total = static_cast<int64_t>(total_keys), max_keys = static_cast<int64_t>(longest);
-  int64_t chunk = (total + target - 1) / target;
-  const int64_t fit = (max_keys + splits - 1) / splits;
+  int64_t chunk = split_floor_keys(total, target);
+  const int64_t share = (total + target - 1) / target, fit = (max_keys + splits - 1) / splits;
+  chunk = chunk > share ? chunk : share;
   chunk = chunk > fit ? chunk : fit;
   chunk = (chunk + tile - 1) / tile * tile;
   return chunk > tile ? chunk : tile;

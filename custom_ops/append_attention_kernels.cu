@@ -6,8 +6,8 @@
 //    output rows of padding tokens.
 // 2. decode_kernel for requests with exactly one new token: grid (batch, KV head x head chunk, split);
 //    split s owns keys [s c, (s + 1) c) of the (request, KV head)'s visible keys (for an SWA head only
-//    its sinks and window): c = that count / z by default, or one c for the whole launch with
-//    PADDLE_MLA_GQA_SPLITS=length (decode_split_keys; decode_plan says when each wins), its warps stream 32-key tiles (cp.async, double buffered) with all the group's
+//    its sinks and window): one c for the whole launch by default (decode_split_keys), or that count / z
+//    with PADDLE_MLA_GQA_SPLITS=equal (decode_plan says why by length is the default); its warps stream 32-key tiles (cp.async, double buffered) with all the group's
 //    query heads at once, merge in shared memory, and write either the output (one split) or a
 //    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
 //    bf16 / fp16 caches with head_dim % 16 == 0 (<= 256) and group <= 16 take decode_tc_kernel instead

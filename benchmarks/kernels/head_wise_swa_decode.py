@@ -4,11 +4,11 @@ ERNIE-4.5-21B-A3B's attention (20 query / 4 KV heads of 128, bf16, blocks of 64)
 ``--s`` tokens, ratio 0.5 (the last 2 KV heads SWA, window ``--window``, sink ``--sink``), one layer's
 decode step (``decode_only``: RoPE + cache write of the step's token, split-KV attention, merge):
   full          no SWA heads (the bytes every head reads whole)
-  uniform_mask  uniform tables, SWA heads walk the whole row and mask it (the seed's baseline)
+  uniform_mask  uniform tables, SWA heads read the whole row and mask it (the seed's baseline)
   headwise      head-wise tables, SWA heads read only sink + window
-each with the op's two decode split plans: equal (the default: every (row, head) in the same number
-of equal splits) and by length (PADDLE_MLA_GQA_SPLITS=length: one split size for the launch from
-each (row, KV head)'s visible keys). Per case: median
+each with the op's two decode split plans: by length (the default: one split size for the launch from
+each (row, KV head)'s visible keys) and equal (PADDLE_MLA_GQA_SPLITS=equal: every (row, head) in the
+same number of equal splits). uniform_mask reads every key it masks, as the seed's kernel does. Per case: median
 µs (do_bench), the K/V bytes the mode must read, those bytes / time against the measured copy rate,
 and headwise's time saved against uniform_mask beside the fraction of bytes it skips.
 
@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--s", type=int, default=32768)
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--sink", type=int, default=64)
+    ap.add_argument("--plans", default="by length,equal", help="which split plans to time (comma-separated)")
     args = ap.parse_args()
     rate = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, copy rate {rate / 1e12:.2f} TB/s; ERNIE-4.5-21B-A3B attention "
@@ -85,9 +86,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for b in (int(v) for v in args.b.split(",")):
         x = inputs(b, args.s, args.window, args.sink)
-        for plan in ("by length", "equal"):
-            if plan == "by length":
-                os.environ["PADDLE_MLA_GQA_SPLITS"] = "length"
+        for plan in args.plans.split(","):
+            if plan == "equal":
+                os.environ["PADDLE_MLA_GQA_SPLITS"] = "equal"
             else:
                 os.environ.pop("PADDLE_MLA_GQA_SPLITS", None)
             t = {m: median_us(call(x, m, args.window, args.sink)) for m in ("full", "uniform_mask", "headwise")}

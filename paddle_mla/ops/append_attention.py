@@ -22,9 +22,8 @@ import torch
 from paddle_mla.ops import build
 
 # Splits of every row the workspace holds at max_num_seqs rows: kEqualMaxSplits in
-# custom_ops/append_attention_decode_plan.cuh, the default plan's most. The plan by length
-# (PADDLE_MLA_GQA_SPLITS=length) takes more when fewer rows decode; neither takes more than the
-# workspace holds.
+# custom_ops/append_attention_decode_plan.cuh, the equal plan's most. The plan by length (the
+# default) takes more when fewer rows decode; neither takes more than the workspace holds.
 MAX_DECODE_SPLITS = 16
 
 

@@ -1,5 +1,5 @@
-"""Decode split plans, by each (row, KV head)'s own length (PADDLE_MLA_GQA_SPLITS=length,
-decode_split_keys) and equal (the default): full and SWA heads mixed in one launch, ragged rows (a
+"""Decode split plans, by each (row, KV head)'s own length (the default, decode_split_keys: one split
+size for the launch, no shorter than split_floor_keys) and equal (PADDLE_MLA_GQA_SPLITS=equal): full and SWA heads mixed in one launch, ragged rows (a
 few tokens beside 8k), one long row alone (the most splits a row may take), a workspace that holds
 fewer splits, and a CUDA graph replayed with new lengths (the split size by length is computed on
 the device from the step's positions). Every decode kernel against the
@@ -24,8 +24,8 @@ RAGGED = ((4095, 1), (31, 1), (2047, 1), (8191, 1), (0, 0), (100, 1), (6000, 1),
 ONE_LONG = ((8191, 1),)
 # (block size, head-wise tables, (SWA heads, window, sink)) at ERNIE-4.5's 20 query / 4 KV heads
 SWA_TABLES = [(64, True, (2, 512, 64)), (16, True, (3, 256, 16)), (64, True, (4, 1000, 0)), (64, False, (2, 300, 64))]
-# The decode split plan: by each row's length, or equal splits (the default).
-PLANS = {"length": "length", "equal": None}
+# The decode split plan: by each row's length (the default), or equal splits.
+PLANS = {"length": None, "equal": "equal"}
 # Which decode kernel runs (bf16): the register-O tensor-core one, the WMMA one, the CUDA-core one.
 KERNELS = {"mma": {}, "wmma": {"PADDLE_MLA_GQA_TC_KERNEL": "wmma"}, "cudacore": {"PADDLE_MLA_GQA_TC": "0"}}
 
@@ -79,7 +79,7 @@ def test_bf16_decode_kernels_match_reference(table, kernel, plan, monkeypatch):
 def test_small_workspace_caps_the_splits(ws_seqs, monkeypatch):
     """One long row may take up to 128 splits by length; a workspace for one row of 16 splits holds fewer: the
     split size grows so the row still fits, and the result is the same."""
-    monkeypatch.setenv("PADDLE_MLA_GQA_SPLITS", "length")
+    monkeypatch.delenv("PADDLE_MLA_GQA_SPLITS", raising=False)   # by length
     c = Case(ONE_LONG + ((3000, 1),), 20, 4, 128, 128, True, 64, True, (2, 512, 64), seed=31)
     data = bf16_exact(make_data(c))
     ws = torch.empty(op.workspace_numel(ws_seqs, 20, 128), dtype=torch.float32, device=gpu())
@@ -91,7 +91,7 @@ def test_head_wise_swa_decode_replays_in_a_cuda_graph(monkeypatch):
     """Captured once at short lengths; replayed with ragged ones (one row 60x the others), mixed
     full and SWA heads: the split size by length follows the replayed positions (it is computed on
     the device) and matches an eager call."""
-    monkeypatch.setenv("PADDLE_MLA_GQA_SPLITS", "length")
+    monkeypatch.delenv("PADDLE_MLA_GQA_SPLITS", raising=False)   # by length
     check_decode_graph_replay(gpu(), 6, 20, 4, 128, 64, 80,
                               ([1, 17, 5000, 100, 64, 2], [5120, 5119, 700, 33, 4096, 513]),
                               head_wise=True, seed=1, num_swa_heads=2, window=512, sink=64)
