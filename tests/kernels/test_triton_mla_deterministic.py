@@ -95,3 +95,20 @@ def test_fixed_plan_decode_row_is_bitwise_the_same_in_any_batch(k, programs):
                               upload(k, np.array([lens_all[j] for j in rows], dtype=np.int32)), fixed, heads, lora,
                               programs)
                 assert torch.equal(out[pos], alone[0]), (n, size, pos)
+
+
+@pytest.mark.parametrize("max_len,split", [(512, 2048), (32768, 2048), (32769, 4096), (131072, 8192),
+                                           (163840, 16384)])
+def test_split_size_follows_max_model_len_alone(max_len, split):
+    """The split size is at least 2048 keys and doubles until a row of max_model_len takes at most 16
+    splits; so the decode workspace (every row's splits at once) is bounded by max_num_seqs x 16
+    partial rows: at V3 dims (128 heads, latent 512), 256 rows and 128k, about 1.1 GB, not 4.3."""
+    from paddle_mla.attention.triton_mla.backend import DETERMINISTIC_MAX_SPLITS, deterministic_split_tokens
+    from paddle_mla.attention.triton_mla.decode_plan import fixed_splits, partial_row_bytes
+
+    assert deterministic_split_tokens(max_len) == split
+    assert -(-max_len // split) <= DETERMINISTIC_MAX_SPLITS
+    assert max_len <= 32768 or -(-max_len // (split // 2)) > DETERMINISTIC_MAX_SPLITS   # the smallest that fits
+    if max_len == 131072:
+        ws_bytes = 256 * fixed_splits(max_len, split, 64) * partial_row_bytes(128, 512)
+        assert ws_bytes <= 1.1 * 2 ** 30, ws_bytes

@@ -43,8 +43,22 @@ from paddle_mla.attention.triton_mla.short_extend import (
 )
 
 # ``deterministic: true``: keys per split of every row's split-KV attention, counted from the
-# row's first key, whatever the batch (the split count then follows the row's length alone)
+# row's first key, whatever the batch (the split count then follows the row's length alone): at
+# least DETERMINISTIC_SPLIT_TOKENS, doubled until a row of max_model_len takes at most
+# DETERMINISTIC_MAX_SPLITS. Why the cap: the decode workspace holds every row's splits at once
+# (max_num_seqs x splits fp32 partial rows: 4.3 GB at V3 dims, 256 rows and 128k in splits of
+# 2048, 1.1 GB in splits of 8192). The size follows max_model_len alone, never max_num_seqs or the
+# batch, so every configuration of one max_model_len splits a row alike.
 DETERMINISTIC_SPLIT_TOKENS = 2048
+DETERMINISTIC_MAX_SPLITS = 16
+
+
+def deterministic_split_tokens(max_model_len: int) -> int:
+    """Keys per split under ``deterministic: true`` for rows of up to ``max_model_len`` tokens."""
+    split = DETERMINISTIC_SPLIT_TOKENS
+    while -(-max_model_len // split) > DETERMINISTIC_MAX_SPLITS:
+        split *= 2
+    return split
 
 
 @register_backend("triton_mla")
@@ -52,14 +66,15 @@ class TritonMLABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
                  max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0, short_extend_tokens: int = -1,
                  cuda_decode: bool = False, deterministic: bool = False,
-                 split_tokens: int = DETERMINISTIC_SPLIT_TOKENS):
+                 split_tokens: int = 0):
         """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``).
         ``short_extend_tokens``: extend rows of at most this many new tokens run absorbed (-1: the FLOP
         crossover from the dims, ``short_extend.crossover_tokens``; 0: never). ``cuda_decode``: decode
         rows take the CUDA op where it can run (``cuda_decode.unavailable_reason``); False: Triton.
         ``deterministic``: every token, decode or extend, runs the one absorbed Triton kernel with one
-        launch config over splits of ``split_tokens`` keys from its row's start, so its bits depend on
-        its query and its context alone (docs/determinism.md); the CUDA decode is then off.
+        launch config over splits of ``split_tokens`` keys from its row's start (0: from max_model_len,
+        ``deterministic_split_tokens``), so its bits depend on its query and its context alone
+        (docs/determinism.md); the CUDA decode is then off.
         """
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
@@ -68,6 +83,7 @@ class TritonMLABackend(MLABackend):
         H, L = dims.num_heads, dims.kv_lora_rank
         elem = torch.zeros(1, dtype=dtype).element_size()
         self.deterministic = deterministic
+        split_tokens = split_tokens or deterministic_split_tokens(max_model_len)
         # deterministic: decode rows take the query-group config, the one the extend tokens run
         # with, so a token's bits do not depend on which of the two paths computed it
         self.cfg = decode_config(query_group(H) * H if deterministic else H, elem_bytes=elem)
