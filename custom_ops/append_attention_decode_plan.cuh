@@ -87,14 +87,14 @@ int tile_row_bytes(int64_t head_dim) {
 //   holds at once (`kernel`'s occupancy), but a split at least min(kSplitFloorKeys, 4 x that share).
 //   z is sized for the heads that read whole rows (with SWA heads skipping, the full heads alone), at
 //   most kMaxDecodeSplits. An SWA head's short row then takes few splits and frees its SMs for the full
-//   heads' splits, so the time follows the bytes read.
+//   heads' splits.
 // - equal (PADDLE_MLA_GQA_SPLITS=equal, read per call): every (row, KV head) in `splits` equal parts,
 //   z for 4 blocks an SM over every head, at most 16 (`target` 0 tells decode_split_keys).
 // Both take at most one split per 256 keys of the longest row and what the workspace holds.
 // Why the floor: a split has a fixed cost (Q load and rope, pipeline fill, partial write) worth
 // several tiles; two waves of 4-tile splits over 3 rows of 32k ran 92 µs where 16-tile ones ran 73
 // (H200, ERNIE-4.5 heads, BENCHMARKS.md "Head-wise SWA"); with many rows the share is past the floor
-// and two full waves keep the last one from running half empty (64 rows of 16k: 95% of copy).
+// and two full waves keep the last one from running half empty (64 rows of 16k: 92% of copy, 77% in one wave).
 struct DecodePlan {
   int splits, target;
 };
