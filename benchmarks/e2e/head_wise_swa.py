@@ -13,7 +13,7 @@ uniform tables; recycling fits five), ``scheduler.max_num_seqs`` 256, so the poo
 count limits concurrency.
 A stream of ``--requests`` prompts of ``--context`` random tokens, ``--output`` tokens each, all
 arriving at the start. Modes, each in its own process with its own engine, ``--repeats`` runs each:
-  uniform_mask     the seed's baseline: uniform 1D tables, every head walks the whole row and SWA heads
+  uniform_mask     the seed's baseline: uniform 1D tables, every head reads the whole row and SWA heads
                    mask it (attention.swa_mode: mask)
   headwise         head-wise 2D tables, SWA heads read only sink + window, recycling off
   headwise_recycle head-wise tables, recycling on (SWA heads give back out-of-window blocks, so the
@@ -25,11 +25,10 @@ between a request's tokens (p50 and mean over every gap). On the device (CUDA ev
 ``runner.launch``): decode tok/s over decode-only steps, the full-batch TBT (decode-only steps with the
 most rows, the steady batch), device idle time before a decode-only step's work (> 0: the host is the
 bound) and peak concurrent requests (most rows decoding in one step).
-Physics line: the fraction of bytes (weights + KV) a steady-batch decode step walks in uniform_mask and
-no longer walks with head-wise tables (harness.swa_modes.decode_step_bytes), beside the measured
-full-batch TBT gain. It is an upper bound on the bytes saved: uniform_mask's tensor-core decode does not
-load the keys it masks (zero-filled planned offsets, docs/append_attention.md), so against it head-wise
-tables save the walk over those keys, not their reads.
+Physics line: the fraction of bytes (weights + KV) a steady-batch decode step of uniform_mask reads
+and head-wise tables no longer read (harness.swa_modes.decode_step_bytes), beside the measured
+full-batch TBT gain. uniform_mask reads the keys it masks, as the seed's baseline does
+(docs/head_wise_swa.md, "Mask mode").
 
   python -m benchmarks.e2e.head_wise_swa                     # the seed preset, 3 repeats (about 100 s on an H200)
   python -m benchmarks.e2e.head_wise_swa --quick             # one run per mode

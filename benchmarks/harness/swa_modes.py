@@ -40,9 +40,8 @@ PRESETS = {
 class StepBytes:
     """Bytes one decode step of ``rows`` rows at ``context`` tokens reads (bf16 weights and KV)."""
     weights: float
-    kv_uniform: float      # every head's whole row: what uniform_mask walks (it masks, and does not load, the
-                           # SWA heads' out-of-window keys in decode)
-    kv_skipped: float      # what the SWA heads no longer walk when they take only sinks + window
+    kv_uniform: float      # every head reads the whole row (uniform_mask reads, then masks, the SWA heads' rest)
+    kv_skipped: float      # what the SWA heads no longer read when they take only sinks + window
 
     @property
     def skipped_fraction(self) -> float:
