@@ -123,11 +123,11 @@ DecodePlan decode_plan(const AppendAttentionArgs& a, K kernel, int threads, size
   const bool skipping = a.num_swa_heads > 0 && !a.swa_mask && a.num_swa_heads < a.num_kv_heads;
   const int64_t long_heads = skipping ? a.num_kv_heads - a.num_swa_heads : a.num_kv_heads;
   const int64_t rows = std::max<int64_t>(1, a.batch * long_heads);
-  // the device's split is at least this long (its floor from the most keys these shapes hold)
-  const int64_t most_keys = a.batch * a.num_kv_heads * width;
-  const int64_t floor_keys = std::max<int64_t>(1, attn::split_floor_keys(most_keys, target));
+  // a split is no shorter than 256 keys nor than the device's floor for the most keys these shapes
+  // hold (its floor for the step's keys is at most that, and it fits the longest row in z splits)
+  const int64_t min_split = std::max<int64_t>(256, attn::split_floor_keys(a.batch * a.num_kv_heads * width, target));
   int64_t splits = (target + rows - 1) / rows;
-  splits = std::min<int64_t>(splits, (width + std::max<int64_t>(256, floor_keys) - 1) / std::max<int64_t>(256, floor_keys));
+  splits = std::min<int64_t>(splits, (width + min_split - 1) / min_split);
   splits = std::min<int64_t>(splits, ws_splits);
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, kMaxDecodeSplits));
   return {static_cast<int>(splits), static_cast<int>(std::min<int64_t>(target, 1 << 30))};
