@@ -66,6 +66,23 @@ struct MlaTensor {
   bool contiguous;
 };
 
+// A binding's tensor as an MlaTensor: `size(i)` and `stride(i)` read its dims (the first 4 are kept).
+template <typename Size, typename Stride>
+MlaTensor mla_tensor(const void* data, MlaElem elem, int ndim, Size size, Stride stride, int64_t numel,
+                     bool contiguous) {
+  MlaTensor v{};
+  v.data = data;
+  v.elem = elem;
+  v.ndim = ndim;
+  for (int i = 0; i < ndim && i < 4; ++i) {
+    v.size[i] = size(i);
+    v.stride[i] = stride(i);
+  }
+  v.numel = numel;
+  v.contiguous = contiguous;
+  return v;
+}
+
 struct MlaDecodeTensors {
   MlaTensor q, kv_cache, block_tables, seq_lens, num_splits, cu_tiles, split_start, tiles_per_prog, out,
       partial_out, partial_lse;

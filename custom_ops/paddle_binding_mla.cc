@@ -11,23 +11,15 @@ namespace {
 using paddle::DataType;
 
 paddle_mla::MlaTensor view(const paddle::Tensor& x) {
-  paddle_mla::MlaTensor v{};
-  v.data = x.data();
   const auto dt = x.dtype();
-  v.elem = dt == DataType::BFLOAT16  ? paddle_mla::MlaElem::kBF16
-           : dt == DataType::FLOAT32 ? paddle_mla::MlaElem::kFP32
-           : dt == DataType::INT32   ? paddle_mla::MlaElem::kINT32
-                                     : paddle_mla::MlaElem::kOther;
+  const auto elem = dt == DataType::BFLOAT16  ? paddle_mla::MlaElem::kBF16
+                    : dt == DataType::FLOAT32 ? paddle_mla::MlaElem::kFP32
+                    : dt == DataType::INT32   ? paddle_mla::MlaElem::kINT32
+                                              : paddle_mla::MlaElem::kOther;
   const auto shape = x.shape();
   const auto strides = x.strides();
-  v.ndim = static_cast<int>(shape.size());
-  for (int i = 0; i < v.ndim && i < 4; ++i) {
-    v.size[i] = shape[i];
-    v.stride[i] = strides[i];
-  }
-  v.numel = x.numel();
-  v.contiguous = x.is_contiguous();
-  return v;
+  return paddle_mla::mla_tensor(x.data(), elem, static_cast<int>(shape.size()), [&](int i) { return shape[i]; },
+                                [&](int i) { return strides[i]; }, x.numel(), x.is_contiguous());
 }
 
 void MlaDecode(const paddle::Tensor& q, const paddle::Tensor& kv_cache, const paddle::Tensor& block_tables,

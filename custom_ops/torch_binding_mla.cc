@@ -16,21 +16,13 @@
 namespace {
 
 paddle_mla::MlaTensor view(const at::Tensor& x) {
-  paddle_mla::MlaTensor v{};
-  v.data = x.data_ptr();
   const auto st = x.scalar_type();
-  v.elem = st == at::kBFloat16 ? paddle_mla::MlaElem::kBF16
-           : st == at::kFloat  ? paddle_mla::MlaElem::kFP32
-           : st == at::kInt    ? paddle_mla::MlaElem::kINT32
-                               : paddle_mla::MlaElem::kOther;
-  v.ndim = static_cast<int>(x.dim());
-  for (int i = 0; i < v.ndim && i < 4; ++i) {
-    v.size[i] = x.size(i);
-    v.stride[i] = x.stride(i);
-  }
-  v.numel = x.numel();
-  v.contiguous = x.is_contiguous();
-  return v;
+  const auto elem = st == at::kBFloat16 ? paddle_mla::MlaElem::kBF16
+                    : st == at::kFloat  ? paddle_mla::MlaElem::kFP32
+                    : st == at::kInt    ? paddle_mla::MlaElem::kINT32
+                                        : paddle_mla::MlaElem::kOther;
+  return paddle_mla::mla_tensor(x.data_ptr(), elem, static_cast<int>(x.dim()), [&](int i) { return x.size(i); },
+                                [&](int i) { return x.stride(i); }, x.numel(), x.is_contiguous());
 }
 
 void mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
