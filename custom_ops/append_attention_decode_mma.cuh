@@ -14,8 +14,10 @@
 // K/V tiles stream in through the block table with 16-byte cp.async, NST stages deep (NST - 1 tiles in
 // flight during a tile's MMAs); offsets are planned by one thread per key a stage ahead of their copy
 // (-1: past the split or no block: zero-filled, never dereferenced; a key masked in swa_mask mode is
-// read and masked, see read_offset). Plans
-// have NST + 1 slots: those of the tiles in flight, the current tile's validity bits, the new plan. Included by append_attention_kernels.cu.
+// read and masked, see read_offset). A tile whose keys are consecutive cache rows (a tile inside one
+// block, the common case) is copied as one linear range (copy_contiguous_rows), others row by row from
+// their planned offsets. Plans have NST + 1 slots: those of the tiles in flight, the current tile's
+// validity bits, the new plan. Included by append_attention_kernels.cu.
 #pragma once
 
 #include "append_attention_device.cuh"
@@ -29,10 +31,10 @@ constexpr int kDmWarps = 4;
 
 // Shared-memory layout (host and device compute it alike): Q rows (16 x (D + 8) elements), NST stages
 // of K and V tiles (rows of D + 8 elements: an ldmatrix's 8 rows fall in distinct banks), NST + 1 plan
-// slots (offsets, validity bits). After the key loop the stages hold the warps' fp32 (O, m, l).
+// slots (offsets, validity bits, contiguous-run bases). After the key loop the stages hold the warps' fp32 (O, m, l).
 struct DmLayout {
   int pitch;
-  size_t q, kv, stage, offs, valid, total;
+  size_t q, kv, stage, offs, valid, runs, total;
   PMLA_HD static size_t up(size_t x) { return (x + 127) / 128 * 128; }
   PMLA_HD DmLayout(int D, int elem, int nst) {
     pitch = D + 8;
@@ -41,7 +43,8 @@ struct DmLayout {
     stage = up(static_cast<size_t>(kDmKeys) * pitch * elem);
     offs = kv + 2 * static_cast<size_t>(nst) * stage;
     valid = up(offs + static_cast<size_t>(nst + 1) * kDmKeys * sizeof(int64_t));
-    total = up(valid + static_cast<size_t>(nst + 1) * (kDmKeys / 32) * sizeof(uint32_t));
+    runs = up(valid + static_cast<size_t>(nst + 1) * (kDmKeys / 32) * sizeof(uint32_t));
+    total = up(runs + static_cast<size_t>(nst + 1) * (kDmKeys / 32) * sizeof(int64_t));
   }
 };
 
@@ -79,14 +82,26 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
   T* qs = reinterpret_cast<T*>(dm_smem + L.q);
   int64_t* offs = reinterpret_cast<int64_t*>(dm_smem + L.offs);
   uint32_t* valid = reinterpret_cast<uint32_t*>(dm_smem + L.valid);
+  int64_t* runs = reinterpret_cast<int64_t*>(dm_smem + L.runs);
   auto k_stage = [&](int st) { return reinterpret_cast<T*>(dm_smem + L.kv + 2 * st * L.stage); };
   auto v_stage = [&](int st) { return reinterpret_cast<T*>(dm_smem + L.kv + (2 * st + 1) * L.stage); };
 
-  // Q rows roped, unscaled, in T (the scale goes onto the fp32 scores); rows >= group are zeros.
+  // Q rows roped, unscaled, in T (the scale goes onto the fp32 scores); rows >= group are zeros. Every
+  // load first, then every store: a loop that stores each element before loading the next waits one
+  // memory latency per element (that prologue held 22% of the stall samples of 16-tile splits, ncu).
   const T* qrow0 = static_cast<const T*>(a.q) + t0 * a.q_stride + g * group * D;
-  for (int e = tid; e < 16 * D; e += blockDim.x) {
-    const int r = e / D, d = e - r * D;
-    qs[r * P + d] = from_f<T>(r < group ? roped(a, qrow0 + r * D, d, p) : 0.0f);
+  constexpr int QE = 16 * D / (32 * kDmWarps);
+  static_assert(16 * D % (32 * kDmWarps) == 0, "whole Q elements per thread");
+  float qv[QE];
+#pragma unroll
+  for (int k = 0; k < QE; ++k) {
+    const int e = tid + k * 32 * kDmWarps, r = e / D, d = e - r * D;
+    qv[k] = r < group ? roped(a, qrow0 + r * D, d, p) : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < QE; ++k) {
+    const int e = tid + k * 32 * kDmWarps, r = e / D, d = e - r * D;
+    qs[r * P + d] = from_f<T>(qv[k]);
   }
   // The raw table entry of this planning thread's key in the tile at virtual index `first`, read
   // a tile before plan() checks and uses it.
@@ -108,13 +123,28 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
       }
       offs[slot * TK + tid] = off;
       const unsigned ok = __ballot_sync(0xffffffffu, off >= 0);
-      if (lane == 0) valid[slot * (TK / 32) + warp] = ok;
+      // a run: this warp's keys are read (visible or masked) from consecutive cache rows base + n
+      const int64_t rel = off == -1 ? -1 : read_offset(off) - static_cast<int64_t>(tid) * D;
+      const int64_t base = __shfl_sync(0xffffffffu, rel, 0);
+      const bool run = __all_sync(0xffffffffu, rel == base) && base >= 0;
+      if (lane == 0) {
+        valid[slot * (TK / 32) + warp] = ok;
+        runs[slot * (TK / 32) + warp] = run ? base : -1;
+      }
     }
   };
   auto issue = [&](int64_t first, int slot, int st) {
     if (first < hi) {
-      copy_planned_rows<T, D, TK, 32 * kDmWarps>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid,
-                                                   32 * kDmWarps);
+      const int64_t base = runs[slot * (TK / 32)];
+      bool whole = base >= 0;
+#pragma unroll
+      for (int w = 1; w < TK / 32; ++w) whole = whole && runs[slot * (TK / 32) + w] == base;
+      if (whole) {  // the tile is one run of cache rows (inside one block): the linear copy
+        copy_contiguous_rows<T, D, TK, 32 * kDmWarps>(a, base, k_stage(st), v_stage(st), P, tid);
+      } else {
+        copy_planned_rows<T, D, TK, 32 * kDmWarps>(a, offs + slot * TK, TK, k_stage(st), v_stage(st), P, tid,
+                                                     32 * kDmWarps);
+      }
     } else {
       __pipeline_commit();  // an empty group keeps wait_prior(NST - 2) meaning "the current tile landed"
     }
@@ -170,6 +200,7 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
           if (!((bits >> (nk * 8 + col0 + (e & 1))) & 1u)) s[nk][e] = -INFINITY;
       }
     }
+    float keep[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // online softmax of row lane / 4 + 8 h (4 lanes share a row)
       float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
@@ -177,7 +208,7 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[h], mx * qk_scale);
       const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far: 2^-inf = 0, no NaN
-      const float keep = fast_exp2(m[h] - base);
+      keep[h] = fast_exp2(m[h] - base);
       m[h] = m_new;
       float sum = 0.0f;
 #pragma unroll
@@ -188,11 +219,18 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
           sum += s[nk][x];
         }
       }
-      l[h] = l[h] * keep + sum;
+      l[h] = l[h] * keep[h] + sum;
+    }
+    // O is rescaled only when some row's max moved (keep 1 multiplies by one, so the bits are the same):
+    // past the first tiles the max rarely moves, and the 4 x ND multiplies were about 64 of the 150
+    // instructions of a warp's tile of arithmetic.
+    if (__any_sync(0xffffffffu, keep[0] != 1.0f || keep[1] != 1.0f)) {
 #pragma unroll
       for (int nd = 0; nd < ND; ++nd) {
-        o[nd][2 * h] *= keep;
-        o[nd][2 * h + 1] *= keep;
+        o[nd][0] *= keep[0];
+        o[nd][1] *= keep[0];
+        o[nd][2] *= keep[1];
+        o[nd][3] *= keep[1];
       }
     }
     uint32_t pa[4];  // P as the A operand of one k16 step: the two n8 blocks' accumulators

@@ -151,6 +151,50 @@ __device__ __forceinline__ void copy_planned_rows(const AppendAttentionArgs& a, 
   __pipeline_commit();
 }
 
+// 16-byte cp.async from global `src` to shared `dst` (cache-global: the tile is read once).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+
+// 16-byte cp.async of kRows K and V rows that lie one after another in the caches from element offset
+// `base` (the plan found key n of the tile at base + n * kD: a tile inside one cache block) into tiles
+// of pitch `pitch` elements, by kThreads threads. Why a second copy: copy_planned_rows reads, checks
+// and turns into an address each row's planned offset, about 25 instructions per row and thread; in
+// the register-O decode that was a third of the instructions and 41% of the stall samples (ncu, H200,
+// 3 rows of 32k), and that kernel is bound by instruction latency, not memory (with its loads removed
+// it still took two thirds of its time). Here the source is one linear range, so a chunk's address is
+// a constant from the thread's base. Commits one cp.async group.
+template <typename T, int kD, int kRows, int kThreads>
+__device__ __forceinline__ void copy_contiguous_rows(const AppendAttentionArgs& a, int64_t base, T* kd0, T* vd0,
+                                                     int pitch, int tid) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kPer = kD / kVec, kChunks = kRows * kPer;
+  const T* ks = static_cast<const T*>(a.k_cache) + base;
+  const T* vs = static_cast<const T*>(a.v_cache) + base;
+  if constexpr (kThreads % kPer == 0) {  // a thread's rows step by kThreads / kPer, its dims stay
+    constexpr int kStep = kThreads / kPer;
+    const int n0 = tid / kPer, e = (tid - n0 * kPer) * kVec;
+#pragma unroll
+    for (int k = 0; k < (kRows + kStep - 1) / kStep; ++k) {
+      if (kRows % kStep != 0 && n0 + k * kStep >= kRows) break;
+      const int n = n0 + k * kStep;
+      cp_async16(kd0 + n * pitch + e, ks + n * kD + e);
+      cp_async16(vd0 + n * pitch + e, vs + n * kD + e);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < (kChunks + kThreads - 1) / kThreads; ++k) {
+      const int c = tid + k * kThreads;
+      if (kChunks % kThreads != 0 && c >= kChunks) break;
+      const int n = c / kPer, e = (c - n * kPer) * kVec;
+      cp_async16(kd0 + n * pitch + e, ks + c * kVec);
+      cp_async16(vd0 + n * pitch + e, vs + c * kVec);
+    }
+  }
+  __pipeline_commit();
+}
+
 // The key position lane `n` holds in a tile starting at virtual index `first`, or -1 (masked).
 __device__ __forceinline__ int64_t lane_key(const AppendAttentionArgs& a, int64_t b, int64_t g,
                                             const KeyRanges& keys, int64_t first, int64_t end, int n) {
