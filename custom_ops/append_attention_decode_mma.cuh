@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
       l[h] = l[h] * keep[h] + sum;
     }
     // O is rescaled only when some row's max moved (keep 1 multiplies by one, so the bits are the same):
-    // past the first tiles the max rarely moves, and the 4 x ND multiplies were about 64 of the 150
+    // past the first tiles the max rarely moves, and the 4 x ND multiplies were about 64 of the 230
     // instructions of a warp's tile of arithmetic.
     if (__any_sync(0xffffffffu, keep[0] != 1.0f || keep[1] != 1.0f)) {
 #pragma unroll

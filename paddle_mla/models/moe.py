@@ -143,7 +143,7 @@ def route(spec: MoESpec, x, gate_w, bias=None):
     if spec.scoring_func == "softmax":
         scores = torch.softmax(logits, dim=-1)
     elif spec.scoring_func == "sigmoid":
-        scores = logits.sigmoid()
+        scores = batch_invariant.elementwise(torch.sigmoid, logits)
     else:
         raise ValueError(f"unsupported scoring_func {spec.scoring_func!r}")
     T = scores.shape[0]

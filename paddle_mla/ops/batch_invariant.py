@@ -79,6 +79,17 @@ def linear(x, w, b=None):
     return y.reshape(*lead, w.shape[0])
 
 
+def elementwise(fn, x):
+    """fn(x) for an elementwise fn, each row's bits independent of the other rows. A CPU kernel runs
+    a vector body and a scalar tail over the flattened tensor, and the two round differently for
+    some functions (sigmoid: a lone row of 8 router scores is all tail, the same row in a batch of 6
+    is vector body; the CPU check found its logprob bits moving with the batch). Under the mode off
+    the GPU it runs one row at a time; a GPU computes every element alike."""
+    if _enabled and not x.is_cuda:
+        return rowwise(fn, x)
+    return fn(x)
+
+
 def logsumexp(x):
     """x [B, N] -> float32 [B, 1]: log(sum(exp(row))), each row's order fixed by the row alone (the
     framework's reduction splits a row over more blocks when there are fewer rows)."""

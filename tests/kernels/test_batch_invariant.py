@@ -80,6 +80,36 @@ def test_mode_switch_is_off_by_default_and_routes_the_model_linear(monkeypatch):
         bi.set_enabled(False)
 
 
+def test_sigmoid_router_weights_of_a_row_are_the_same_in_any_batch():
+    """DeepSeek-V3's router (sigmoid scores, noaux_tc, 8 experts): under the mode a token's expert
+    weights have the same bits alone and at any position of batches of several sizes. A CPU sigmoid
+    over the whole [T, 8] scores rounds a lone row (all of it the kernel's scalar tail) unlike the
+    same row in a batch (its vector body); the determinism check found the logprobs moving."""
+    from paddle_mla.models.arch import MoESpec
+    from paddle_mla.models.moe import route
+    from paddle_mla.ops import batch_invariant as bi
+
+    spec = MoESpec(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=0,
+                   moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", n_group=2, topk_group=1,
+                   norm_topk_prob=True, routed_scaling_factor=2.5)
+    rng = np.random.default_rng(5)
+    x = _t(rng.standard_normal((40, 16)) * 0.25)   # logits near 0: sigmoid mid-range, where the paths part
+    gate = _t(rng.standard_normal((8, 16)))
+    bias = _t(rng.standard_normal(8) * 0.05)
+    try:
+        bi.set_enabled(True)
+        for probe in range(40):
+            ids1, w1 = route(spec, x[probe:probe + 1], gate, bias)
+            for size in (2, 6, 17):
+                rows = [j for j in range(40) if j != probe][:size - 1]
+                order = rows[:size // 2] + [probe] + rows[size // 2:]
+                ids, w = route(spec, x[_t(np.array(order)).to(torch.int64)], gate, bias)
+                assert bool((ids[size // 2] == ids1[0]).all()), (probe, size)
+                assert bool((w[size // 2] == w1[0]).all()), (probe, size)
+    finally:
+        bi.set_enabled(False)
+
+
 @pytest.mark.triton
 def test_triton_gemm_rows_match_alone_and_reference():
     """The GPU path's kernel itself (run by the interpreter on CPU): fp32, edges in M, N and K."""
