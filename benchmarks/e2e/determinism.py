@@ -37,26 +37,9 @@ import numpy as np
 from benchmarks.harness.checkpoints import dummy_model_dir
 from benchmarks.harness.dims import QWEN3_8B, SMOKE_GQA, SMOKE_MOE, V2_LITE
 from benchmarks.harness.errors import raise_on_failed
+from paddle_mla.cli.bench.determinism import VARIANTS, compare, variant_config
 
-VARIANTS = ("batch1", "batch256", "chunked", "prefix", "preempt", "dp2")
-PREEMPT_BLOCK = 16   # the preempt configuration's block size: small, so decode crosses block edges
 MODES = ("default", "deterministic")
-
-
-def variant_config(name: str, chunk: int, prompt: int = 256, output: int = 32) -> dict:
-    """One configuration's overrides. ``preempt``: a pool of two prompts' blocks and one more, so
-    requests that grow past a block edge preempt one another (recomputed from their tokens), and
-    never less than one whole request needs, so one alone always finishes."""
-    pool = max(2 * -(-prompt // PREEMPT_BLOCK) + 1, -(-(prompt + output) // PREEMPT_BLOCK) + 1)
-    return {
-        "batch1": {"scheduler": {"max_num_seqs": 1}},
-        "batch256": {"scheduler": {"max_num_seqs": 256}},
-        "chunked": {"scheduler": {"max_num_seqs": 256, "enable_chunked_prefill": True,
-                                  "max_num_batched_tokens": chunk}},
-        "prefix": {"scheduler": {"max_num_seqs": 256}, "cache": {"enable_prefix_caching": True}},
-        "preempt": {"scheduler": {"max_num_seqs": 256}, "cache": {"block_size": PREEMPT_BLOCK, "num_blocks": pool}},
-        "dp2": {"scheduler": {"max_num_seqs": 256}, "parallel": {"data_parallel_size": 2}},
-    }[name]
 
 
 def workload(n: int, prompt: int, output: int, vocab: int, seed: int = 0) -> list:
@@ -130,20 +113,6 @@ def generate(llm, work, max_tokens: int | None = None) -> list[tuple[list[int], 
     raise_on_failed(outs)
     return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []])
             for o in sorted(outs, key=lambda o: o.id)]
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def compare(ref: list, got: list) -> dict:
-    firsts = [first_difference(a[0], b[0]) for a, b in zip(ref, got)]
-    diff = [f for f in firsts if f is not None]
-    bits = sum(a != b for a, b in zip(ref, got))
-    return {"differ": len(diff), "bits_differ": bits, "of": len(ref), "first_at": min(diff) if diff else None}
 
 
 def timing(llm, work, output: int, repeats: int) -> dict:

@@ -339,9 +339,14 @@ Exit codes:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG plot here (needs matplotlib: pip install 'paddle-mla[plot]').")
+@click.option("--check-determinism", is_flag=True,
+              help="Instead of timing: run the workload through one config at batch 1 (the reference), batch "
+                   "256, chunked prefill, prefix caching, a pool small enough to preempt and DP=2, and count "
+                   "the requests whose tokens (or logprob bits) differ from batch 1's. With --set "
+                   "deterministic=true every count should be 0.")
 @SET_OPTION
 def bench(config_paths: tuple[str, ...], workload_spec: str, repeats: int, warmup_requests: int, engines: str,
-          json_path: str | None, plot_path: str | None, overrides: tuple[str, ...]) -> None:
+          json_path: str | None, plot_path: str | None, check_determinism: bool, overrides: tuple[str, ...]) -> None:
     """Compare configs on one seeded synthetic workload: throughput, TTFT, TPOT, ITL, cache use.
 
     Prints a markdown table with each config's ratio to the first. All configs must name the same
@@ -354,11 +359,14 @@ def bench(config_paths: tuple[str, ...], workload_spec: str, repeats: int, warmu
           --workload configs/bench/workloads.yaml#shared --json out.json --plot out.png
       paddle-mla bench --config configs/bench/baseline.yaml --config configs/bench/chunked.yaml \\
           --workload long-context:num_prompts=2,input_len=1024 --set device=cpu
+      paddle-mla bench --check-determinism --config configs/triton_mla.yaml --set deterministic=true \\
+          --workload random:num_prompts=64,input_len=256,output_len=32
     """
     interrupts.arm()
     from paddle_mla.cli.bench.command import BenchArgs, BenchUsageError, run
 
-    args = BenchArgs(config_paths, workload_spec, repeats, warmup_requests, engines, json_path, plot_path, overrides)
+    args = BenchArgs(config_paths, workload_spec, repeats, warmup_requests, engines, json_path, plot_path, overrides,
+                     check_determinism)
     try:
         run(args, select_runtime, lambda cfg: build_llm(cfg), echo=lambda m: click.echo(m, err=True), out=click.echo)
     except ConfigError as exc:

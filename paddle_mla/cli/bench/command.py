@@ -25,6 +25,7 @@ class BenchArgs:
     json_path: str | None
     plot_path: str | None
     overrides: tuple[str, ...]
+    check_determinism: bool = False
 
 
 def load_specs(paths: tuple[str, ...], overrides: tuple[str, ...]) -> list[ConfigSpec]:
@@ -72,6 +73,11 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
             check_matplotlib()
         except ImportError as exc:
             problems.append(str(exc))
+    if args.check_determinism:
+        if len(args.config_paths) > 1:
+            problems.append("--check-determinism checks one config; give at most one --config")
+        if args.plot_path:
+            problems.append("--check-determinism writes no plot; drop --plot")
     specs = load_specs(args.config_paths, args.overrides)
     problems += [f"config {s.name}: {p}" for s in specs for p in [model_problem(s.config.model)] if p]
     problems = [p for p in problems if p]
@@ -87,6 +93,10 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
     device = infos[0].device
     keep = args.engines == "keep" or (args.engines == "auto" and device == "cpu")
     from paddle_mla.sched.request import GenerationRequest, SamplingParams
+
+    if args.check_determinism:
+        _check_determinism(args, workload, build_llm, echo, out)
+        return
 
     echo(f"bench: {len(specs)} configs x {args.repeats} repeats, workload {workload.describe()}, "
          f"runtime {rt}, device {device}, engines {'keep' if keep else 'rebuild'}")
@@ -104,3 +114,29 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
     if args.plot_path:
         write_plot(results, f"{workload.describe()} | {rt} {device} | {args.repeats} repeats", args.plot_path)
         echo(f"wrote {args.plot_path}")
+
+
+def _check_determinism(args: BenchArgs, workload: Any, build_llm: Callable[[Any], Any], echo: Callable[[str], None],
+                       out: Callable[[str], None]) -> None:
+    """``--check-determinism``: the workload through each configuration of cli.bench.determinism."""
+    import json
+
+    from paddle_mla.cli.bench.determinism import check_determinism, markdown
+    from paddle_mla.cli.bench.workloads import WorkloadError, build_requests
+    from paddle_mla.platform import runtime
+    from paddle_mla.sched.request import GenerationRequest, SamplingParams
+
+    def requests_for(llm: Any) -> list:
+        return build_requests(workload, llm.tokenizer, GenerationRequest, SamplingParams, llm.max_model_len)
+
+    path = args.config_paths[0] if args.config_paths else None
+    echo(f"check-determinism: workload {workload.describe()}, configurations batch1 (the reference), batch256, "
+         f"chunked, prefix, preempt, dp2")
+    try:
+        rows = check_determinism(path, args.overrides, requests_for, build_llm, runtime.gpu_count(), echo)
+    except WorkloadError as exc:
+        raise BenchUsageError(str(exc)) from None
+    out(markdown(rows))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"workload": workload.describe(), "rows": rows}, indent=1) + "\n")
+        echo(f"wrote {args.json_path}")
