@@ -30,6 +30,8 @@ def test_check_runs_every_configuration_and_writes_json(tmp_path, monkeypatch):
     assert lines[0].startswith("| configuration | requests whose tokens differ from batch1")
     assert [line.split(" | ")[0][2:] for line in lines[2:]] == list(VARIANTS)
     assert "| batch1 | reference (4 requests) |" in res.stdout and "| batch256 | 0/4 | 0/4 |" in res.stdout
+    # 8 + 2 tokens never cross a 16-token block edge: the table says why the pool preempted nothing
+    assert "0 preemptions (none: a longer output_len crosses more 16-token block edges)" in res.stdout
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == set(VARIANTS) and rows["batch1"] == {"reference": True, "of": 4}
 

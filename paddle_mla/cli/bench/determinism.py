@@ -139,6 +139,8 @@ def markdown(rows: dict) -> str:
         else:
             first = "" if r["first_at"] is None else f" (first at token {r['first_at']})"
             pre = f", {r['preemptions']} preemptions" if "preemptions" in r else ""
+            if r.get("preemptions") == 0:   # the pool is small, but requests only ask for blocks at block edges
+                pre += f" (none: a longer output_len crosses more {PREEMPT_BLOCK}-token block edges)"
             cells = [f"{r['differ']}/{r['of']}{first}{pre}", f"{r['bits_differ']}/{r['of']}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
