@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
 
   // Q rows roped, unscaled, in T (the scale goes onto the fp32 scores); rows >= group are zeros. Every
   // load first, then every store: a loop that stores each element before loading the next waits one
-  // memory latency per element (that prologue held 22% of the stall samples of 16-tile splits, ncu).
+  // memory latency per element (22% of the stall samples of 16-tile splits, ncu, H200).
   const T* qrow0 = static_cast<const T*>(a.q) + t0 * a.q_stride + g * group * D;
   constexpr int QE = 16 * D / (32 * kDmWarps);
   static_assert(16 * D % (32 * kDmWarps) == 0, "whole Q elements per thread");
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
       l[h] = l[h] * keep[h] + sum;
     }
     // O is rescaled only when some row's max moved (keep 1 multiplies by one, so the bits are the same):
-    // past the first tiles the max rarely moves, and the 4 x ND multiplies were about 64 of the 230
+    // past the first tiles the max rarely moves, and the 4 x ND multiplies are about 64 of the 230
     // instructions of a warp's tile of arithmetic.
     if (__any_sync(0xffffffffu, keep[0] != 1.0f || keep[1] != 1.0f)) {
 #pragma unroll

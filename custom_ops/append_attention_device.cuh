@@ -161,11 +161,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 // 16-byte cp.async of kRows K and V rows that lie one after another in the caches from element offset
 // `base` (the plan found key n of the tile at base + n * kD: a tile inside one cache block) into tiles
 // of pitch `pitch` elements, by kThreads threads. Why a second copy: copy_planned_rows reads, checks
-// and turns into an address each row's planned offset, about 25 instructions per row and thread; in
-// the register-O decode that was a third of the instructions and 41% of the stall samples (ncu, H200,
-// 3 rows of 32k), and that kernel is bound by instruction latency, not memory (with its loads removed
-// it still took two thirds of its time). Here the source is one linear range, so a chunk's address is
-// a constant from the thread's base. Commits one cp.async group.
+// and turns into an address each row's planned offset, about 25 instructions per row and thread; for
+// every tile of the register-O decode that is a third of its instructions and 41% of its stall samples
+// (ncu, H200, 3 rows of 32k), and that kernel is bound by instruction latency, not memory (with its
+// loads removed it still takes two thirds of its time). Here the source is one linear range, so a
+// chunk's address is a constant from the thread's base. Commits one cp.async group.
 template <typename T, int kD, int kRows, int kThreads>
 __device__ __forceinline__ void copy_contiguous_rows(const AppendAttentionArgs& a, int64_t base, T* kd0, T* vd0,
                                                      int pitch, int tid) {

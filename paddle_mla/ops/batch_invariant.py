@@ -83,8 +83,8 @@ def elementwise(fn, x):
     """fn(x) for an elementwise fn, each row's bits independent of the other rows. A CPU kernel runs
     a vector body and a scalar tail over the flattened tensor, and the two round differently for
     some functions (sigmoid: a lone row of 8 router scores is all tail, the same row in a batch of 6
-    is vector body; the CPU check found its logprob bits moving with the batch). Under the mode off
-    the GPU it runs one row at a time; a GPU computes every element alike."""
+    is vector body, so its bits, and the token's logprobs, would follow the batch). Under the mode
+    off the GPU it runs one row at a time; a GPU computes every element alike."""
     if _enabled and not x.is_cuda:
         return rowwise(fn, x)
     return fn(x)
