@@ -36,8 +36,7 @@ import numpy as np
 
 from benchmarks.harness.checkpoints import dummy_model_dir
 from benchmarks.harness.dims import QWEN3_8B, SMOKE_GQA, SMOKE_MOE, V2_LITE
-from benchmarks.harness.errors import raise_on_failed
-from paddle_mla.cli.bench.determinism import VARIANTS, compare, variant_config
+from paddle_mla.cli.bench.determinism import VARIANTS, compare, outputs, variant_config
 
 MODES = ("default", "deterministic")
 
@@ -101,18 +100,14 @@ def make_engine(cfg_dict: dict):
 
 
 def generate(llm, work, max_tokens: int | None = None) -> list[tuple[list[int], list[float]]]:
-    """Per request: (tokens, the sampled tokens' logprobs, whose bits show a difference that has
-    not flipped a token yet)."""
+    """Per request: (tokens, the sampled tokens' logprobs), as ``outputs`` of the CLI check."""
     import dataclasses
 
     from paddle_mla.sched.request import GenerationRequest
 
     reqs = [GenerationRequest(i, ids, p if max_tokens is None else dataclasses.replace(p, max_tokens=max_tokens))
             for i, (ids, p) in enumerate(work)]
-    outs = llm.generate(reqs, use_tqdm=False)
-    raise_on_failed(outs)
-    return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []])
-            for o in sorted(outs, key=lambda o: o.id)]
+    return outputs(llm, reqs)
 
 
 def timing(llm, work, output: int, repeats: int) -> dict:

@@ -90,13 +90,12 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
         raise BenchUsageError(str(exc)) from None
     for spec, info in zip(specs, infos):      # the first line says what runs (the baseline)
         echo(info.line() + (f" [config {spec.name}]" if len(specs) > 1 else ""))
-    device = infos[0].device
-    keep = args.engines == "keep" or (args.engines == "auto" and device == "cpu")
-    from paddle_mla.sched.request import GenerationRequest, SamplingParams
-
     if args.check_determinism:
         _check_determinism(args, workload, build_llm, echo, out)
         return
+    device = infos[0].device
+    keep = args.engines == "keep" or (args.engines == "auto" and device == "cpu")
+    from paddle_mla.sched.request import GenerationRequest, SamplingParams
 
     echo(f"bench: {len(specs)} configs x {args.repeats} repeats, workload {workload.describe()}, "
          f"runtime {rt}, device {device}, engines {'keep' if keep else 'rebuild'}")
