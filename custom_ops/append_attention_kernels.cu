@@ -4,7 +4,8 @@
 // Three steps on one stream, every launch sized from shapes only (CUDA-graph replayable):
 // 1. rope_write_kernel, one block per token: ropes k into the paged caches, copies v, and zeroes the
 //    output rows of padding tokens.
-// 2. decode_kernel for requests with exactly one new token: grid (batch, KV head x head chunk, split);
+// 2. decode_kernel (append_attention_decode.cuh) for requests with exactly one new token: grid (batch,
+//    KV head x head chunk, split);
 //    split s owns keys [s c, (s + 1) c) of the (request, KV head)'s visible keys (for an SWA head only
 //    its sinks and window): one c for the whole launch by default (decode_split_keys), or that count / z
 //    with PADDLE_MLA_GQA_SPLITS=equal (decode_plan says why by length is the default); its warps stream 32-key tiles (cp.async, double buffered) with all the group's
@@ -12,7 +13,8 @@
 //    partial output and its log-sum-exp into the preallocated workspace; merge_kernel combines.
 //    bf16 / fp16 caches with head_dim % 16 == 0 (<= 256) and group <= 16 take decode_tc_kernel instead
 //    (append_attention_decode_tc.cuh: the group as the WMMA M dimension; same grid, splits, merge).
-// Under batch_invariant (deterministic: true) step 2 is skipped and step 3 takes every request.
+// Under batch_invariant (deterministic: true) step 2 is skipped and step 3 takes every request
+// (launch_invariant).
 // 3. prefill_kernel for requests with >= 2 new tokens: one block per (query tile, KV head); the tile
 //    holds 32 (query, head) rows of one request, so a group's heads share every K/V tile load. The
 //    block finds its (request, tile) from cu_seqlens_q itself (grid: ceil(T / queries) + batch).
@@ -25,6 +27,7 @@
 #include <cstring>
 
 #include "append_attention_cuda.h"
+#include "append_attention_decode.cuh"
 #include "append_attention_decode_plan.cuh"
 #include "append_attention_decode_mma.cuh"
 #include "append_attention_decode_tc.cuh"
@@ -63,115 +66,9 @@ __global__ void rope_write_kernel(AppendAttentionArgs a) {
   }
 }
 
-struct DecodeGeometry {
-  int row_bytes, q_stride, nwarps, hchunks, splits, target;
-  size_t smem;
-};
-
-template <typename T, int VB, int R, int DPL>
-__global__ void decode_kernel(AppendAttentionArgs a, DecodeGeometry geo, float* ws_o, float* ws_lse) {
-  const int64_t b = blockIdx.x;
-  const int32_t t0 = a.cu_seqlens_q[b];
-  if (a.cu_seqlens_q[b + 1] - t0 != 1 || token_request(a, t0) != b) return;
-  const int64_t group = a.num_q_heads / a.num_kv_heads;
-  const int64_t g = blockIdx.y / geo.hchunks, h0 = (blockIdx.y % geo.hchunks) * R;
-  const int hc = static_cast<int>(min(static_cast<int64_t>(R), group - h0));
-  const int64_t p = a.positions[t0];
-  const KeyRanges keys = key_ranges(a, g, p);
-  const int64_t nvis = keys.count(), split = blockIdx.z;
-  const int64_t chunk = geo.splits > 1 ? attn::decode_split_keys(a, geo.splits, geo.target, kTileKeys, nvis) : nvis;
-  const SplitWindow win = split_window(nvis, chunk, split);
-  const int64_t lo = win.lo, hi = win.hi;
-  const int64_t head_row = b * a.num_q_heads + g * group + h0;  // first (request, query head) row
-  if (lo >= hi) {  // nothing to see in this split (every split, when an SWA head has no window)
-    if (geo.splits > 1) {
-      if (threadIdx.x < hc) ws_lse[(head_row + threadIdx.x) * geo.splits + split] = -INFINITY;
-    } else {
-      T* out = static_cast<T*>(a.out) + (t0 * a.num_q_heads + g * group + h0) * a.head_dim;
-      for (int64_t e = threadIdx.x; e < hc * a.head_dim; e += blockDim.x) out[e] = attn::from_f<T>(0.0f);
-    }
-    return;
-  }
-  extern __shared__ __align__(16) uint8_t smem[];
-  float* qsm = reinterpret_cast<float*>(smem);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const size_t stage = static_cast<size_t>(kTileKeys) * geo.row_bytes;
-  uint8_t* mine = smem + R * geo.q_stride * sizeof(float) + warp * (4 * stage + kTileKeys * R * sizeof(float));
-  float* psm = reinterpret_cast<float*>(mine + 4 * stage);
-  __shared__ int64_t tokens[R], heads[R];
-  if (threadIdx.x < R) {
-    tokens[threadIdx.x] = threadIdx.x < hc ? t0 : -1;
-    heads[threadIdx.x] = g * group + h0 + threadIdx.x;
-  }
-  __syncthreads();
-  attn::load_q_rows<T>(a, tokens, heads, R, qsm, geo.q_stride);
-  __syncthreads();
-  int64_t row_p[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) row_p[r] = r < hc ? p : -1;
-  attn::WarpState<R, DPL> st;
-  st.init();
-  const int D = static_cast<int>(a.head_dim);
-  const bool swa = is_swa_head(a, g);
-  // Warp w takes tiles w, w + nwarps, ...: two stages, the next tile's copy overlaps this one's math.
-  const int64_t step = static_cast<int64_t>(geo.nwarps) * kTileKeys;
-  int64_t first = lo + warp * kTileKeys;
-  if (first < hi) attn::load_tile<T, VB>(a, b, g, keys, first, hi, mine, mine + stage, geo.row_bytes, lane, 32);
-  __pipeline_commit();
-  for (int it = 0; first < hi; ++it, first += step) {
-    uint8_t* cur = mine + (it % 2) * 2 * stage;
-    uint8_t* nxt = mine + ((it + 1) % 2) * 2 * stage;
-    if (first + step < hi)
-      attn::load_tile<T, VB>(a, b, g, keys, first + step, hi, nxt, nxt + stage, geo.row_bytes, lane, 32);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncwarp();
-    const int64_t kj = attn::lane_key(a, b, g, keys, first, hi, lane);
-    attn::attend_tile<T, VB, R, DPL>(st, cur, cur + stage, geo.row_bytes, qsm, geo.q_stride, D, kj, row_p, swa,
-                                     a.window, a.sink, psm);
-  }
-  __pipeline_wait_prior(0);
-  __syncthreads();
-  // Merge the warps: each publishes (m, l, o) of its rows; then every thread combines some (row, dim).
-  const int ostride = 32 * DPL + 2;
-  float* merge = reinterpret_cast<float*>(smem + R * geo.q_stride * sizeof(float));  // stages are free now
-  float* my = merge + warp * R * ostride;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (lane == 0) {
-      my[r * ostride] = st.m[r];
-      my[r * ostride + 1] = st.l[r];
-    }
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) my[r * ostride + 2 + lane + 32 * i] = st.o[r][i];
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < hc * D; e += blockDim.x) {
-    const int r = e / D, d = e % D;
-    float mx = -INFINITY;
-    for (int w = 0; w < geo.nwarps; ++w) mx = fmaxf(mx, merge[(w * R + r) * ostride]);
-    float l = 0.0f, o = 0.0f;
-    if (mx != -INFINITY) {
-      for (int w = 0; w < geo.nwarps; ++w) {
-        const float* src = merge + (w * R + r) * ostride;
-        const float f = src[0] == -INFINITY ? 0.0f : exp2f(src[0] - mx);
-        l += f * src[1];
-        o += f * src[2 + d];
-      }
-    }
-    const float val = l > 0.0f ? o / l : 0.0f;
-    if (geo.splits == 1) {
-      static_cast<T*>(a.out)[(t0 * a.num_q_heads + g * group + h0 + r) * a.head_dim + d] = attn::from_f<T>(val);
-    } else {
-      ws_o[((head_row + r) * geo.splits + split) * a.head_dim + d] = val;
-      if (d == 0) ws_lse[(head_row + r) * geo.splits + split] = l > 0.0f ? mx + log2f(l) : -INFINITY;
-    }
-  }
-}
-
 template <typename T, int VB, int R, int DPL>
 const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream) {
-  DecodeGeometry geo{};
+  attn::DecodeGeometry geo{};
   const int64_t group = a.num_q_heads / a.num_kv_heads;
   geo.row_bytes = tile_row_bytes<T, VB>(a.head_dim);
   geo.q_stride = static_cast<int>((a.head_dim + 3) / 4 * 4);
@@ -182,7 +79,7 @@ const char* launch_decode(const AppendAttentionArgs& a, float* ws, int64_t ws_fl
   // The warps' (m, l, o) exchange reuses the stages; only tiny head dims need more than they hold.
   const size_t merge = static_cast<size_t>(geo.nwarps) * R * (32 * DPL + 2) * sizeof(float);
   geo.smem = base + std::max(geo.nwarps * per_warp, merge);
-  auto kernel = decode_kernel<T, VB, R, DPL>;
+  auto kernel = attn::decode_kernel<T, VB, R, DPL>;
   if (const char* err = allow_smem(kernel, geo.smem)) return err;
   const DecodePlan plan = decode_plan(a, kernel, 32 * geo.nwarps, geo.smem, geo.hchunks, ws_floats);
   geo.splits = plan.splits;
@@ -303,13 +200,15 @@ const char* launch_prefill(const AppendAttentionArgs& a, cudaStream_t stream) {
   return launched();
 }
 
-// The tensor-core prefill (append_attention_prefill_tc.cuh): W warps of MF 16-row fragments a block.
-template <typename T, int D, int W, int MF>
+// The tensor-core prefill (append_attention_prefill_tc.cuh): W warps of MF 16-row fragments a block
+// (DSPLIT: the W warps share MF fragments and split O's dims).
+template <typename T, int D, int W, int MF, bool DSPLIT = false>
 const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream) {
-  const attn::PtcLayout layout(D, static_cast<int>(sizeof(T)), 16 * MF * W);
-  auto kernel = attn::prefill_tc_kernel<T, D, W, MF>;
+  constexpr int rows = 16 * MF * (DSPLIT ? 1 : W);
+  const attn::PtcLayout layout(D, static_cast<int>(sizeof(T)), rows);
+  auto kernel = attn::prefill_tc_kernel<T, D, W, MF, DSPLIT>;
   if (const char* err = allow_smem(kernel, layout.total)) return err;
-  const int64_t queries = 16 * MF * W / (a.num_q_heads / a.num_kv_heads);
+  const int64_t queries = rows / (a.num_q_heads / a.num_kv_heads);
   const int64_t tiles = (a.num_tokens + queries - 1) / queries + a.batch;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads));
   kernel<<<grid, 32 * W, layout.total, stream>>>(a);
@@ -336,17 +235,38 @@ const char* launch_prefill_any(const AppendAttentionArgs& a, cudaStream_t stream
   return launch_prefill<T, VB, DPL>(a, stream);
 }
 
+// batch_invariant: every token through the prefill kernels (decode rows too; SWA heads walk the whole
+// row and mask), so a row's sums never depend on the step's other rows. A decode-only step (one query
+// a request, `group` real rows a block) takes the DSPLIT form, whose rows have the row-split form's
+// bits (tests/kernels/test_append_attention_deterministic_gpu.py): its four warps all compute, where
+// the row-split form's 128-row block has one warp with real rows. PADDLE_MLA_GQA_DSPLIT=0: off (A/B).
+template <typename T, int VB, int DPL>
+const char* launch_invariant(const AppendAttentionArgs& a, bool decode_only, cudaStream_t stream) {
+  AppendAttentionArgs walk_all = a;
+  walk_all.swa_mask = true;
+  if constexpr (sizeof(T) == 2) {
+    const bool dsplit = decode_only && a.num_q_heads / a.num_kv_heads <= 16 &&
+                        tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC") &&
+                        tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_DSPLIT");
+    if (dsplit) {
+      switch (a.head_dim) {
+        case 64: return launch_prefill_tc<T, 64, 4, 1, true>(walk_all, stream);
+        case 96: return launch_prefill_tc<T, 96, 2, 1, true>(walk_all, stream);
+        case 128: return launch_prefill_tc<T, 128, 4, 1, true>(walk_all, stream);
+        default: break;  // 80: five 16-dim steps do not split over the warps
+      }
+    }
+  }
+  return launch_prefill_any<T, VB, DPL>(walk_all, stream);
+}
+
 template <typename T, int VB, int DPL>
 const char* launch_all(const AppendAttentionArgs& a, float* ws, int64_t ws_floats, bool decode_only,
                        cudaStream_t stream) {
   rope_write_kernel<T><<<static_cast<unsigned>(a.num_tokens), 128, 0, stream>>>(a);
   if (const char* err = launched()) return err;
   if (a.batch == 0) return nullptr;
-  if (a.batch_invariant) {  // every token, decode rows too; SWA heads walk the whole row and mask
-    AppendAttentionArgs walk_all = a;
-    walk_all.swa_mask = true;
-    return launch_prefill_any<T, VB, DPL>(walk_all, stream);
-  }
+  if (a.batch_invariant) return launch_invariant<T, VB, DPL>(a, decode_only, stream);
   const char* err = launch_decode_any<T, VB, DPL>(a, ws, ws_floats, stream);
   if (err != nullptr || decode_only) return err;
   return launch_prefill_any<T, VB, DPL>(a, stream);

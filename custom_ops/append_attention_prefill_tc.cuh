@@ -60,16 +60,25 @@ struct PtcLayout {
 // D: head_dim (compile time: the fragment loops unroll into one basic block); W warps of MF 16-row M
 // fragments each (MF = 2: FA2's split, each K / V fragment read from shared memory feeds two MMAs; Q is
 // then re-read by ldmatrix per tile instead of held in registers, for the register budget).
-template <typename T, int D, int W, int MF>
+// DSPLIT: the W warps share one set of 16 MF rows and split O's head dims instead; each warp computes
+// the rows' whole S and softmax (the same instructions as one warp of the row-split form) and O += P V
+// for its D / W columns. A row's bits are therefore those of the row-split kernel; what changes is
+// that a block of few real rows (decode under batch_invariant: one query, `group` rows) keeps W warps
+// busy instead of one (docs/determinism.md).
+template <typename T, int D, int W, int MF, bool DSPLIT = false>
 __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int TK = kPtcKeys, WR = 16 * MF, ROWS = WR * W, KD = D / 16, ND = D / 8, NK = TK / 8, P = D + 8;
+  constexpr int TK = kPtcKeys, WR = 16 * MF, ROWS = DSPLIT ? WR : WR * W, KD = D / 16, NK = TK / 8,
+                P = D + 8;
+  constexpr int KDW = DSPLIT ? KD / W : KD, NDW = 2 * KDW;  // O's 16-dim k-steps / 8-dim blocks of a warp
   static_assert(W >= TK / 32, "the planning threads are whole warps");
   static_assert(D % 16 == 0, "head_dim is a whole number of MMA k-steps");
+  static_assert(!DSPLIT || KD % W == 0, "DSPLIT: the warps split O's dims evenly");
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int group = static_cast<int>(a.num_q_heads / a.num_kv_heads);
   const int queries = ROWS / group;
   const int64_t g = blockIdx.y;
+  const int r0 = DSPLIT ? 0 : WR * warp;  // this warp's first row
   __shared__ int64_t s_req, s_q0, s_tok[ROWS], s_pos[ROWS];
   __shared__ int32_t s_pmin[W], s_pmax[W];
   if (warp == 0) {
@@ -99,7 +108,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   for (int f = 0; f < MF; ++f) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t t = s_tok[WR * warp + 16 * f + lane / 4 + 8 * h];
+      const int64_t t = s_tok[r0 + 16 * f + lane / 4 + 8 * h];
       pos[f][h] = t >= 0 ? static_cast<int32_t>(a.positions[t]) : -1;
       if (pos[f][h] >= 0) wmin = min(wmin, pos[f][h]);
       wmax = max(wmax, pos[f][h]);
@@ -201,7 +210,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   // ldmatrix row addresses of this lane (shared-space bytes): A (Q) rows, B (K) rows, B^T (V) rows;
   // every fragment's address is one of these plus a compile-time offset. E: bytes of an element.
   constexpr int E = static_cast<int>(sizeof(T));
-  const uint32_t q_addr = smem_u32(qs) + ((WR * warp + lane % 16) * P + (lane / 16) * 8) * E;
+  const uint32_t q_addr = smem_u32(qs) + ((r0 + lane % 16) * P + (lane / 16) * 8) * E;
   const int k_off = ((lane % 8 + (lane / 16) * 8) * P + ((lane / 8) % 2) * 8) * E;
   const int v_off = ((lane % 8 + ((lane / 8) % 2) * 8) * P + (lane / 16) * 8) * E;
   uint32_t qf[MF == 1 ? KD : 1][4];  // one M fragment: Q held in registers for the whole key loop
@@ -209,11 +218,12 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) ldsm_x4(qf[kk], q_addr + kk * 16 * E);
   }
-  float o[MF][ND][4];
+  float o[MF][NDW][4];  // this warp's O columns: 8-dim blocks nd0 .. nd0 + NDW - 1
+  const int nd0 = DSPLIT ? warp * NDW : 0;
 #pragma unroll
   for (int f = 0; f < MF; ++f) {
 #pragma unroll
-    for (int nd = 0; nd < ND; ++nd) o[f][nd][0] = o[f][nd][1] = o[f][nd][2] = o[f][nd][3] = 0.0f;
+    for (int nd = 0; nd < NDW; ++nd) o[f][nd][0] = o[f][nd][1] = o[f][nd][2] = o[f][nd][3] = 0.0f;
   }
   float m[MF][2], l[MF][2];  // running max (log2 units) and this thread's partial row sums
 #pragma unroll
@@ -305,7 +315,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
         }
         l[f][h] = l[f][h] * keep + sum;
 #pragma unroll
-        for (int nd = 0; nd < ND; ++nd) {
+        for (int nd = 0; nd < NDW; ++nd) {
           o[f][nd][2 * h] *= keep;
           o[f][nd][2 * h + 1] *= keep;
         }
@@ -322,9 +332,9 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
         pa[f][3] = pack2<T>(s[f][2 * kk + 1][2], s[f][2 * kk + 1][3]);
       }
 #pragma unroll
-      for (int dp = 0; dp < KD; ++dp) {
+      for (int dp = 0; dp < KDW; ++dp) {
         uint32_t vb[4];
-        ldsm_x4_trans(vb, vt + (kk * 16 * P + dp * 16) * E);
+        ldsm_x4_trans(vb, vt + (kk * 16 * P + (nd0 / 2 + dp) * 16) * E);
 #pragma unroll
         for (int f = 0; f < MF; ++f) {
           mma16816<T>(o[f][2 * dp], pa[f], vb[0], vb[1]);
@@ -342,13 +352,13 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
       float sum = l[f][h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int r = WR * warp + 16 * f + lane / 4 + 8 * h;
+      const int r = r0 + 16 * f + lane / 4 + 8 * h;
       const int64_t t = s_tok[r];
       if (t < 0) continue;
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      T* dst = out + (t * a.num_q_heads + g * group + r % group) * a.head_dim + col0;
+      T* dst = out + (t * a.num_q_heads + g * group + r % group) * a.head_dim + nd0 * 8 + col0;
 #pragma unroll
-      for (int nd = 0; nd < ND; ++nd)
+      for (int nd = 0; nd < NDW; ++nd)
         *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(o[f][nd][2 * h] * inv, o[f][nd][2 * h + 1] * inv);
     }
   }

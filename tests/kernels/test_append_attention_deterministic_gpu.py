@@ -2,7 +2,9 @@
 token gets the same output bits whether it decodes alone, decodes among rows of other lengths at any
 place in the batch, ends a chunk, ends a whole prefill, or shares the step with other prefills; with
 uniform and head-wise tables and SWA heads, in bf16 (tensor-core prefill kernel) and fp32 (the
-CUDA-core one). The mode's outputs also match the C++ op. Run by scripts/gpu_tests.sh; skipped on CPU.
+CUDA-core one). Decode-only steps (``decode_only``) take the dims-split form of the bf16 kernel
+(head_dim 64, 96, 128); its rows must carry the row-split form's bits. The mode's outputs also match
+the C++ op. Run by scripts/gpu_tests.sh; skipped on CPU.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ GEOMETRIES = {   # (hq, hkv, head_dim, block_size, head_wise, (num_swa_heads, wi
     "h32x8d128": (32, 8, 128, 64, False, (0, 0, 0)),
     "h20x4d128-swa": (20, 4, 128, 64, True, (2, 256, 8)),
     "h12x4d80-swa": (12, 4, 80, 16, True, (1, 100, 0)),
+    "h16x2d96": (16, 2, 96, 32, False, (0, 0, 0)),
+    "h8x1d64-swa": (8, 1, 64, 64, True, (1, 128, 4)),
 }
 
 
@@ -48,12 +52,12 @@ def context_data(c: Case, probe, at: int) -> CaseData:
     return CaseData(base.tables, Q, K, V, rope_table(4000, c.rot_dim), base.num_blocks, [])
 
 
-def probe_out(name: str, geom: str, dtype) -> np.ndarray:
+def probe_out(name: str, geom: str, dtype, decode_only: bool = False) -> np.ndarray:
     hq, hkv, d, bs, head_wise, swa = GEOMETRIES[geom]
     reqs, at = CONTEXTS[name]
     c = Case(tuple(reqs), hq, hkv, d, d, True, bs, head_wise, swa, seed=len(reqs))
     out, _, _ = run_case(c, op.append_attention, dtype, gpu(), context_data(c, probe_arrays(hq, hkv, d), at),
-                         batch_invariant=True)
+                         batch_invariant=True, decode_only=decode_only)
     row = sum(n for _, n in reqs[:at + 1]) - 1     # the probe's last new token
     return out[row]
 
@@ -64,10 +68,13 @@ def test_probe_token_bits_do_not_depend_on_the_step(geom, dtype):
     dt = getattr(torch, dtype)
     alone = probe_out("decode_alone", geom, dt)
     assert np.isfinite(alone).all()
-    for name in CONTEXTS:
+    for name, (reqs, _) in CONTEXTS.items():
         if name != "decode_alone":
             got = probe_out(name, geom, dt)
             assert np.array_equal(got, alone), f"{name}: max diff {np.abs(got - alone).max()}"
+        if all(n == 1 for _, n in reqs):   # a decode-only step: the dims-split form where it applies
+            got = probe_out(name, geom, dt, decode_only=True)
+            assert np.array_equal(got, alone), f"{name}, decode_only: max diff {np.abs(got - alone).max()}"
 
 
 @pytest.mark.parametrize("geom", sorted(GEOMETRIES))
