@@ -29,11 +29,18 @@ from paddle_mla.platform.triton_host import num_sms
 # least two waves of 128 x 128 tiles (prefill, the LM head), NARROW below (decode's projections).
 WIDE = (128, 128, 64, 8, 4, 4)
 NARROW = (64, 128, 64, 8, 4, 6)
+# fp32 products (the MoE router's logits, which transformers computes in fp32) take the CUDA-core
+# dot (input_precision "ieee"): one FMA a k-step into each output, in K order, whatever the tile
+# (the GPU test checks), so the tile can be narrow enough that a router's few columns (V2-Lite: 64
+# experts) still give the GPU tens of programs; WIDE / NARROW left V2-Lite's router 4 at decode.
+FP32 = (32, 32, 32, 8, 4, 3)
 
 
-def tile_for(M: int, N: int, device, groups: int = 1) -> tuple:
-    """WIDE when its tiles (over ``groups`` products of a batched launch) fill two waves of the
-    GPU's SMs, else NARROW (and off a GPU: the interpreter's tests)."""
+def tile_for(M: int, N: int, device, groups: int = 1, dtype=None) -> tuple:
+    """FP32 for fp32 operands; else WIDE when its tiles (over ``groups`` products of a batched
+    launch) fill two waves of the GPU's SMs, else NARROW (and off a GPU: the interpreter's tests)."""
+    if dtype == torch.float32:
+        return FP32
     if device.type != "cuda":
         return NARROW
     sms = num_sms(device.index if device.index is not None else torch.cuda.current_device())
@@ -137,7 +144,7 @@ def gemm_nt(x, w, tile=None):
     (the same chain either way). ``tile``: ``tile_for``'s unless given (the benchmark's candidates)."""
     M, K = x.shape
     N = w.shape[0]
-    tile = tile or tile_for(M, N, x.device)
+    tile = tile or tile_for(M, N, x.device, dtype=x.dtype)
     if _tma_ok(x, w):
         return gemm_nt_tma(x, w, tile)
     return gemm_nt_pointers(x, w, tile)
@@ -152,12 +159,14 @@ def gemm_nt_pointers(x, w, tile):
     return out
 
 
-def bmm_nn(a, b):
-    """a [G, M, K] @ b [G, K, N] -> [G, M, N] in a's dtype."""
+def bmm_nn(a, b, out=None):
+    """a [G, M, K] @ b [G, K, N] -> [G, M, N] in a's dtype, into ``out`` if given (any strides: a
+    transposed view of the caller's buffer saves the copy into it)."""
     G, M, K = a.shape
     N = b.shape[2]
-    out = torch.empty((G, M, N), dtype=a.dtype, device=a.device)
-    _launch(a, b, out, G, M, N, K, a.stride(), b.stride(), out.stride(), tile_for(M, N, a.device, G))
+    if out is None:
+        out = torch.empty((G, M, N), dtype=a.dtype, device=a.device)
+    _launch(a, b, out, G, M, N, K, a.stride(), b.stride(), out.stride(), tile_for(M, N, a.device, G, a.dtype))
     return out
 
 

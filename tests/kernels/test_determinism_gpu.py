@@ -74,6 +74,26 @@ def test_gemm_tiles_and_loads_give_the_same_bits(K, N):
         assert torch.equal(bik.gemm_nt(x[:rows], w), want[:rows]), rows
 
 
+@pytest.mark.parametrize("K,N", [(2048, 64), (7168, 256)])
+def test_fp32_gemm_tiles_give_the_same_bits(mode, K, N):
+    """fp32 products (the MoE routers' logits) take the narrow FP32 tile: its CUDA-core chain gives a
+    row the bits the bf16 tiles' shapes give it, at every row count and place in the batch, and the
+    fp32 reference's values."""
+    from paddle_mla.ops import batch_invariant_kernels as bik
+
+    g = torch.Generator(device=DEV).manual_seed(K)
+    x = torch.randn(1024, K, device=DEV, generator=g)
+    w = torch.randn(N, K, device=DEV, generator=g) * K ** -0.5
+    assert bik.tile_for(1024, N, x.device, dtype=x.dtype) == bik.FP32
+    want = bik.gemm_nt_pointers(x, w, bik.FP32)
+    for tile in (bik.NARROW, bik.WIDE):
+        assert torch.equal(bik.gemm_nt_pointers(x, w, tile), want), tile
+    alone = _assert_row_invariant(lambda t: mode.linear(t, w), x)
+    assert torch.equal(alone[0], want[3])
+    ref = x.double() @ w.double().T
+    assert float((want.double() - ref).abs().max()) < 1e-4 * float(ref.abs().max())
+
+
 def test_mla_decode_bf16_fixed_plan_row_invariant():
     from paddle_mla.attention.triton_mla.decode_plan import fixed_split_tiles, fixed_split_workspace
 
