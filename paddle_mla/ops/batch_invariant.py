@@ -100,13 +100,18 @@ def logsumexp(x):
     return rowwise(lambda r: torch.logsumexp(r, dim=-1, keepdim=True), x.to(torch.float32))
 
 
-def bmm(a, b):
-    """a [G, M, K] @ b [G, K, N] -> [G, M, N], each (g, m) row independent of the other rows."""
+def bmm(a, b, out=None):
+    """a [G, M, K] @ b [G, K, N] -> [G, M, N], each (g, m) row independent of the other rows;
+    written into ``out`` (a view of any strides) when given."""
     if _gpu_kernel_ok(a, b):
         from paddle_mla.ops.batch_invariant_kernels import bmm_nn
 
-        return bmm_nn(a, b)
-    return rowwise(lambda r: torch.bmm(r, b), a, dim=1)
+        return bmm_nn(a, b, out)
+    res = rowwise(lambda r: torch.bmm(r, b), a, dim=1)
+    if out is None:
+        return res
+    out.copy_(res)
+    return out
 
 
 def linear_for_mode(x, w, b=None):

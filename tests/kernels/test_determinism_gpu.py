@@ -147,6 +147,26 @@ def test_fused_moe_row_invariant(mode, fp8):
     assert torch.isfinite(alone.float()).all()
 
 
+def test_fused_moe_bf16_row_invariant_across_the_config_switch(mode):
+    """bf16 under the mode: a prefill-sized M takes the large wgmma config (launch_config.py), a
+    lone row the mode's mid-size one; the row's bits agree, wherever it sits in the batch."""
+    from paddle_mla.models.fused_moe.kernels import MoEWorkspace, fused_moe
+    from paddle_mla.models.fused_moe.launch_config import batch_invariant_config, get_config
+
+    E, top_k, N, K, M = 64, 6, 1408, 2048, 4096
+    assert get_config(M, E, N, K, top_k, "bf16", "any", True) != batch_invariant_config("bf16")
+    rng = np.random.default_rng(2)
+    ws_ = [torch.from_numpy(w).to(DEV, torch.bfloat16) for w in expert_weights(rng, E, N, K, scale=0.05)]
+    x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(DEV, torch.bfloat16)
+    ids_np, w_np = routing("random", M, E, top_k, 1)
+    ids, w = torch.from_numpy(ids_np).to(DEV), torch.from_numpy(w_np).to(DEV)
+    work = MoEWorkspace(M, top_k, E, N, K, torch.bfloat16, DEV)
+    full = fused_moe(x, *ws_, ids, w, work)
+    for probe in (0, 1234, M - 1):
+        alone = fused_moe(x[probe:probe + 1], *ws_, ids[probe:probe + 1], w[probe:probe + 1], work)
+        assert torch.equal(full[probe], alone[0]), probe
+
+
 def test_fp8_linear_row_invariant(mode):
     from paddle_mla.models.fp8 import Fp8Weight, fp8_kernels_available, fp8_linear
 

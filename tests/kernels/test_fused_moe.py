@@ -158,3 +158,18 @@ def test_launch_config_reads_json_nearest_m(tmp_path, monkeypatch):
         assert lc.get_config(200, 8, 96, 80, 2, "bf16", "Other GPU") == lc.default_config(200, 8, 2, "bf16")
     finally:
         lc.load_configs.cache_clear()
+
+
+def test_batch_invariant_config_follows_m_only_on_wgmma_tiles():
+    """``deterministic: true``: bf16 M whose config runs on wgmma (BLOCK_M >= 64, whole warpgroups)
+    keep it; smaller-tile M and every fp8 M take the one mode config."""
+    from paddle_mla.models.fused_moe import launch_config as lc
+
+    E, N, K, top_k = 64, 1408, 2048, 6
+    small = lc.get_config(16, E, N, K, top_k, "bf16", "Other GPU", batch_invariant=True)
+    assert lc.default_config(16, E, top_k, "bf16")["BLOCK_M"] < 64 and small == lc.batch_invariant_config("bf16")
+    big = lc.get_config(8192, E, N, K, top_k, "bf16", "Other GPU", batch_invariant=True)
+    assert big == lc.default_config(8192, E, top_k, "bf16") and big["BLOCK_M"] >= 64 and big["num_warps"] % 4 == 0
+    for m in (1, 8192):
+        assert lc.get_config(m, E, N, K, top_k, "fp8_w8a8", "Other GPU", batch_invariant=True) == \
+            lc.batch_invariant_config("fp8_w8a8")

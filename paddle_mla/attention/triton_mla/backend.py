@@ -170,10 +170,14 @@ class TritonMLABackend(MLABackend):
                 r += b - a
         q = p.q[:n]
         for a, b, r0 in ranges:
-            q[r0:r0 + b - a, :, :L].copy_(self._bmm(q_nope[a:b].transpose(0, 1), w_kc).transpose(0, 1))
+            self._bmm(q_nope[a:b].transpose(0, 1), w_kc, out=q[r0:r0 + b - a, :, :L].transpose(0, 1))
             q[r0:r0 + b - a, :, L:].copy_(q_pe[a:b])
         o = p.o[:n]
         p.decode(q, kv_cache, o, L, self.dims.softmax_scale, split)
+        if self.deterministic:   # straight into the output rows (one launch a range; the rows are invariant)
+            for a, b, r0 in ranges:
+                self._bmm(o[r0:r0 + b - a].transpose(0, 1), w_vc, out=out[a:b].transpose(0, 1))
+            return
         res = self._bmm(o.transpose(0, 1), w_vc).transpose(0, 1)
         for a, b, r0 in ranges:
             out[a:b].copy_(res[r0:r0 + b - a])
@@ -182,7 +186,7 @@ class TritonMLABackend(MLABackend):
         """Rows [0, bs): one query each, over their paged latent context (the plan from ``prepare``)."""
         L = self.dims.kv_lora_rank
         q = self.q_buf[:bs]
-        q[:, :, :L].copy_(self._bmm(q_nope[:bs].transpose(0, 1), w_kc).transpose(0, 1))
+        self._bmm(q_nope[:bs].transpose(0, 1), w_kc, out=q[:, :, :L].transpose(0, 1))
         q[:, :, L:].copy_(q_pe[:bs])
         out = self.o_buf[:bs]
         if self.cuda:
@@ -193,6 +197,13 @@ class TritonMLABackend(MLABackend):
                        cfg)
         return self._bmm(out.transpose(0, 1), w_vc).transpose(0, 1)
 
-    def _bmm(self, a, b):
-        """The W_UK / W_UV products, whose M is the step's row count: batch-invariant under the mode."""
-        return batch_invariant.bmm(a, b) if self.deterministic else torch.bmm(a, b)
+    def _bmm(self, a, b, out=None):
+        """The W_UK / W_UV products, whose M is the step's row count: batch-invariant under the mode.
+        ``out``: a strided view to write (the mode's kernel writes it directly; else one copy)."""
+        if self.deterministic:
+            return batch_invariant.bmm(a, b, out)
+        res = torch.bmm(a, b)
+        if out is None:
+            return res
+        out.copy_(res)
+        return out

@@ -31,7 +31,7 @@ import torch  # noqa: F401  (runtime-selected tensor library; tensors come from 
 import triton
 import triton.language as tl
 
-from paddle_mla.platform.triton_host import dot_precision, env_overrides, interpreting, next_pow2, num_sms
+from paddle_mla.platform.triton_host import device_index, dot_precision, env_overrides, interpreting, next_pow2, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exported)
     MAX_DV_SPLIT, DecodeWorkspace, alloc_decode_workspace, build_decode_plan, partial_rows, split_cap,
 )
@@ -42,6 +42,12 @@ LOG2E = 1.4426950408889634
 # pay; measured at b=1 (and losing at b=16, docs/benchmarks_history.md,
 # "MLA prefill attention and b=1 decode")
 SMALL_BATCH = 4
+# Stage 2 takes STAGE2_HEADS (token, head) rows a program once a launch has more than
+# STAGE2_ROWS_PER_SM rows an SM: a prefill of 8192 pseudo-row tokens at 16 heads launched half a
+# million one-row programs that mostly found their row finished by stage 1 (one split), 95 µs a
+# layer on an H200 (docs/benchmarks_history.md, "Determinism cost"). Each row's merge is unchanged.
+STAGE2_HEADS = 8
+STAGE2_ROWS_PER_SM = 32
 
 
 @dataclass(frozen=True)
@@ -257,48 +263,54 @@ def _decode_stage2(
     PO, PLSE, NSPLIT, SPLIT0, SEQ, O, ROW0, NTOK,
     stride_por, stride_poh, stride_lr, stride_lh, stride_ob, stride_oh, H,
     LV: tl.constexpr, BV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr, QG: tl.constexpr,
+    BLOCK_SC: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr, QG: tl.constexpr, HEADS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)          # (token, head) row of the plan row; QG == 1: the head
     d0 = tl.program_id(2) * BLOCK_DV
     pv = d0 // BV  # the value slice (stage-1 program) these columns came from; BLOCK_DV <= BV
     offs_d = d0 + tl.arange(0, BLOCK_DV)
-    md = offs_d < LV
-    if QG == 1:
-        orow = b
-    else:   # the group's padding rows (token >= NTOK) are computed but never stored
-        orow = tl.load(ROW0 + b).to(tl.int64) + h // H
-        md = md & (tl.zeros_like(offs_d) + h // H < tl.load(NTOK + b))   # a tensor compare (interpreter)
-    o_base = O + orow * stride_ob + (h % H) * stride_oh
     n_split = tl.load(NSPLIT + b)
     seq_len = tl.load(SEQ + b)
     r0 = tl.load(SPLIT0 + b).to(tl.int64)
+    if QG != 1:
+        row0 = tl.load(ROW0 + b).to(tl.int64)
+        ntok = tl.load(NTOK + b)
     if PDL:
         # launched early (programmatic dependent launch): wait for all of stage 1 and its writes;
         # what is read above (the plan, the query groups) was written before stage 1 started
         tl.extra.cuda.gdc_wait()
-    if seq_len == 0:
-        tl.store(o_base + offs_d, tl.zeros([BLOCK_DV], dtype=O.dtype.element_ty), mask=md)
-    elif n_split > 1:
-        lse_base = PLSE + r0 * stride_lr + h * stride_lh + pv
-        offs_s = tl.arange(0, BLOCK_S)
-        lse_all = tl.load(lse_base + offs_s * stride_lr, mask=offs_s < n_split, other=float("-inf"))
-        m = tl.max(lse_all, 0)
-        denom = tl.sum(tl.exp2(lse_all - m), 0)
-        acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-        base = PO + r0 * stride_por + h * stride_poh
-        # Weights are known up front, so the chunk loads below are independent (pipelined).
-        for c in range(0, MAX_SPLITS, BLOCK_SC):
-            if c < n_split:
-                sc = c + tl.arange(0, BLOCK_SC)
-                ms = sc < n_split
-                lse_c = tl.load(lse_base + sc * stride_lr, mask=ms, other=float("-inf"))
-                w_c = tl.exp2(lse_c - m) / denom
-                part = tl.load(base + sc[:, None] * stride_por + offs_d[None, :], mask=ms[:, None] & md[None, :],
-                               other=0.0)
-                acc += tl.sum(part * w_c[:, None], 0)
-        tl.store(o_base + offs_d, acc.to(O.dtype.element_ty), mask=md)
+    # HEADS (token, head) rows of the plan row a program: one program a row would be mostly launch
+    # cost where stage 1 finished every row itself (one split: prefill's pseudo rows)
+    for i in range(HEADS):
+        h = tl.program_id(1) * HEADS + i   # (token, head) row of the plan row; QG == 1: the head
+        md = (offs_d < LV) & (tl.zeros_like(offs_d) + h < H * QG)
+        if QG == 1:
+            orow = b
+        else:   # the group's padding rows (token >= NTOK) are computed but never stored
+            orow = row0 + h // H
+            md = md & (tl.zeros_like(offs_d) + h // H < ntok)   # a tensor compare (interpreter)
+        o_base = O + orow * stride_ob + (h % H) * stride_oh
+        if seq_len == 0:
+            tl.store(o_base + offs_d, tl.zeros([BLOCK_DV], dtype=O.dtype.element_ty), mask=md)
+        elif n_split > 1:
+            lse_base = PLSE + r0 * stride_lr + h * stride_lh + pv
+            offs_s = tl.arange(0, BLOCK_S)
+            lse_all = tl.load(lse_base + offs_s * stride_lr, mask=offs_s < n_split, other=float("-inf"))
+            m = tl.max(lse_all, 0)
+            denom = tl.sum(tl.exp2(lse_all - m), 0)
+            acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+            base = PO + r0 * stride_por + h * stride_poh
+            # Weights are known up front, so the chunk loads below are independent (pipelined).
+            for c in range(0, MAX_SPLITS, BLOCK_SC):
+                if c < n_split:
+                    sc = c + tl.arange(0, BLOCK_SC)
+                    ms = sc < n_split
+                    lse_c = tl.load(lse_base + sc * stride_lr, mask=ms, other=float("-inf"))
+                    w_c = tl.exp2(lse_c - m) / denom
+                    part = tl.load(base + sc[:, None] * stride_por + offs_d[None, :],
+                                   mask=ms[:, None] & md[None, :], other=0.0)
+                    acc += tl.sum(part * w_c[:, None], 0)
+            tl.store(o_base + offs_d, acc.to(O.dtype.element_ty), mask=md)
 
 
 def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, kv_lora_rank: int,
@@ -344,11 +356,13 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
         PDL=bool(cfg.pdl), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_dv = min(128, bv)  # one stage-2 program never spans two value slices (their LSEs differ)
-    _decode_stage2[(bs, qg * H, triton.cdiv(Lv, block_dv))](
+    rows = qg * H
+    heads = STAGE2_HEADS if bs * rows > STAGE2_ROWS_PER_SM * num_sms(device_index(q)) else 1
+    _decode_stage2[(bs, triton.cdiv(rows, heads), triton.cdiv(Lv, block_dv))](
         po, lse, ws.num_kv_splits, ws.split_start, seq_lens_k, out, row0, ntok,
         po.stride(0), po.stride(1), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), H,
         LV=Lv, BV=bv, MAX_SPLITS=ws.max_kv_splits, BLOCK_S=next_pow2(ws.max_kv_splits),
         BLOCK_SC=min(next_pow2(cfg.merge_splits), next_pow2(ws.max_kv_splits)), BLOCK_DV=block_dv, PDL=bool(cfg.pdl),
-        QG=qg, num_warps=4, **({"launch_pdl": True} if cfg.pdl else {}),
+        QG=qg, HEADS=heads, num_warps=4, **({"launch_pdl": True} if cfg.pdl else {}),
     )
     return handle

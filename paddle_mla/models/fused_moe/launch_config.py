@@ -49,8 +49,12 @@ def default_config(M: int, E: int, top_k: int, dtype: str) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
 
 
-# ``deterministic: true``: one config for every M (a row's sums then follow no other row). The
-# mid-size heuristic rows, whose BLOCK_K (128) fp8 needs for its scale blocks
+# ``deterministic: true``: a row's sums must follow no other row. bf16 / fp16: the config may still
+# follow M where its tile runs on wgmma (BLOCK_M >= 64, whole warpgroups): the tile then places each
+# output's K-ordered chain of k16 steps without changing it (as the dense GEMM's tiles,
+# ops/batch_invariant_kernels.py; tests/kernels/test_determinism_gpu.py checks across the switch);
+# smaller BLOCK_M (decode) would lower to another MMA instruction, so those M take the mid-size row
+# below. fp8: that one row for every M (its BLOCK_K, 128, is the scale blocks').
 BATCH_INVARIANT_CONFIGS = {
     "fp8_w8a8": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3),
     "any": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
@@ -63,9 +67,8 @@ def batch_invariant_config(dtype: str) -> dict:
 
 def get_config(M: int, E: int, N: int, K: int, top_k: int, dtype: str, device_name: str,
                batch_invariant: bool = False) -> dict:
-    if batch_invariant:
-        return batch_invariant_config(dtype)
     table = load_configs(E, N, K, dtype, device_name)
-    if table:
-        return dict(table[min(table, key=lambda m: abs(m - M))])
-    return default_config(M, E, top_k, dtype)
+    cfg = dict(table[min(table, key=lambda m: abs(m - M))]) if table else default_config(M, E, top_k, dtype)
+    if batch_invariant and (dtype == "fp8_w8a8" or cfg["BLOCK_M"] < 64 or cfg["num_warps"] % 4):
+        return batch_invariant_config(dtype)
+    return cfg
