@@ -16,6 +16,9 @@ def test_variant_overrides_and_comparison():
         "scheduler.max_num_seqs=256", "scheduler.enable_chunked_prefill=true", "scheduler.max_num_batched_tokens=16"]
     # 40-token prompts: three 16-token blocks each, a pool of two prompts' blocks and one more
     assert as_overrides(variant_config("preempt", 16, 40, 6))[1:] == ["cache.block_size=16", "cache.num_blocks=7"]
+    # a 256-token prompt fills 16 blocks, but admission reserves its first output token: 17 each, so
+    # a pool of 33 admitted one request at a time and never preempted (the GPU check at 256 + 32)
+    assert as_overrides(variant_config("preempt", 16, 256, 32))[1:] == ["cache.block_size=16", "cache.num_blocks=35"]
     ref = [([1, 2, 3], [-0.5, -0.25, -1.0]), ([4, 5], [-1.0, -2.0])]
     assert compare(ref, ref) == {"differ": 0, "bits_differ": 0, "of": 2, "first_at": None}
     got = [([1, 2, 3], [-0.5, -0.25, -1.0000001]), ([4, 6], [-1.0, -2.0])]

@@ -29,10 +29,11 @@ PREEMPT_BLOCK = 16   # the preempt configuration's block size: small, so decode 
 
 
 def variant_config(name: str, chunk: int, prompt: int = 256, output: int = 32) -> dict:
-    """One configuration's overrides. ``preempt``: a pool of two prompts' blocks and one more, so
-    requests that grow past a block edge preempt one another (recomputed from their tokens), and
-    never less than one whole request needs, so one alone always finishes."""
-    pool = max(2 * -(-prompt // PREEMPT_BLOCK) + 1, -(-(prompt + output) // PREEMPT_BLOCK) + 1)
+    """One configuration's overrides. ``preempt``: a pool of two prompts' blocks (each with room for
+    its first output token, which admission reserves) and one more, so requests that grow past a
+    block edge preempt one another (recomputed from their tokens), and never less than one whole
+    request needs, so one alone always finishes."""
+    pool = max(2 * -(-(prompt + 1) // PREEMPT_BLOCK) + 1, -(-(prompt + output) // PREEMPT_BLOCK) + 1)
     return {
         "batch1": {"scheduler": {"max_num_seqs": 1}},
         "batch256": {"scheduler": {"max_num_seqs": 256}},
