@@ -20,6 +20,7 @@ No allocation and no host sync per call: workspaces come from ``alloc_decode_wor
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,8 @@ SMALL_BATCH = 4
 # STAGE2_ROWS_PER_SM rows an SM: a prefill of 8192 pseudo-row tokens at 16 heads launched half a
 # million one-row programs that mostly found their row finished by stage 1 (one split), 95 µs a
 # layer on an H200 (docs/benchmarks_history.md, "Determinism cost"). Each row's merge is unchanged.
-STAGE2_HEADS = 8
+# PADDLE_MLA_STAGE2_HEADS (read at import) overrides it for A/B measurements; 1 is the one-row form.
+STAGE2_HEADS = int(os.environ.get("PADDLE_MLA_STAGE2_HEADS", "8"))
 STAGE2_ROWS_PER_SM = 32
 
 
