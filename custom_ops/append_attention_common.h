@@ -58,6 +58,10 @@ struct AppendAttentionArgs {
   // swa_mask too: a window start would move the tiles), so a row's bits do not depend on the batch,
   // the chunking or the step kind.
   bool batch_invariant;
+  // batch_invariant only: > 0 cuts every row's keys into segments of this many (a multiple of 64) from
+  // key 0, folded in a fixed order (append_attention_segments.cuh), so a decode row splits over blocks;
+  // 0: one walk a row. The CPU op ignores it (one loop per token is batch-invariant already).
+  int64_t invariant_split;
   AttnDtype dtype;
 };
 
@@ -183,6 +187,7 @@ inline const char* check_append_attention_args(const AppendAttentionArgs& a) {
   if (a.q_stride < a.num_q_heads * a.head_dim || a.k_stride < a.num_kv_heads * a.head_dim ||
       a.v_stride < a.num_kv_heads * a.head_dim)
     return "q, k, v token strides are smaller than a token";
+  if (a.invariant_split < 0 || a.invariant_split % 64 != 0) return "invariant_split must be 0 or a multiple of 64";
   return nullptr;
 }
 

@@ -202,16 +202,18 @@ const char* launch_prefill(const AppendAttentionArgs& a, cudaStream_t stream) {
 
 // The tensor-core prefill (append_attention_prefill_tc.cuh): W warps of MF 16-row fragments a block
 // (DSPLIT: the W warps share MF fragments and split O's dims).
-template <typename T, int D, int W, int MF, bool DSPLIT = false>
-const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream) {
+template <typename T, int D, int W, int MF, bool DSPLIT = false, bool SEG = false>
+const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream, float* seg_ws = nullptr,
+                              int segs = 1) {
   constexpr int rows = 16 * MF * (DSPLIT ? 1 : W);
   const attn::PtcLayout layout(D, static_cast<int>(sizeof(T)), rows);
-  auto kernel = attn::prefill_tc_kernel<T, D, W, MF, DSPLIT>;
+  auto kernel = attn::prefill_tc_kernel<T, D, W, MF, DSPLIT, SEG>;
   if (const char* err = allow_smem(kernel, layout.total)) return err;
   const int64_t queries = rows / (a.num_q_heads / a.num_kv_heads);
   const int64_t tiles = (a.num_tokens + queries - 1) / queries + a.batch;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads));
-  kernel<<<grid, 32 * W, layout.total, stream>>>(a);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(DSPLIT && SEG ? segs : 1));
+  kernel<<<grid, 32 * W, layout.total, stream>>>(a, seg_ws, segs);
   return launched();
 }
 
@@ -240,14 +242,49 @@ const char* launch_prefill_any(const AppendAttentionArgs& a, cudaStream_t stream
 // a request, `group` real rows a block) takes the DSPLIT form, whose rows have the row-split form's
 // bits (tests/kernels/test_append_attention_deterministic_gpu.py): its four warps all compute, where
 // the row-split form's 128-row block has one warp with real rows. PADDLE_MLA_GQA_DSPLIT=0: off (A/B).
+// With a.invariant_split > 0 the tensor-core forms cut every row into fixed key segments
+// (append_attention_segments.cuh): a decode-only step then splits each row over blocks by segment
+// (split-KV with a batch-invariant split) and folds them in segment_merge_kernel; other steps fold in
+// the row-split block (MF = 1: room for the second O). Both give a row the same bits.
+template <typename T>
+const char* launch_segments(const AppendAttentionArgs& a, bool dsplit, float* ws, int64_t ws_floats,
+                            cudaStream_t stream) {
+  const int64_t width = a.max_blocks * a.block_size;  // the longest row's keys, at most
+  const int segs = static_cast<int>(attn::row_segments(a, width - 1));
+  if (dsplit && attn::segment_ws_floats(a, segs) <= ws_floats) {
+    const char* err = nullptr;
+    switch (a.head_dim) {
+      case 64: err = launch_prefill_tc<T, 64, 4, 1, true, true>(a, stream, ws, segs); break;
+      case 96: err = launch_prefill_tc<T, 96, 2, 1, true, true>(a, stream, ws, segs); break;
+      case 128: err = launch_prefill_tc<T, 128, 4, 1, true, true>(a, stream, ws, segs); break;
+      default: err = "no split"; break;
+    }
+    if (err == nullptr) {
+      attn::segment_merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)),
+                                      128, 0, stream>>>(a, segs, ws);
+      return launched();
+    }
+    if (std::strcmp(err, "no split") != 0) return err;
+  }
+  switch (a.head_dim) {
+    case 64: return launch_prefill_tc<T, 64, 4, 1, false, true>(a, stream);
+    case 80: return launch_prefill_tc<T, 80, 4, 1, false, true>(a, stream);
+    case 96: return launch_prefill_tc<T, 96, 4, 1, false, true>(a, stream);
+    default: return launch_prefill_tc<T, 128, 4, 1, false, true>(a, stream);
+  }
+}
+
 template <typename T, int VB, int DPL>
-const char* launch_invariant(const AppendAttentionArgs& a, bool decode_only, cudaStream_t stream) {
+const char* launch_invariant(const AppendAttentionArgs& a, bool decode_only, float* ws, int64_t ws_floats,
+                             cudaStream_t stream) {
   AppendAttentionArgs walk_all = a;
   walk_all.swa_mask = true;
   if constexpr (sizeof(T) == 2) {
     const bool dsplit = decode_only && a.num_q_heads / a.num_kv_heads <= 16 &&
                         tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC") &&
                         tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_DSPLIT");
+    if (a.invariant_split > 0 && tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC"))
+      return launch_segments<T>(walk_all, dsplit, ws, ws_floats, stream);
     if (dsplit) {
       switch (a.head_dim) {
         case 64: return launch_prefill_tc<T, 64, 4, 1, true>(walk_all, stream);
@@ -266,7 +303,7 @@ const char* launch_all(const AppendAttentionArgs& a, float* ws, int64_t ws_float
   rope_write_kernel<T><<<static_cast<unsigned>(a.num_tokens), 128, 0, stream>>>(a);
   if (const char* err = launched()) return err;
   if (a.batch == 0) return nullptr;
-  if (a.batch_invariant) return launch_invariant<T, VB, DPL>(a, decode_only, stream);
+  if (a.batch_invariant) return launch_invariant<T, VB, DPL>(a, decode_only, ws, ws_floats, stream);
   const char* err = launch_decode_any<T, VB, DPL>(a, ws, ws_floats, stream);
   if (err != nullptr || decode_only) return err;
   return launch_prefill_any<T, VB, DPL>(a, stream);

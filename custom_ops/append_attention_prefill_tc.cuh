@@ -31,6 +31,7 @@
 #include "append_attention_device.cuh"
 #include "append_attention_mma.cuh"
 #include "append_attention_prefill.cuh"
+#include "append_attention_segments.cuh"
 
 namespace paddle_mla {
 namespace attn {
@@ -65,8 +66,13 @@ struct PtcLayout {
 // for its D / W columns. A row's bits are therefore those of the row-split kernel; what changes is
 // that a block of few real rows (decode under batch_invariant: one query, `group` rows) keeps W warps
 // busy instead of one (docs/determinism.md).
-template <typename T, int D, int W, int MF, bool DSPLIT = false>
-__global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionArgs a) {
+// SEG (batch_invariant with a.invariant_split > 0, append_attention_segments.cuh): the keys fall in fixed
+// segments, each with a fresh online softmax, folded left to right. Row-split: folded here, at each
+// boundary, into a second set of O registers. DSPLIT: block z of the grid's third axis walks segment z
+// alone and writes its (m, l, O) to `seg_ws` (`segs` a row at most) for segment_merge_kernel, or the
+// output itself when the row has one segment.
+template <typename T, int D, int W, int MF, bool DSPLIT = false, bool SEG = false>
+__global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionArgs a, float* seg_ws, int segs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int TK = kPtcKeys, WR = 16 * MF, ROWS = DSPLIT ? WR : WR * W, KD = D / 16, NK = TK / 8,
                 P = D + 8;
@@ -140,6 +146,10 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     keys = KeyRanges{0, sinks, win_lo, max(win_lo, pmax + 1)};
   }
   const int64_t nvis = keys.count();
+  // this block's keys [lo, hi): the row's, or (DSPLIT + SEG) one segment of them
+  const int64_t lo = DSPLIT && SEG ? static_cast<int64_t>(blockIdx.z) * a.invariant_split : 0;
+  const int64_t hi = DSPLIT && SEG ? min(nvis, lo + a.invariant_split) : nvis;
+  if (lo >= hi && DSPLIT && SEG) return;  // past the row's last segment
   int64_t* offs = reinterpret_cast<int64_t*>(ptc_smem + L.offs);
   int32_t* kpos = reinterpret_cast<int32_t*>(ptc_smem + L.kpos);
   int32_t* dense = reinterpret_cast<int32_t*>(ptc_smem + L.dense);
@@ -176,11 +186,11 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   // with tile it - 1, whose stage then takes tile it + 1 (planned an iteration earlier); tile it + 2 is
   // planned after the barrier from table entries read an iteration earlier. Plan slots: it % 3.
   // The first tile's copy is issued before the Q rows are roped, so the two overlap.
-  plan(0, 0, fetch(0));
-  plan(TK, 1, fetch(TK));
-  int32_t raw_next = fetch(2 * TK);
+  plan(lo, 0, fetch(lo));
+  plan(lo + TK, 1, fetch(lo + TK));
+  int32_t raw_next = fetch(lo + 2 * TK);
   __syncthreads();
-  if (nvis > 0) issue(0, 0);
+  if (lo < hi) issue(0, 0);
   // Q rows roped (a pair of dims per step: rope_dims / rope_pair of append_attention_common.h, as the
   // C++ op; dims >= rot_dim pass through), unscaled, in T (the scale goes onto the fp32 scores); padding
   // rows are zeros. Positions come from shared memory and the loop is unrolled, so the global reads of q
@@ -230,16 +240,22 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   for (int f = 0; f < MF; ++f) m[f][0] = m[f][1] = -INFINITY, l[f][0] = l[f][1] = 0.0f;
   const float qk_scale = a.softmax_scale * kLog2e;
   const int col0 = (lane % 4) * 2;  // first key (S) / dim (O) column of this thread in an 8-wide block
+  // SEG: (M, L, A) of the segments folded so far (row-split: segment_fold_rows at each boundary)
+  float A[MF][NDW][4], M[MF][2], Lsum[MF][2];
+  if constexpr (SEG && !DSPLIT) segment_state_init<MF, NDW>(A, M, Lsum);
 
   // The pipeline described above the prologue: one barrier a tile, plan slots it % 3.
   int it = 0;
-  for (int64_t first = 0; first < nvis; first += TK, ++it) {
+  for (int64_t first = lo; first < hi; first += TK, ++it) {
     const int cur = it & 1, slot = it % 3;
     __pipeline_wait_prior(0);
     __syncthreads();  // tile it visible to every thread; stage cur ^ 1 (tile it - 1) is free
-    if (first + TK < nvis) issue((it + 1) % 3, cur ^ 1);
-    if (first + 2 * TK < nvis) plan(first + 2 * TK, (it + 2) % 3, raw_next);
+    if (first + TK < hi) issue((it + 1) % 3, cur ^ 1);
+    if (first + 2 * TK < hi) plan(first + 2 * TK, (it + 2) % 3, raw_next);
     raw_next = fetch(first + 3 * TK);
+    if constexpr (SEG && !DSPLIT) {
+      if (first > 0 && first % a.invariant_split == 0) segment_fold_rows<MF, NDW>(o, m, l, A, M, Lsum);
+    }
     if (wmax < 0 || keys.position(first) > wmax) continue;  // causal: nothing here for this warp's rows
     const uint32_t kt = smem_u32(k_stage(cur)) + k_off, vt = smem_u32(v_stage(cur)) + v_off;
     float s[MF][NK][4];
@@ -345,6 +361,14 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   }
   __pipeline_wait_prior(0);
   T* out = static_cast<T*>(a.out);
+  if constexpr (SEG) {
+    if constexpr (DSPLIT) {
+      segment_store_block<T, MF, NDW>(a, s_tok, b, g, group, pmax, warp, lane, nd0 * 8 + col0, o, m, l, seg_ws, segs);
+    } else {
+      segment_fold_rows<MF, NDW>(o, m, l, A, M, Lsum);
+      segment_store_rows<T, MF, NDW>(a, s_tok, r0, g, group, lane, nd0 * 8 + col0, A, Lsum);
+    }
+  } else {
 #pragma unroll
   for (int f = 0; f < MF; ++f) {
 #pragma unroll
@@ -361,6 +385,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
       for (int nd = 0; nd < NDW; ++nd)
         *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(o[f][nd][2 * h] * inv, o[f][nd][2 * h + 1] * inv);
     }
+  }
   }
 #endif
 }

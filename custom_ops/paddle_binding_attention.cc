@@ -29,7 +29,7 @@ void AppendAttention(const paddle::Tensor& q_in, const paddle::Tensor& k_in, con
                      const paddle::Tensor& cos_sin, paddle::Tensor& out, const paddle::Tensor& workspace,
                      float softmax_scale, bool neox, int64_t rot_dim, int64_t num_swa_heads, int64_t window,
                      int64_t sink, bool swa_mask, bool decode_only,
-                     bool batch_invariant) {
+                     bool batch_invariant, int64_t invariant_split) {
   const char* op = "pmla_append_attention";
   PD_CHECK(q_in.shape().size() == 3 && k_in.shape().size() == 3 && v_in.shape().size() == 3, op,
            ": q, k, v must be [T, H, D]");
@@ -85,6 +85,7 @@ void AppendAttention(const paddle::Tensor& q_in, const paddle::Tensor& k_in, con
   a.sink = sink;
   a.swa_mask = swa_mask;
   a.batch_invariant = batch_invariant;
+  a.invariant_split = batch_invariant ? invariant_split : 0;
   a.dtype = dt == DataType::FLOAT32    ? paddle_mla::AttnDtype::kFloat32
             : dt == DataType::BFLOAT16 ? paddle_mla::AttnDtype::kBFloat16
                                        : paddle_mla::AttnDtype::kFloat16;
@@ -127,5 +128,5 @@ PD_BUILD_OP(pmla_append_attention)
     .SetInplaceMap({{"k_cache", "k_cache_out"}, {"v_cache", "v_cache_out"}, {"out", "out_out"}})
     .Attrs({"softmax_scale: float", "neox: bool", "rot_dim: int64_t", "num_swa_heads: int64_t",
             "window: int64_t", "sink: int64_t", "swa_mask: bool", "decode_only: bool",
-            "batch_invariant: bool"})
+            "batch_invariant: bool", "invariant_split: int64_t"})
     .SetKernelFn(PD_KERNEL(AppendAttention));

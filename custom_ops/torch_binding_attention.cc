@@ -28,7 +28,7 @@ void append_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::
                       const at::Tensor& positions, const at::Tensor& cos_sin, at::Tensor& out,
                       const at::Tensor& workspace, double softmax_scale, bool neox, int64_t rot_dim,
                       int64_t num_swa_heads, int64_t window, int64_t sink, bool swa_mask, bool decode_only,
-                      bool batch_invariant) {
+                      bool batch_invariant, int64_t invariant_split) {
   const char* op = "paddle_mla::append_attention";
   TORCH_CHECK(q_in.dim() == 3 && k_in.dim() == 3 && v_in.dim() == 3, op, ": q, k, v must be [T, H, D]");
   TORCH_CHECK((k_cache.dim() == 4 || k_cache.dim() == 3) && k_cache.sizes() == v_cache.sizes(), op,
@@ -80,6 +80,7 @@ void append_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::
   a.sink = sink;
   a.swa_mask = swa_mask;
   a.batch_invariant = batch_invariant;
+  a.invariant_split = batch_invariant ? invariant_split : 0;
   a.dtype = dt == at::kFloat      ? paddle_mla::AttnDtype::kFloat32
             : dt == at::kBFloat16 ? paddle_mla::AttnDtype::kBFloat16
                                   : paddle_mla::AttnDtype::kFloat16;
@@ -120,7 +121,8 @@ TORCH_LIBRARY_FRAGMENT(paddle_mla, m) {
   m.def("append_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor block_tables, Tensor cu_seqlens_q, Tensor seq_lens_k, Tensor batch_id_per_token, "
         "Tensor positions, Tensor cos_sin, Tensor(c!) out, Tensor workspace, float softmax_scale, bool neox, "
-        "int rot_dim, int num_swa_heads, int window, int sink, bool swa_mask, bool decode_only, bool batch_invariant) -> ()");
+        "int rot_dim, int num_swa_heads, int window, int sink, bool swa_mask, bool decode_only, bool batch_invariant, "
+        "int invariant_split) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(paddle_mla, CPU, m) { m.impl("append_attention", &append_attention); }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from paddle_mla.attention.backend import GQABackend, GQADims, LayerRope, register_backend
+from paddle_mla.attention.backend import GQABackend, GQADims, LayerRope, deterministic_split_tokens, register_backend
 from paddle_mla.ops import append_attention as op
 from paddle_mla.ops import build
 
@@ -27,6 +27,10 @@ class AppendAttnBackend(GQABackend):
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, num_swa_heads, window, sink,
                          max_num_batched_tokens, swa_mask)
         self.deterministic = deterministic   # every token through the prefill kernel (ops.append_attention)
+        # ... in fixed key segments, so a decode row splits over blocks (the split follows max_model_len;
+        # none when one segment holds every row: the segmented form's prefill block is the slower MF = 1)
+        split = deterministic_split_tokens(max_model_len)
+        self.invariant_split = split if deterministic and max_model_len > split else 0
         on_gpu = not str(device).startswith("cpu")
         if op.implementation(on_gpu) != "custom_op":
             why = build.unavailable_reason() or "the custom ops were built without CUDA (nvcc not found)"
@@ -42,4 +46,4 @@ class AppendAttnBackend(GQABackend):
             meta.batch_id_per_token, meta.positions, layer_rope.cos_sin, out, softmax_scale=self.dims.softmax_scale,
             neox=layer_rope.neox, rot_dim=layer_rope.rot_dim, num_swa_heads=self.num_swa_heads, window=self.window,
             sink=self.sink, swa_mask=self.swa_mask, workspace=self.workspace, decode_only=bool(meta.is_decode_only),
-            batch_invariant=self.deterministic)
+            batch_invariant=self.deterministic, invariant_split=self.invariant_split)

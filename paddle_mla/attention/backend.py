@@ -144,6 +144,25 @@ _MODULES = {("native", "mla"): "paddle_mla.attention.native",
             ("append_attn", "gqa"): "paddle_mla.attention.append_attn"}
 
 
+# ``deterministic: true``: keys per split of every row's split-KV attention (``triton_mla``, ``dsa``,
+# ``append_attn``), counted from the row's first key, whatever the batch (the split count then follows
+# the row's length alone): at least DETERMINISTIC_SPLIT_TOKENS, doubled until a row of max_model_len
+# takes at most DETERMINISTIC_MAX_SPLITS. Why the cap: the decode workspace holds every row's splits at
+# once (max_num_seqs x splits fp32 partial rows: 4.3 GB at V3 dims, 256 rows and 128k in splits of
+# 2048, 1.1 GB in splits of 8192). The size follows max_model_len alone, never max_num_seqs or the
+# batch, so every configuration of one max_model_len splits a row alike.
+DETERMINISTIC_SPLIT_TOKENS = 2048
+DETERMINISTIC_MAX_SPLITS = 16
+
+
+def deterministic_split_tokens(max_model_len: int) -> int:
+    """Keys per split under ``deterministic: true`` for rows of up to ``max_model_len`` tokens."""
+    split = DETERMINISTIC_SPLIT_TOKENS
+    while -(-max_model_len // split) > DETERMINISTIC_MAX_SPLITS:
+        split *= 2
+    return split
+
+
 def register_backend(name: str):
     """Class decorator: registers an MLABackend or GQABackend subclass under (name, its family)."""
     def deco(cls):

@@ -12,7 +12,10 @@ the backend so decode steps replay in CUDA graphs; without it a GPU call allocat
 ``batch_invariant`` (``deterministic: true``) sends every token, decode rows included, through the
 prefill kernel, whose per-row sums walk key tiles from key 0 whatever shares the block (SWA heads
 walk their whole row and mask): a row's bits then depend on its own query and keys alone, not on
-the batch, the chunking or whether the step decodes. On CPU every token already takes one loop.
+the batch, the chunking or whether the step decodes. ``invariant_split`` (with it; a multiple of 64, 0:
+none) cuts every row's keys at fixed offsets into segments folded in one order, so a decode step splits
+each row over blocks as the default decode does (custom_ops/append_attention_segments.cuh). On CPU
+every token already takes one loop.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ MAX_DECODE_SPLITS = 16
 
 def workspace_numel(max_num_seqs: int, num_q_heads: int, head_dim: int) -> int:
     """fp32 elements of the decode workspace for up to ``max_num_seqs`` requests a step."""
-    return max(1, max_num_seqs * num_q_heads * MAX_DECODE_SPLITS * (head_dim + 1))
+    return max(1, max_num_seqs * num_q_heads * MAX_DECODE_SPLITS * (head_dim + 2))   # + (m, l) of a segment
 
 
 def implementation(on_gpu: bool = False) -> str:
@@ -41,7 +44,8 @@ def implementation(on_gpu: bool = False) -> str:
 def append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, batch_id_per_token,
                      positions, cos_sin, out, *, softmax_scale: float, neox: bool, rot_dim: int,
                      num_swa_heads: int = 0, window: int = 0, sink: int = 0, swa_mask: bool = False,
-                     workspace=None, decode_only: bool = False, batch_invariant: bool = False):
+                     workspace=None, decode_only: bool = False, batch_invariant: bool = False,
+                     invariant_split: int = 0):
     """Writes the step's roped K/V into ``k_cache``/``v_cache`` and the attention output into ``out``
     ([T, Hq, D], dtype of q); returns ``out``. ``swa_mask``: SWA heads walk every key j <= p and mask
     those outside their window instead of skipping them (same outputs; the benchmarks' baseline)."""
@@ -56,5 +60,6 @@ def append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_
     build.load_ops().append_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k,
                                       batch_id_per_token, positions, cos_sin, out, workspace, float(softmax_scale),
                                       bool(neox), int(rot_dim), int(num_swa_heads), int(window), int(sink),
-                                      bool(swa_mask), bool(decode_only), bool(batch_invariant))
+                                      bool(swa_mask), bool(decode_only), bool(batch_invariant),
+                                      int(invariant_split))
     return out

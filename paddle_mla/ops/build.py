@@ -53,7 +53,8 @@ KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "a
                   "append_attention_cpu.h", "append_attention_cuda.h", "append_attention_device.cuh",
                   "append_attention_prefill.cuh", "append_attention_prefill_tc.cuh",
                   "append_attention_decode_tc.cuh", "append_attention_decode_mma.cuh", "append_attention_mma.cuh",
-                  "append_attention_decode_plan.cuh", "append_attention_kernels.cu", "mla_decode_cuda.h",
+                  "append_attention_decode_plan.cuh", "append_attention_decode.cuh", "append_attention_segments.cuh",
+                  "append_attention_kernels.cu", "mla_decode_cuda.h",
                   "mla_decode_kernel.cuh", "mla_decode_kernels.cu", "cuda_launch.cuh")
 CUDA_SOURCES = ("metadata_kernels.cu", "append_attention_kernels.cu", "mla_decode_kernels.cu")
 BINDINGS = {"paddle": ("paddle_binding.cc", "paddle_binding_attention.cc", "paddle_binding_mla.cc"),
@@ -73,7 +74,8 @@ class CompiledOps:
     compute_slot_mapping: Callable[..., Any]
     # (q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, batch_id_per_token, positions,
     #  cos_sin, out, workspace, softmax_scale, neox, rot_dim, num_swa_heads, window, sink, swa_mask,
-    #  decode_only, batch_invariant): updates k_cache, v_cache, out in place; see paddle_mla/ops/append_attention.py
+    #  decode_only, batch_invariant, invariant_split): updates k_cache, v_cache, out in place; see
+    #  paddle_mla/ops/append_attention.py
     append_attention: Callable[..., Any]
     mla_decode: Callable[..., Any]  # writes out in place; GPU only; see paddle_mla/ops/mla_decode.py
     runtime: str
@@ -359,7 +361,7 @@ def _register_torch_fakes() -> None:
 
     @torch.library.register_fake("paddle_mla::append_attention")
     def _(q, k, v, k_cache, v_cache, tables, cu_q, lens, ids, pos, cos_sin, out, ws, scale, neox, rot, swa, window,
-          sink, swa_mask, decode_only, batch_invariant):
+          sink, swa_mask, decode_only, batch_invariant, invariant_split):
         return None  # mutates k_cache, v_cache, out
 
     torch.library.register_fake("paddle_mla::mla_decode")(lambda *args: None)  # mutates out and the partials

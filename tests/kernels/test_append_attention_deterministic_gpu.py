@@ -3,8 +3,11 @@ token gets the same output bits whether it decodes alone, decodes among rows of 
 place in the batch, ends a chunk, ends a whole prefill, or shares the step with other prefills; with
 uniform and head-wise tables and SWA heads, in bf16 (tensor-core prefill kernel) and fp32 (the
 CUDA-core one). Decode-only steps (``decode_only``) take the dims-split form of the bf16 kernel
-(head_dim 64, 96, 128); its rows must carry the row-split form's bits. The mode's outputs also match
-the C++ op. Run by scripts/gpu_tests.sh; skipped on CPU.
+(head_dim 64, 96, 128); its rows must carry the row-split form's bits. With ``invariant_split`` the
+rows' keys fall in fixed segments: a decode-only step splits a row over blocks by segment and merges
+them, other steps fold in the row-split block; the probe's bits must not depend on which (the probe's
+1500 keys span three segments of 512). The mode's outputs also match the C++ op. Run by
+scripts/gpu_tests.sh; skipped on CPU.
 """
 
 from __future__ import annotations
@@ -52,38 +55,49 @@ def context_data(c: Case, probe, at: int) -> CaseData:
     return CaseData(base.tables, Q, K, V, rope_table(4000, c.rot_dim), base.num_blocks, [])
 
 
-def probe_out(name: str, geom: str, dtype, decode_only: bool = False) -> np.ndarray:
+def probe_out(name: str, geom: str, dtype, decode_only: bool = False, split: int = 0) -> np.ndarray:
     hq, hkv, d, bs, head_wise, swa = GEOMETRIES[geom]
     reqs, at = CONTEXTS[name]
     c = Case(tuple(reqs), hq, hkv, d, d, True, bs, head_wise, swa, seed=len(reqs))
     out, _, _ = run_case(c, op.append_attention, dtype, gpu(), context_data(c, probe_arrays(hq, hkv, d), at),
-                         batch_invariant=True, decode_only=decode_only)
+                         batch_invariant=True, decode_only=decode_only, invariant_split=split)
     row = sum(n for _, n in reqs[:at + 1]) - 1     # the probe's last new token
     return out[row]
 
 
+@pytest.mark.parametrize("split", [0, 512])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("geom", sorted(GEOMETRIES))
-def test_probe_token_bits_do_not_depend_on_the_step(geom, dtype):
+def test_probe_token_bits_do_not_depend_on_the_step(geom, dtype, split):
     dt = getattr(torch, dtype)
-    alone = probe_out("decode_alone", geom, dt)
+    alone = probe_out("decode_alone", geom, dt, split=split)
     assert np.isfinite(alone).all()
     for name, (reqs, _) in CONTEXTS.items():
         if name != "decode_alone":
-            got = probe_out(name, geom, dt)
+            got = probe_out(name, geom, dt, split=split)
             assert np.array_equal(got, alone), f"{name}: max diff {np.abs(got - alone).max()}"
         if all(n == 1 for _, n in reqs):   # a decode-only step: the dims-split form where it applies
-            got = probe_out(name, geom, dt, decode_only=True)
+            got = probe_out(name, geom, dt, decode_only=True, split=split)
             assert np.array_equal(got, alone), f"{name}, decode_only: max diff {np.abs(got - alone).max()}"
 
 
 @pytest.mark.parametrize("geom", sorted(GEOMETRIES))
-def test_batch_invariant_outputs_match_the_cpu_op(geom):
+def test_segments_change_only_the_rounding(geom):
+    """The segmented walk is the same attention: the probe's output with segments of 512 keys agrees
+    with the one-walk output to bf16 rounding."""
+    one = probe_out("decode_alone", geom, torch.bfloat16)
+    seg = probe_out("decode_alone", geom, torch.bfloat16, decode_only=True, split=512)
+    np.testing.assert_allclose(seg, one, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("split", [0, 256])
+@pytest.mark.parametrize("geom", sorted(GEOMETRIES))
+def test_batch_invariant_outputs_match_the_cpu_op(geom, split):
     hq, hkv, d, bs, head_wise, swa = GEOMETRIES[geom]
     c = Case(((0, 5), (4, 1), (7, 9), (15, 2), (0, 1), (0, 0), (333, 40), (700, 1)), hq, hkv, d, d, True, bs,
              head_wise, swa, pad=3, seed=11)
     data = make_data(c)
-    got = run_case(c, op.append_attention, torch.bfloat16, gpu(), data, batch_invariant=True)
+    got = run_case(c, op.append_attention, torch.bfloat16, gpu(), data, batch_invariant=True, invariant_split=split)
     want = run_case(c, op.append_attention, torch.bfloat16, "cpu", data)
     assert not np.isnan(got[0]).any(), "NaN in the output: a masked or -1 slot was read"
     assert np.all(got[0][-3:] == 0), "padding tokens must come back as zeros"

@@ -128,6 +128,17 @@ def test_bad_shapes_are_rejected():
                             softmax_scale=1.0, neox=True, rot_dim=8)
 
 
+def test_invariant_split_must_be_a_multiple_of_64_and_the_cpu_op_ignores_it():
+    c = Case(REQS["long"], 4, 2, 16, 16, True, 16, False, (0, 0, 0), seed=3)
+    data = make_data(c)
+    with pytest.raises(Exception, match="multiple of 64"):
+        run_case(c, op.append_attention, torch.float32, "cpu", data, batch_invariant=True, invariant_split=100)
+    plain = run_case(c, op.append_attention, torch.float32, "cpu", data, batch_invariant=True)
+    split = run_case(c, op.append_attention, torch.float32, "cpu", data, batch_invariant=True, invariant_split=64)
+    for a, b in zip(plain, split):
+        np.testing.assert_array_equal(a, b)
+
+
 SWA_TABLES = [t for t in TABLES if t[2][0]]
 
 

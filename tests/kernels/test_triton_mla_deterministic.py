@@ -103,7 +103,7 @@ def test_split_size_follows_max_model_len_alone(max_len, split):
     """The split size is at least 2048 keys and doubles until a row of max_model_len takes at most 16
     splits; so the decode workspace (every row's splits at once) is bounded by max_num_seqs x 16
     partial rows: at V3 dims (128 heads, latent 512), 256 rows and 128k, about 1.1 GB, not 4.3."""
-    from paddle_mla.attention.triton_mla.backend import DETERMINISTIC_MAX_SPLITS, deterministic_split_tokens
+    from paddle_mla.attention.backend import DETERMINISTIC_MAX_SPLITS, deterministic_split_tokens
     from paddle_mla.attention.triton_mla.decode_plan import fixed_splits, partial_row_bytes
 
     assert deterministic_split_tokens(max_len) == split

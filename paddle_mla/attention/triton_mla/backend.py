@@ -29,7 +29,7 @@ import torch
 
 from paddle_mla.platform import runtime
 from paddle_mla.ops import batch_invariant
-from paddle_mla.attention.backend import MLABackend, MLADims, register_backend
+from paddle_mla.attention.backend import MLABackend, MLADims, deterministic_split_tokens, register_backend
 from paddle_mla.attention.forward_meta import MLAStepPlan
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
 from paddle_mla.attention.triton_mla.cuda_decode import CudaDecode, unavailable_reason
@@ -41,25 +41,6 @@ from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chun
 from paddle_mla.attention.triton_mla.short_extend import (
     PseudoRows, crossover_tokens, max_pseudo_rows, query_group, split_short_rows,
 )
-
-# ``deterministic: true``: keys per split of every row's split-KV attention, counted from the
-# row's first key, whatever the batch (the split count then follows the row's length alone): at
-# least DETERMINISTIC_SPLIT_TOKENS, doubled until a row of max_model_len takes at most
-# DETERMINISTIC_MAX_SPLITS. Why the cap: the decode workspace holds every row's splits at once
-# (max_num_seqs x splits fp32 partial rows: 4.3 GB at V3 dims, 256 rows and 128k in splits of
-# 2048, 1.1 GB in splits of 8192). The size follows max_model_len alone, never max_num_seqs or the
-# batch, so every configuration of one max_model_len splits a row alike.
-DETERMINISTIC_SPLIT_TOKENS = 2048
-DETERMINISTIC_MAX_SPLITS = 16
-
-
-def deterministic_split_tokens(max_model_len: int) -> int:
-    """Keys per split under ``deterministic: true`` for rows of up to ``max_model_len`` tokens."""
-    split = DETERMINISTIC_SPLIT_TOKENS
-    while -(-max_model_len // split) > DETERMINISTIC_MAX_SPLITS:
-        split *= 2
-    return split
-
 
 @register_backend("triton_mla")
 class TritonMLABackend(MLABackend):

@@ -1,0 +1,175 @@
+// append_attention, the fixed key segments of batch_invariant (deterministic: true) with
+// invariant_split > 0: every row's keys are cut at multiples of invariant_split (from key 0), each
+// segment's online softmax starts fresh, and the segments are folded left to right with seg_fold. The
+// tensor-core prefill kernel folds in registers at each boundary (SEG); a decode-only step runs one
+// block a (request, KV head, segment) instead (DSPLIT + SEG), writes each segment's (m, l, O) and
+// segment_merge_kernel folds them. The two give a row the same bits: each segment is the same chain of
+// tiles in both, and the fold is one function with its roundings spelled out (no contraction left to
+// the compiler). Why segments: without them a decode row's keys stream through one block, so few long
+// rows leave most SMs idle (4 rows of 16k at Qwen3-8B dims: 32 blocks, the decode step 2.05x default
+// mode's; docs/determinism.md). Included by append_attention_kernels.cu.
+#pragma once
+
+#include "append_attention_common.h"
+#include "append_attention_device.cuh"
+#include "append_attention_mma.cuh"
+
+namespace paddle_mla {
+namespace attn {
+
+// (M, L, A[0..n)) += (m, l, o[0..n)): the running max (log2 units), row sum and unnormalised output
+// of the segments so far, and one more segment's. A segment that saw no key (m = -inf, l = 0, o = 0)
+// leaves them exactly as they were.
+template <int N>
+__device__ __forceinline__ void seg_fold(float& M, float& L, float* A, float m, float l, const float* o) {
+  const float mn = fmaxf(M, m);
+  if (mn == -INFINITY) return;
+  const float a = fast_exp2(M - mn), b = fast_exp2(m - mn);
+  L = __fmaf_rn(L, a, __fmul_rn(l, b));
+#pragma unroll
+  for (int i = 0; i < N; ++i) A[i] = __fmaf_rn(A[i], a, __fmul_rn(o[i], b));
+  M = mn;
+}
+
+__device__ __forceinline__ float seg_output(float A, float L) { return L > 0.0f ? __fdiv_rn(A, L) : 0.0f; }
+
+// Segments of a row whose last key is at position p.
+PMLA_HD inline int64_t row_segments(const AppendAttentionArgs& a, int64_t p) {
+  return p < 0 ? 0 : p / a.invariant_split + 1;
+}
+
+// Workspace of the per-segment partials: O [rows x Hq, segs, D], then (m, l) [rows x Hq, segs, 2].
+PMLA_HD inline int64_t segment_ws_floats(const AppendAttentionArgs& a, int64_t segs) {
+  return a.batch * a.num_q_heads * segs * (a.head_dim + 2);
+}
+
+// The tensor-core prefill kernel's pieces (append_attention_prefill_tc.cuh): a thread's O fragments hold
+// rows lane / 4 + 8 h of each 16-row fragment f, its 2 NDW columns of them starting at column `col`.
+__device__ __forceinline__ float row_sum(float x) {  // over a row's 4 lanes, as the output's sum is
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <int MF, int NDW>
+__device__ __forceinline__ void segment_state_init(float (&A)[MF][NDW][4], float (&M)[MF][2], float (&L)[MF][2]) {
+#pragma unroll
+  for (int f = 0; f < MF; ++f) {
+    M[f][0] = M[f][1] = -INFINITY, L[f][0] = L[f][1] = 0.0f;
+#pragma unroll
+    for (int nd = 0; nd < NDW; ++nd) A[f][nd][0] = A[f][nd][1] = A[f][nd][2] = A[f][nd][3] = 0.0f;
+  }
+}
+
+// Ends the current segment: folds its (m, l, o) into (M, L, A) and starts the next one fresh. Every
+// lane of the warp calls it (the row sums shuffle).
+template <int MF, int NDW>
+__device__ __forceinline__ void segment_fold_rows(float (&o)[MF][NDW][4], float (&m)[MF][2], float (&l)[MF][2],
+                                                  float (&A)[MF][NDW][4], float (&M)[MF][2], float (&L)[MF][2]) {
+#pragma unroll
+  for (int f = 0; f < MF; ++f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float ov[2 * NDW], av[2 * NDW];
+#pragma unroll
+      for (int nd = 0; nd < NDW; ++nd) {
+        ov[2 * nd] = o[f][nd][2 * h], ov[2 * nd + 1] = o[f][nd][2 * h + 1];
+        av[2 * nd] = A[f][nd][2 * h], av[2 * nd + 1] = A[f][nd][2 * h + 1];
+        o[f][nd][2 * h] = o[f][nd][2 * h + 1] = 0.0f;
+      }
+      seg_fold<2 * NDW>(M[f][h], L[f][h], av, m[f][h], row_sum(l[f][h]), ov);
+#pragma unroll
+      for (int nd = 0; nd < NDW; ++nd) A[f][nd][2 * h] = av[2 * nd], A[f][nd][2 * h + 1] = av[2 * nd + 1];
+      m[f][h] = -INFINITY;
+      l[f][h] = 0.0f;
+    }
+  }
+}
+
+// Row-split block: the rows' outputs from the folded state.
+template <typename T, int MF, int NDW>
+__device__ __forceinline__ void segment_store_rows(const AppendAttentionArgs& a, const int64_t* s_tok, int r0,
+                                                   int64_t g, int group, int lane, int col,
+                                                   const float (&A)[MF][NDW][4], const float (&L)[MF][2]) {
+#pragma unroll
+  for (int f = 0; f < MF; ++f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 16 * f + lane / 4 + 8 * h;
+      const int64_t t = s_tok[r];
+      if (t < 0) continue;
+      T* dst = static_cast<T*>(a.out) + (t * a.num_q_heads + g * group + r % group) * a.head_dim + col;
+#pragma unroll
+      for (int nd = 0; nd < NDW; ++nd)
+        *reinterpret_cast<uint32_t*>(dst + nd * 8) =
+            pack2<T>(seg_output(A[f][nd][2 * h], L[f][h]), seg_output(A[f][nd][2 * h + 1], L[f][h]));
+    }
+  }
+}
+
+// Dims-split block of segment blockIdx.z (one query, decode-only steps): its (m, l, O) into the
+// workspace for segment_merge_kernel, or, when the row has one segment, the output (the fold from
+// nothing, as the row-split block's).
+template <typename T, int MF, int NDW>
+__device__ __forceinline__ void segment_store_block(const AppendAttentionArgs& a, const int64_t* s_tok, int64_t b,
+                                                    int64_t g, int group, int64_t pmax, int warp, int lane, int col,
+                                                    const float (&o)[MF][NDW][4], const float (&m)[MF][2],
+                                                    const float (&l)[MF][2], float* ws, int segs) {
+  const bool partial = row_segments(a, pmax) > 1;
+#pragma unroll
+  for (int f = 0; f < MF; ++f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float lr = row_sum(l[f][h]);
+      const int r = 16 * f + lane / 4 + 8 * h;
+      const int64_t t = s_tok[r];
+      if (t < 0) continue;
+      const int64_t head = g * group + r % group, row = b * a.num_q_heads + head;
+      float ov[2 * NDW];
+#pragma unroll
+      for (int nd = 0; nd < NDW; ++nd) ov[2 * nd] = o[f][nd][2 * h], ov[2 * nd + 1] = o[f][nd][2 * h + 1];
+      if (partial) {
+        float* po = ws + (row * segs + blockIdx.z) * a.head_dim + col;
+#pragma unroll
+        for (int nd = 0; nd < NDW; ++nd) *reinterpret_cast<float2*>(po + nd * 8) = make_float2(ov[2 * nd], ov[2 * nd + 1]);
+        if (warp == 0 && lane % 4 == 0) {
+          float* ml = ws + a.batch * a.num_q_heads * segs * a.head_dim + (row * segs + blockIdx.z) * 2;
+          ml[0] = m[f][h];
+          ml[1] = lr;
+        }
+      } else {
+        float Mx = -INFINITY, Lx = 0.0f, av[2 * NDW];
+#pragma unroll
+        for (int i = 0; i < 2 * NDW; ++i) av[i] = 0.0f;
+        seg_fold<2 * NDW>(Mx, Lx, av, m[f][h], lr, ov);
+        T* dst = static_cast<T*>(a.out) + (t * a.num_q_heads + head) * a.head_dim + col;
+#pragma unroll
+        for (int nd = 0; nd < NDW; ++nd)
+          *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(seg_output(av[2 * nd], Lx), seg_output(av[2 * nd + 1], Lx));
+      }
+    }
+  }
+}
+
+// One block per (decode row, query head): folds the row's segments in order, writes the output.
+template <typename T>
+__global__ void segment_merge_kernel(AppendAttentionArgs a, int segs, const float* ws) {
+  const int64_t b = blockIdx.x, h = blockIdx.y;
+  const int32_t t0 = a.cu_seqlens_q[b];
+  if (a.cu_seqlens_q[b + 1] - t0 != 1 || token_request(a, t0) != b) return;
+  const int64_t n = row_segments(a, a.positions[t0]);
+  if (n <= 1) return;  // the segment block wrote the output
+  const int64_t row = b * a.num_q_heads + h;
+  const float* po = ws + row * segs * a.head_dim;
+  const float* ml = ws + a.batch * a.num_q_heads * segs * a.head_dim + row * segs * 2;
+  for (int64_t d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
+    float M = -INFINITY, L = 0.0f, A = 0.0f;
+    for (int64_t z = 0; z < n; ++z) {
+      const float o = po[z * a.head_dim + d];
+      seg_fold<1>(M, L, &A, ml[2 * z], ml[2 * z + 1], &o);
+    }
+    static_cast<T*>(a.out)[(t0 * a.num_q_heads + h) * a.head_dim + d] = from_f<T>(seg_output(A, L));
+  }
+}
+
+}  // namespace attn
+}  // namespace paddle_mla
