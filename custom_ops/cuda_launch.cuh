@@ -15,11 +15,14 @@ inline const char* launched() {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// Lets `kernel` take `bytes` of dynamic shared memory (above the 48 KB default). A host call, not a
-// stream operation, so it is also allowed while a CUDA graph is being captured.
+// Lets `kernel` take `bytes` of dynamic shared memory where that and its static shared memory pass the
+// 48 KB default (dynamic bytes alone under 48 KB can still need it: the launch then fails with "invalid
+// argument"). Host calls, not stream operations, so they are also allowed while a CUDA graph is captured.
 template <typename K>
 const char* allow_smem(K kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return nullptr;
+  cudaFuncAttributes attr{};
+  const size_t fixed = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.sharedSizeBytes : 0;
+  if (bytes + fixed <= 48 * 1024) return nullptr;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(bytes));
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
