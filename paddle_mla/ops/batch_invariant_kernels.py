@@ -32,7 +32,7 @@ NARROW = (64, 128, 64, 8, 4, 6)
 # fp32 products (the MoE router's logits, which transformers computes in fp32) take the CUDA-core
 # dot (input_precision "ieee"): one FMA a k-step into each output, in K order, whatever the tile
 # (the GPU test checks), so the tile can be narrow enough that a router's few columns (V2-Lite: 64
-# experts) still give the GPU tens of programs; WIDE / NARROW left V2-Lite's router 4 at decode.
+# experts) still give the GPU tens of programs, where WIDE / NARROW would give it 4 at decode.
 FP32 = (32, 32, 32, 8, 4, 3)
 
 

@@ -44,9 +44,9 @@ LOG2E = 1.4426950408889634
 # "MLA prefill attention and b=1 decode")
 SMALL_BATCH = 4
 # Stage 2 takes STAGE2_HEADS (token, head) rows a program once a launch has more than
-# STAGE2_ROWS_PER_SM rows an SM: a prefill of 8192 pseudo-row tokens at 16 heads launched half a
-# million one-row programs that mostly found their row finished by stage 1 (one split), 95 µs a
-# layer on an H200 (docs/benchmarks_history.md, "Determinism cost"). Each row's merge is unchanged.
+# STAGE2_ROWS_PER_SM rows an SM: one row a program makes a prefill of 8192 pseudo-row tokens at 16
+# heads half a million programs, most of which find their row finished by stage 1 (one split): 95 µs
+# a layer on an H200 (docs/benchmarks_history.md, "Determinism cost"). Each row's merge is unchanged.
 # PADDLE_MLA_STAGE2_HEADS (read at import) overrides it for A/B measurements; 1 is the one-row form.
 STAGE2_HEADS = int(os.environ.get("PADDLE_MLA_STAGE2_HEADS", "8"))
 STAGE2_ROWS_PER_SM = 32
