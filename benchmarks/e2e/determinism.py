@@ -14,6 +14,8 @@ samples (temperature 1, top_p 0.9, its own seed); the others are greedy. Configu
 For each mode the table counts the requests whose tokens differ from that mode's batch1 run (and
 the earliest position of a difference), then times both modes on the batch256 engine, warm: the
 prefill (the workload with max_tokens 1) and the decode step ((whole workload - prefill) / (output - 1)).
+``--profile`` (GPU) adds both modes' device time per kernel category of the prefill and of one decode
+step (torch.profiler, one run of each): where the mode's extra time goes.
 
 The model: random weights (``load_format: dummy``) of DeepSeek-V2-Lite (``--dims v2-lite``, MoE) or
 Qwen3-8B (``--dims qwen3``, GQA, ``append_attn``) cut to ``--layers``, from ``benchmarks/harness/dims.py``. ``--set KEY=VALUE`` applies to every run.
@@ -128,6 +130,28 @@ def timing(llm, work, output: int, repeats: int) -> dict:
     return {"prefill_s": prefill, "decode_step_ms": 1e3 * (whole - prefill) / max(output - 1, 1)}
 
 
+def phase_profile(llm, work, output: int) -> dict:
+    """Device ms per kernel category of the prefill and of one decode step (harness.kernel_profile)."""
+    from benchmarks.harness.kernel_profile import category_ms, phase_split, profiled
+
+    prefill = category_ms(profiled(lambda: generate(llm, work, 1), 1, 0))
+    whole = category_ms(profiled(lambda: generate(llm, work), 1, 0))
+    return phase_split(prefill, whole, output - 1)
+
+
+def print_profile(results: dict) -> None:
+    modes = [m for m in results if "profile" in results[m]]
+    if not modes:
+        return
+    for phase in ("prefill", "decode_step"):
+        cats = sorted({c for m in modes for c in results[m]["profile"][phase]},
+                      key=lambda c: -max(results[m]["profile"][phase].get(c, 0.0) for m in modes))
+        print(f"\n| {phase} (device ms, by kernel category) | " + " | ".join(modes) + " |")
+        print("| --- |" + " ---: |" * len(modes))
+        for c in cats:
+            print(f"| {c} | " + " | ".join(f"{results[m]['profile'][phase].get(c, 0.0):.3f}" for m in modes) + " |")
+
+
 def run_mode(mode: str, args, base: dict, work, variants) -> dict:
     res: dict = {"rows": {}, "tokens": {}}
     over = set_overrides(args.set)
@@ -145,6 +169,8 @@ def run_mode(mode: str, args, base: dict, work, variants) -> dict:
             preemptions = llm.stats().num_preemptions if name == "preempt" else 0
             if name == "batch256" and args.time:
                 res["timing"] = timing(llm, work, args.output, args.repeats)
+            if name == "batch256" and args.profile:
+                res["profile"] = phase_profile(llm, work, args.output)
         finally:
             llm.close()
         if name != "batch1" and "batch1" in res["tokens"]:
@@ -206,6 +232,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--backend", default="", help="default: triton_mla (MLA dims), append_attn (qwen3)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, fp32, Triton interpreter")
     ap.add_argument("--no-time", dest="time", action="store_false")
+    ap.add_argument("--profile", action="store_true", help="kernel-category profile of both modes (GPU only)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--json", default="")
@@ -217,6 +244,9 @@ def main(argv=None) -> dict:
     runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
     device = "cpu" if args.smoke or not runtime.gpu_available() else "gpu"
     args.dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
+    if args.profile and device != "gpu":
+        print("--profile: needs a GPU (it reads CUDA kernel activity); skipped", file=sys.stderr)
+        args.profile = False
     path, mcfg = model_folder(args.dims, args.layers, args.smoke)
     backend = args.backend or ("triton_mla" if args.dims == "v2-lite" else "append_attn")
     base = {"model": path, "runtime": runtime.name(), "device": device, "dtype": args.dtype, "load_format": "dummy",
@@ -229,7 +259,9 @@ def main(argv=None) -> dict:
     results = {m: run_mode(m, args, base, work, variants) for m in args.modes.split(",") if m}
     where = "CPU" if device == "cpu" else runtime.device_name()
     print_table(results, where, args)
-    summary = {m: {"rows": r["rows"], "timing": r.get("timing")} for m, r in results.items()}
+    print_profile(results)
+    summary = {m: {"rows": r["rows"], "timing": r.get("timing"), "profile": r.get("profile")}
+               for m, r in results.items()}
     if args.json:
         Path(args.json).write_text(json.dumps({"device": where, "args": vars(args), "results": summary}, indent=1))
     return summary

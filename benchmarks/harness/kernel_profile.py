@@ -11,6 +11,7 @@ from paddle_mla.platform import runtime
 
 # first match wins; names are those of our Triton kernels and of cuBLAS / PyTorch kernels
 CATEGORIES = [
+    ("attn: GQA append_attention", r"AppendAttentionArgs|segment_merge"),
     ("attn: MLA decode (split-KV)", r"_decode_stage1|_plan_kernel"),
     ("attn: split merge", r"_decode_stage2|_merge_kernel"),
     ("attn: extend/prefill", r"_extend_kernel|flash|fmha|attention"),
@@ -45,6 +46,24 @@ def profiled(fn, iters: int, warmup: int):
             fn()
         runtime.synchronize()
     return prof
+
+
+def category_ms(prof) -> dict[str, float]:
+    """Device ms per kernel category over everything ``prof`` recorded (CUDA activity)."""
+    cats: dict[str, float] = {}
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if us:
+            cats[categorize(ev.key)] = cats.get(categorize(ev.key), 0.0) + us / 1e3
+    return cats
+
+
+def phase_split(prefill: dict[str, float], whole: dict[str, float], decode_steps: int) -> dict:
+    """Category ms of a run's prefill (the workload with max_tokens 1) and of one decode step, from
+    the prefill's and the whole run's (``category_ms``): (whole - prefill) / decode_steps."""
+    steps = max(decode_steps, 1)
+    return {"prefill": dict(prefill),
+            "decode_step": {k: (whole.get(k, 0.0) - prefill.get(k, 0.0)) / steps for k in sorted(set(whole) | set(prefill))}}
 
 
 def kernel_table(step, iters: int) -> dict:

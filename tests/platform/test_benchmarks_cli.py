@@ -85,3 +85,20 @@ def test_no_sys_path_edits_and_no_script_imports_another_script():
         else:
             others = {m for m in imported if not m.startswith("benchmarks.harness.")}
             assert all(HELPERS.get(m) == module for m in others), (module, others)
+
+
+def test_kernel_profile_categories_and_phase_split():
+    """The profile tables' arithmetic (what ``benchmarks.e2e.determinism --profile`` prints): kernel
+    names fall in their categories, and one decode step is (whole run - prefill) / decode steps."""
+    code = ("from paddle_mla.platform import runtime\nruntime.select('torch')\n"
+            "from benchmarks.harness.kernel_profile import categorize, phase_split\n"
+            "assert categorize('void paddle_mla::attn::decode_mma_kernel<__nv_bfloat16, 128, 2>"
+            "(paddle_mla::AppendAttentionArgs, int, int, float*, float*)') == 'attn: GQA append_attention'\n"
+            "assert categorize('_decode_stage1') == 'attn: MLA decode (split-KV)'\n"
+            "assert categorize('grouped_gemm_kernel') == 'MoE: grouped GEMM'\n"
+            "s = phase_split({'a': 10.0, 'b': 1.0}, {'a': 40.0, 'b': 1.0, 'c': 6.0}, 3)\n"
+            "assert s['prefill'] == {'a': 10.0, 'b': 1.0}\n"
+            "assert s['decode_step'] == {'a': 10.0, 'b': 0.0, 'c': 2.0}, s\n"
+            "print('ok', flush=True)\n")
+    done = _run(["-c", code])
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
