@@ -237,34 +237,31 @@ const char* launch_prefill_any(const AppendAttentionArgs& a, cudaStream_t stream
   return launch_prefill<T, VB, DPL>(a, stream);
 }
 
-// batch_invariant: every token through the prefill kernels (decode rows too; SWA heads walk the whole
-// row and mask), so a row's sums never depend on the step's other rows. A decode-only step (one query
-// a request, `group` real rows a block) takes the DSPLIT form, whose rows have the row-split form's
-// bits (tests/kernels/test_append_attention_deterministic_gpu.py): its four warps all compute, where
-// the row-split form's 128-row block has one warp with real rows. PADDLE_MLA_GQA_DSPLIT=0: off (A/B).
-// With a.invariant_split > 0 the tensor-core forms cut every row into fixed key segments
-// (append_attention_segments.cuh): a decode-only step then splits each row over blocks by segment
-// (split-KV with a batch-invariant split) and folds them in segment_merge_kernel; other steps fold in
-// the row-split block (MF = 1: room for the second O). Both give a row the same bits.
+// Head dims with a tensor-core prefill instantiation (launch_prefill_any's), and those of its dims-split
+// form (whole 16-dim steps a warp).
+inline bool prefill_tc_head_dim(int64_t d) { return d == 64 || d == 80 || d == 96 || d == 128; }
+inline bool dsplit_head_dim(int64_t d) { return d == 64 || d == 96 || d == 128; }
+
+// The dims-split form; SEG: one block a (row, KV head, segment).
+template <typename T, bool SEG>
+const char* launch_dsplit(const AppendAttentionArgs& a, cudaStream_t stream, float* ws = nullptr, int segs = 1) {
+  switch (a.head_dim) {
+    case 64: return launch_prefill_tc<T, 64, 4, 1, true, SEG>(a, stream, ws, segs);
+    case 96: return launch_prefill_tc<T, 96, 2, 1, true, SEG>(a, stream, ws, segs);
+    default: return launch_prefill_tc<T, 128, 4, 1, true, SEG>(a, stream, ws, segs);
+  }
+}
+
 template <typename T>
 const char* launch_segments(const AppendAttentionArgs& a, bool dsplit, float* ws, int64_t ws_floats,
                             cudaStream_t stream) {
   const int64_t width = a.max_blocks * a.block_size;  // the longest row's keys, at most
   const int segs = static_cast<int>(attn::row_segments(a, width - 1));
   if (dsplit && attn::segment_ws_floats(a, segs) <= ws_floats) {
-    const char* err = nullptr;
-    switch (a.head_dim) {
-      case 64: err = launch_prefill_tc<T, 64, 4, 1, true, true>(a, stream, ws, segs); break;
-      case 96: err = launch_prefill_tc<T, 96, 2, 1, true, true>(a, stream, ws, segs); break;
-      case 128: err = launch_prefill_tc<T, 128, 4, 1, true, true>(a, stream, ws, segs); break;
-      default: err = "no split"; break;
-    }
-    if (err == nullptr) {
-      attn::segment_merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)),
-                                      128, 0, stream>>>(a, segs, ws);
-      return launched();
-    }
-    if (std::strcmp(err, "no split") != 0) return err;
+    if (const char* err = launch_dsplit<T, true>(a, stream, ws, segs)) return err;
+    attn::segment_merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)),
+                                    128, 0, stream>>>(a, segs, ws);
+    return launched();
   }
   switch (a.head_dim) {
     case 64: return launch_prefill_tc<T, 64, 4, 1, false, true>(a, stream);
@@ -274,24 +271,27 @@ const char* launch_segments(const AppendAttentionArgs& a, bool dsplit, float* ws
   }
 }
 
+// batch_invariant: every token through the prefill kernels (decode rows too; SWA heads walk the whole
+// row and mask), so a row's sums never depend on the step's other rows. A decode-only step (one query
+// a request, `group` real rows a block) takes the DSPLIT form, whose rows have the row-split form's
+// bits (tests/kernels/test_append_attention_deterministic_gpu.py): its four warps all compute, where
+// the row-split form's 128-row block has one warp with real rows. PADDLE_MLA_GQA_DSPLIT=0: off (A/B).
+// With a.invariant_split > 0 the tensor-core forms cut every row into fixed key segments
+// (append_attention_segments.cuh): a decode-only step then splits each row over blocks by segment
+// (split-KV with a batch-invariant split) and folds them in segment_merge_kernel; other steps fold in
+// the row-split block (MF = 1: room for the second O). Both give a row the same bits.
 template <typename T, int VB, int DPL>
 const char* launch_invariant(const AppendAttentionArgs& a, bool decode_only, float* ws, int64_t ws_floats,
                              cudaStream_t stream) {
   AppendAttentionArgs walk_all = a;
   walk_all.swa_mask = true;
   if constexpr (sizeof(T) == 2) {
-    const bool dsplit = decode_only && a.num_q_heads / a.num_kv_heads <= 16 &&
-                        tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC") &&
-                        tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_DSPLIT");
-    if (a.invariant_split > 0 && tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC"))
-      return launch_segments<T>(walk_all, dsplit, ws, ws_floats, stream);
-    if (dsplit) {
-      switch (a.head_dim) {
-        case 64: return launch_prefill_tc<T, 64, 4, 1, true>(walk_all, stream);
-        case 96: return launch_prefill_tc<T, 96, 2, 1, true>(walk_all, stream);
-        case 128: return launch_prefill_tc<T, 128, 4, 1, true>(walk_all, stream);
-        default: break;  // 80: five 16-dim steps do not split over the warps
-      }
+    if (tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC")) {
+      const bool dsplit = decode_only && a.num_q_heads / a.num_kv_heads <= 16 && dsplit_head_dim(a.head_dim) &&
+                          tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_DSPLIT");
+      if (a.invariant_split > 0 && prefill_tc_head_dim(a.head_dim))  // else no segments, on every path
+        return launch_segments<T>(walk_all, dsplit, ws, ws_floats, stream);
+      if (dsplit) return launch_dsplit<T, false>(walk_all, stream);
     }
   }
   return launch_prefill_any<T, VB, DPL>(walk_all, stream);

@@ -38,6 +38,7 @@ GEOMETRIES = {   # (hq, hkv, head_dim, block_size, head_wise, (num_swa_heads, wi
     "h12x4d80-swa": (12, 4, 80, 16, True, (1, 100, 0)),
     "h16x2d96": (16, 2, 96, 32, False, (0, 0, 0)),
     "h8x1d64-swa": (8, 1, 64, 64, True, (1, 128, 4)),
+    "h4x2d32": (4, 2, 32, 16, False, (0, 0, 0)),   # no tensor-core prefill form: no segments on any path
 }
 
 
