@@ -155,13 +155,8 @@ class TritonMLABackend(MLABackend):
             q[r0:r0 + b - a, :, L:].copy_(q_pe[a:b])
         o = p.o[:n]
         p.decode(q, kv_cache, o, L, self.dims.softmax_scale, split)
-        if self.deterministic:   # straight into the output rows (one launch a range; the rows are invariant)
-            for a, b, r0 in ranges:
-                self._bmm(o[r0:r0 + b - a].transpose(0, 1), w_vc, out=out[a:b].transpose(0, 1))
-            return
-        res = self._bmm(o.transpose(0, 1), w_vc).transpose(0, 1)
-        for a, b, r0 in ranges:
-            out[a:b].copy_(res[r0:r0 + b - a])
+        for a, b, r0 in ranges:   # straight into the output rows, a product a range (at most two)
+            self._bmm(o[r0:r0 + b - a].transpose(0, 1), w_vc, out=out[a:b].transpose(0, 1))
 
     def _decode(self, q_nope, q_pe, w_kc, w_vc, kv_cache, meta, bs: int):
         """Rows [0, bs): one query each, over their paged latent context (the plan from ``prepare``)."""
@@ -180,11 +175,5 @@ class TritonMLABackend(MLABackend):
 
     def _bmm(self, a, b, out=None):
         """The W_UK / W_UV products, whose M is the step's row count: batch-invariant under the mode.
-        ``out``: a strided view to write (the mode's kernel writes it directly; else one copy)."""
-        if self.deterministic:
-            return batch_invariant.bmm(a, b, out)
-        res = torch.bmm(a, b)
-        if out is None:
-            return res
-        out.copy_(res)
-        return out
+        ``out``: a strided view of the destination, written in place."""
+        return batch_invariant.bmm(a, b, out) if self.deterministic else torch.bmm(a, b, out=out)
