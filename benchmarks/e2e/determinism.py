@@ -38,7 +38,7 @@ import numpy as np
 
 from benchmarks.harness.checkpoints import dummy_model_dir
 from benchmarks.harness.dims import QWEN3_8B, SMOKE_GQA, SMOKE_MOE, V2_LITE
-from paddle_mla.cli.bench.determinism import VARIANTS, compare, outputs, variant_config
+from paddle_mla.cli.bench.determinism import VARIANTS, compare, outputs, row_text, variant_config
 
 MODES = ("default", "deterministic")
 
@@ -201,9 +201,7 @@ def print_table(results: dict, device: str, args) -> None:
             elif "error" in r:
                 cells.append(f"rejected: {r['error']}")
             else:
-                first = "" if r["first_at"] is None else f" (first at token {r['first_at']})"
-                pre = f", {r['preemptions']} preemptions" if "preemptions" in r else ""
-                cells.append(f"{r['differ']}/{r['of']}{first} [{r['bits_differ']}]{pre}")
+                cells.append(f"{row_text(r)} [{r['bits_differ']}]")
         print(f"| {v} | " + " | ".join(cells) + " |")
     timed = [m for m in modes if "timing" in results[m]]
     if timed:

@@ -48,13 +48,16 @@ def profiled(fn, iters: int, warmup: int):
     return prof
 
 
+def _device_us(ev) -> float:
+    return getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+
+
 def category_ms(prof) -> dict[str, float]:
     """Device ms per kernel category over everything ``prof`` recorded (CUDA activity)."""
     cats: dict[str, float] = {}
     for ev in prof.key_averages():
-        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if us:
-            cats[categorize(ev.key)] = cats.get(categorize(ev.key), 0.0) + us / 1e3
+        if _device_us(ev):
+            cats[categorize(ev.key)] = cats.get(categorize(ev.key), 0.0) + _device_us(ev) / 1e3
     return cats
 
 
@@ -69,15 +72,9 @@ def phase_split(prefill: dict[str, float], whole: dict[str, float], decode_steps
 def kernel_table(step, iters: int) -> dict:
     """Per-category device ms per step, and the 12 costliest kernels, over ``iters`` eager steps."""
     prof = profiled(step, iters, 3)
-    cats: dict[str, float] = {}
-    kernels = []
-    for ev in prof.key_averages():
-        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if not us:
-            continue
-        ms = us / 1e3 / iters
-        cats[categorize(ev.key)] = cats.get(categorize(ev.key), 0.0) + ms
-        kernels.append((ms, ev.count // iters, ev.key[:90]))
+    cats = {k: ms / iters for k, ms in category_ms(prof).items()}
+    kernels = [(_device_us(ev) / 1e3 / iters, ev.count // iters, ev.key[:90])
+               for ev in prof.key_averages() if _device_us(ev)]
     total = sum(cats.values())
     kernels.sort(reverse=True)
     return {"device_ms": total, "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1])),

@@ -127,6 +127,15 @@ def check_determinism(path: str | None, overrides: tuple[str, ...], requests_for
     return rows
 
 
+def row_text(r: dict) -> str:
+    """A compared row in words: requests differing in tokens, the first differing token, preemptions."""
+    first = "" if r["first_at"] is None else f" (first at token {r['first_at']})"
+    pre = f", {r['preemptions']} preemptions" if "preemptions" in r else ""
+    if r.get("preemptions") == 0:   # the pool is small, but requests only ask for blocks at block edges
+        pre += f" (none: a longer output_len crosses more {PREEMPT_BLOCK}-token block edges)"
+    return f"{r['differ']}/{r['of']}{first}{pre}"
+
+
 def markdown(rows: dict) -> str:
     lines = ["| configuration | requests whose tokens differ from batch1 | tokens or logprob bits differ |",
              "| --- | --- | --- |"]
@@ -138,10 +147,6 @@ def markdown(rows: dict) -> str:
         elif "error" in r:
             cells = [f"rejected: {r['error']}", "-"]
         else:
-            first = "" if r["first_at"] is None else f" (first at token {r['first_at']})"
-            pre = f", {r['preemptions']} preemptions" if "preemptions" in r else ""
-            if r.get("preemptions") == 0:   # the pool is small, but requests only ask for blocks at block edges
-                pre += f" (none: a longer output_len crosses more {PREEMPT_BLOCK}-token block edges)"
-            cells = [f"{r['differ']}/{r['of']}{first}{pre}", f"{r['bits_differ']}/{r['of']}"]
+            cells = [row_text(r), f"{r['bits_differ']}/{r['of']}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
