@@ -21,10 +21,10 @@ constexpr int64_t kMlaLatentDim = 512;  // kv_lora_rank: the value width
 constexpr int64_t kMlaKeyDim = 576;     // kv_lora_rank + qk_rope_head_dim
 
 struct MlaDecodeArgs {
-  const void* q;  // bf16 [batch, H, 576], last dim packed
-  int64_t q_stride_b, q_stride_h;
+  const void* q;  // bf16 [q_rows >= batch, H, 576], last dim packed
+  int64_t q_stride_b, q_stride_h, q_rows;
   const void* kv_cache;  // bf16 [num_blocks, page, 1, 576], last dim packed
-  int64_t kv_stride_block, kv_stride_token;
+  int64_t kv_stride_block, kv_stride_token, kv_blocks;
   const int32_t* block_tables;  // [>= batch, max_blocks]
   int64_t bt_stride;
   const int32_t* seq_lens;        // [>= batch]
@@ -122,9 +122,11 @@ inline const char* mla_decode_args(const MlaDecodeTensors& t, const MlaDecodeLau
   a->q = q.data;
   a->q_stride_b = q.stride[0];
   a->q_stride_h = q.stride[1];
+  a->q_rows = q.size[0];
   a->kv_cache = kv.data;
   a->kv_stride_block = kv.stride[0];
   a->kv_stride_token = kv.stride[1];
+  a->kv_blocks = kv.size[0];
   a->block_tables = static_cast<const int32_t*>(bt.data);
   a->bt_stride = bt.stride[0];
   a->seq_lens = static_cast<const int32_t*>(t.seq_lens.data);

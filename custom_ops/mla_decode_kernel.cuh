@@ -56,9 +56,34 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
-// Barrier of the `count` threads of one row block (ids 1.. : 0 is __syncthreads').
+// Named barrier `id` of `count` threads (ids 1.. : 0 is __syncthreads'): wait for all of them, or
+// only signal this thread's arrival (a producer that does not wait for the consumers).
 __device__ __forceinline__ void row_block_barrier(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count));
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void row_block_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// The first request whose key tiles end after tile `p_start` of the plan (cu_tiles: [bs + 1]).
+__device__ __forceinline__ int first_request(const int32_t* cu_tiles, int bs, int p_start) {
+  int lo = 0, hi = bs;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (cu_tiles[mid + 1] <= p_start) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// Request b's key tiles inside this program's plan range [p_start, p_end), as [t0, t1) counted from the
+// request's first tile (empty for a zero-length row); false once the request starts past the range.
+__device__ __forceinline__ bool request_tiles(const int32_t* cu_tiles, int b, int p_start, int p_end, int& t0,
+                                              int& t1) {
+  const int c0 = cu_tiles[b];
+  if (c0 >= p_end) return false;
+  t0 = max(c0, p_start) - c0;
+  t1 = min(cu_tiles[b + 1], p_end) - c0;
+  return true;
 }
 
 template <int RB, int CS, int BN, int NST>
@@ -82,11 +107,6 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
   const int p_start = pid * q_tiles;
   const int p_end = min(p_start + q_tiles, a.cu_tiles[bs]);
   if (p_start >= p_end) return;
-  int lo = 0, hi = bs;  // the first request whose tiles end after p_start
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (a.cu_tiles[mid + 1] <= p_start) lo = mid + 1; else hi = mid;
-  }
   const T* kv = static_cast<const T*>(a.kv_cache);
   const int page = static_cast<int>(a.page_size);
   const bool tile_in_page = page % BN == 0;  // a tile's rows are consecutive rows of one page
@@ -99,10 +119,9 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
   const uint32_t v_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8 + cs * NV) * E;
   const int col0 = (lane % 4) * 2;
 
-  for (int b = lo; b < bs; ++b) {
-    const int c0 = a.cu_tiles[b];
-    if (c0 >= p_end) break;
-    const int t0 = max(c0, p_start) - c0, t1 = min(a.cu_tiles[b + 1], p_end) - c0;
+  for (int b = first_request(a.cu_tiles, bs, p_start); b < bs; ++b) {
+    int t0, t1;
+    if (!request_tiles(a.cu_tiles, b, p_start, p_end, t0, t1)) break;
     if (t1 <= t0) continue;  // a zero-length row: the combine kernel writes its zeros
     const int seq_len = a.seq_lens[b];
     const int32_t* bt = a.block_tables + b * a.bt_stride;
@@ -247,7 +266,7 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
     __syncthreads();  // Q and the stages are free for the next request
 
     const int n_split = a.num_splits[b];
-    const int64_t prow = a.split_start[b] + (pid - c0 / q_tiles);  // this split's partial row
+    const int64_t prow = a.split_start[b] + (pid - a.cu_tiles[b] / q_tiles);  // this split's partial row
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = l[h];

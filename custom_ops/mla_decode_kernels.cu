@@ -1,11 +1,14 @@
 // mla_decode, CUDA launcher and the split combine. Framework-neutral: nvcc compiles this file alone
 // (scripts/check_cuda_compile.sh). Contract: mla_decode_cuda.h; split kernel: mla_decode_kernel.cuh.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include "cuda_launch.cuh"
 #include "mla_decode_cuda.h"
 #include "mla_decode_kernel.cuh"
+#include "mla_decode_wgmma.cuh"
 
 namespace paddle_mla {
 namespace {
@@ -58,6 +61,59 @@ const char* launch_split(const MlaDecodeArgs& a, cudaStream_t stream) {
   return launched();
 }
 
+// The driver's tensor-map encoder, found once through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A bf16 3-D map (dims innermost first, strides in elements of dims 1 and 2) read in boxes of
+// 64 x rows x 1 with the 128-byte swizzle of mla_decode_wgmma.cuh's tiles; nullptr or why not.
+const char* encode_map(CUtensorMap* map, const void* ptr, const int64_t (&dims)[3], int64_t stride1, int64_t stride2,
+                       int rows) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return "the driver has no cuTensorMapEncodeTiled (CUDA 12+ driver needed)";
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || (stride1 * 2) % 16 != 0 || (stride2 * 2) % 16 != 0)
+    return "the warpgroup kernel needs 16-byte aligned q / kv_cache rows (a TMA rule)";
+  const cuuint64_t size[3] = {static_cast<cuuint64_t>(dims[0]), static_cast<cuuint64_t>(dims[1]),
+                              static_cast<cuuint64_t>(dims[2])};
+  const cuuint64_t stride[2] = {static_cast<cuuint64_t>(stride1 * 2), static_cast<cuuint64_t>(stride2 * 2)};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(rows), 1}, step[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), size, stride, box, step,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled rejected the q or kv_cache layout";
+}
+
+// The warpgroup kernel: sm_90a code only (wgmma, TMA), so it runs on a compute capability 9.0 device
+// and a build for it (paddle_mla/ops/build.py targets sm_90a there); anywhere else it is refused.
+const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) || major != 9 || minor != 0)
+    return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
+  CUtensorMap kv_map{}, q_map{};
+  const int64_t kv_dims[3] = {kMlaKeyDim, a.page_size, a.kv_blocks}, q_dims[3] = {kMlaKeyDim, a.num_heads, a.q_rows};
+  if (const char* err = encode_map(&kv_map, a.kv_cache, kv_dims, a.kv_stride_token, a.kv_stride_block,
+                                   mla::tma_box_rows(static_cast<int>(a.page_size))))
+    return err;
+  if (const char* err = encode_map(&q_map, a.q, q_dims, a.q_stride_h, a.q_stride_b, mla::kWgHeads)) return err;
+  const size_t smem = mla::WgLayout::total;
+  auto kernel = mla::mla_decode_wgmma_kernel;
+  if (const char* err = allow_smem(kernel, smem)) return err;
+  const int head_groups = static_cast<int>((a.num_heads + mla::kWgHeads - 1) / mla::kWgHeads);
+  kernel<<<dim3(head_groups, static_cast<unsigned>(a.programs)), mla::kWgThreads, smem, stream>>>(a, kv_map, q_map);
+  return launched();
+}
+
 }  // namespace
 
 const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
@@ -74,6 +130,7 @@ const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
     case ((2 * 10 + 4) * 100 + 32) * 10 + 3: err = launch_split<2, 4, 32, 3>(a, stream); break;
     case ((4 * 10 + 2) * 100 + 32) * 10 + 3: err = launch_split<4, 2, 32, 3>(a, stream); break;
     case ((4 * 10 + 2) * 100 + 32) * 10 + 2: err = launch_split<4, 2, 32, 2>(a, stream); break;
+    case ((4 * 10 + 2) * 100 + 64) * 10 + 2: err = launch_wgmma(a, stream); break;
     default: return "unsupported launch config (row_blocks, col_splits, block_n, stages)";
   }
   if (err != nullptr) return err;

@@ -27,6 +27,7 @@ the host-phase timer (``harness.phases``) run on this engine (the real forward, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 
@@ -49,11 +50,11 @@ from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: 
 
 
 def run_case(model, batch: int, context: int, steps: int, overlap: bool, model_dir: str = "tiny",
-             phases: bool = False) -> dict:
+             phases: bool = False, cuda_decode: bool = False) -> dict:
     blocks = batch * (-(-(context + steps + 16) // PAGE)) + 8
     cfg = config_from_dict({
         "model": model_dir, "device": "gpu", "dtype": "bfloat16", "cuda_graph": True,
-        "attention": {"backend": "triton_mla"}, "max_model_len": context + steps + 64,
+        "attention": {"backend": "triton_mla", "cuda_decode": cuda_decode}, "max_model_len": context + steps + 64,
         "cache": {"block_size": PAGE, "num_blocks": blocks},
         "scheduler": {"max_num_seqs": batch, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
                       "overlap": overlap}})
@@ -105,6 +106,9 @@ def main() -> None:
     ap.add_argument("--overlap", choices=("both", "on", "off"), default="both",
                     help="overlapped scheduling on, off or both (a host-time check: --batch '' --overlap on)")
     ap.add_argument("--phases", action="store_true", help="host time per phase of the steady decode step")
+    ap.add_argument("--cuda-decode", choices=("both", "on", "off"), default="off",
+                    help="decode rows through the SM90 mla_decode CUDA op (attention.cuda_decode), the Triton "
+                         "decode, or both side by side")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = runtime.device_string("gpu")
@@ -121,13 +125,14 @@ def main() -> None:
         weight_bytes = {b: dense_bytes for b, _ in cases}
     rows = []
     for b, ctx in cases:
-        for overlap in {"both": (True, False), "on": (True,), "off": (False,)}[args.overlap]:
-            r = run_case(model, b, ctx, args.steps, overlap, model_dir, args.phases)
+        for overlap, cuda in itertools.product(*({"both": (True, False), "on": (True,), "off": (False,)}[x]
+                                                  for x in (args.overlap, args.cuda_decode))):
+            r = run_case(model, b, ctx, args.steps, overlap, model_dir, args.phases, cuda)
             kv_bytes = b * ctx * arch.mla.latent_dim * 2 * args.layers
-            r.update(batch=b, context=ctx, overlap=overlap, roofline_ms=(weight_bytes[b] + kv_bytes) / bw * 1e3)
+            r.update(batch=b, context=ctx, overlap=overlap, cuda_decode=cuda, roofline_ms=(weight_bytes[b] + kv_bytes) / bw * 1e3)
             r["x_roofline"] = r["period"] / r["roofline_ms"]
             rows.append(r)
-            print(f"batch {b} context {ctx} overlap {overlap}: " + ", ".join(
+            print(f"batch {b} context {ctx} overlap {overlap} cuda_decode {cuda}: " + ", ".join(
                 f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float) and not k.startswith("phase:")), flush=True)
             if args.phases:
                 phases = sorted(((k[6:], v) for k, v in r.items() if k.startswith("phase:")), key=lambda kv: -kv[1])
@@ -137,11 +142,11 @@ def main() -> None:
     print(f"\n{'V2-Lite dims (MoE)' if args.moe else 'dense V3 dims'}, copy bandwidth {bw / 1e12:.2f} TB/s, weight "
           f"bytes read per step {', '.join(f'b{b}: {w / 1e9:.2f} GB' for b, w in weight_bytes.items())}, "
           f"layers {args.layers}")
-    print("| batch | context | overlap | step period ms | host ms | GPU ms | gap ms | gap / step | syncs | reads "
-          "| roofline ms | period / roofline |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| batch | context | overlap | CUDA decode | step period ms | host ms | GPU ms | gap ms | gap / step | syncs "
+          "| reads | roofline ms | period / roofline |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['batch']} | {r['context']} | {r['overlap']} | {r['period']:.3f} | {r['host']:.3f} | "
+        print(f"| {r['batch']} | {r['context']} | {r['overlap']} | {r['cuda_decode']} | {r['period']:.3f} | {r['host']:.3f} | "
               f"{r['gpu']:.3f} | {r['gap']:.3f} | {r['gap'] / r['period']:.1%} | {r['syncs']:.0f} | {r['reads']:.0f} | "
               f"{r['roofline_ms']:.3f} | {r['x_roofline']:.2f}x |")
     if args.json:

@@ -55,7 +55,8 @@ KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "a
                   "append_attention_decode_tc.cuh", "append_attention_decode_mma.cuh", "append_attention_mma.cuh",
                   "append_attention_decode_plan.cuh", "append_attention_decode.cuh", "append_attention_segments.cuh",
                   "append_attention_kernels.cu", "mla_decode_cuda.h",
-                  "mla_decode_kernel.cuh", "mla_decode_kernels.cu", "cuda_launch.cuh")
+                  "mla_decode_kernel.cuh", "mla_decode_wgmma.cuh", "mla_decode_kernels.cu", "wgmma.cuh",
+                  "cuda_launch.cuh")
 CUDA_SOURCES = ("metadata_kernels.cu", "append_attention_kernels.cu", "mla_decode_kernels.cu")
 BINDINGS = {"paddle": ("paddle_binding.cc", "paddle_binding_attention.cc", "paddle_binding_mla.cc"),
             "torch": ("torch_binding.cc", "torch_binding_attention.cc", "torch_binding_mla.cc")}
@@ -180,13 +181,13 @@ def cache_root() -> Path:
     return Path(os.environ.get("PADDLE_MLA_CACHE") or Path.home() / ".cache" / "paddle_mla" / "ops")
 
 
-def build_dir(rt: str, with_cuda: bool, arch_flags: list[str]) -> Path:
+def build_dir(rt: str, with_cuda: bool, arch: list[str]) -> Path:
     src = sources_dir()
     h = hashlib.sha256()
     for name in (*KERNEL_SOURCES, *BINDINGS[rt]):
         h.update(name.encode() + b"\0" + (src / name).read_bytes())
     h.update(json.dumps([rt, _runtime_version(rt), sys.version, platform.machine(), with_cuda,
-                         CXX_FLAGS, CUDA_FLAGS, arch_flags]).encode())
+                         CXX_FLAGS, CUDA_FLAGS, arch]).encode())
     return cache_root() / f"{rt}-{'cuda' if with_cuda else 'cpu'}-{h.hexdigest()[:16]}"
 
 
@@ -207,7 +208,7 @@ def compiler_id() -> str:
 def _build_and_load() -> CompiledOps:
     rt = runtime.name()
     with_cuda = wants_cuda()
-    arch = _paddle_arch_flags() if (with_cuda and rt == "paddle") else []
+    arch = arch_flags(rt) if with_cuda else []
     out = build_dir(rt, with_cuda, arch)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".lock", "w") as lock:
@@ -269,7 +270,8 @@ def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str,
 
             module = None
             lib = Path(cpp_extension.load(name=LIB_NAME, sources=sources, extra_cflags=CXX_FLAGS + defines,
-                                          extra_cuda_cflags=CUDA_FLAGS + defines, extra_include_paths=[str(src)],
+                                          extra_cuda_cflags=CUDA_FLAGS + defines + arch,
+                                          extra_include_paths=[str(src)],
                                           build_directory=str(out), verbose=verbose, with_cuda=with_cuda,
                                           is_python_module=False))
     if not lib.is_file():
@@ -277,11 +279,18 @@ def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str,
     return str(lib), module
 
 
-def _paddle_arch_flags() -> list[str]:
-    import paddle
+def arch_flags(rt: str) -> list[str]:
+    """nvcc's target for the current GPU. A 9.0 device gets sm_90a, the Hopper-specific target whose
+    warpgroup MMA the MLA decode kernel needs (custom_ops/wgmma.cuh); plain sm_90 has no wgmma. (An
+    arch flag in the extra CUDA flags also replaces torch's own choice of targets.)"""
+    if rt == "paddle":
+        import paddle
 
-    major, minor = paddle.device.cuda.get_device_capability()
-    return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
+        major, minor = paddle.device.cuda.get_device_capability()
+    else:
+        major, minor = torch.cuda.get_device_capability()
+    cc = f"{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
+    return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
 
 
 def _bind(rt: str, lib: str, module: Any) -> dict[str, Callable[..., Any]]:

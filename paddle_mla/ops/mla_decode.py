@@ -1,5 +1,6 @@
-"""The ``mla_decode`` custom op: absorbed-MLA decode over the paged bf16 latent cache, a CUDA kernel
-tuned for SM90 (contract: custom_ops/mla_decode_cuda.h; kernel: custom_ops/mla_decode_kernel.cuh).
+"""The ``mla_decode`` custom op: absorbed-MLA decode over the paged bf16 latent cache, CUDA kernels
+for SM90 (contract: custom_ops/mla_decode_cuda.h; the default, warpgroup MMA + TMA kernel:
+custom_ops/mla_decode_wgmma.cuh; the mma.sync kernel: custom_ops/mla_decode_kernel.cuh).
 
 It runs on the split plan that ``attention.triton_mla.decode_plan.build_decode_plan`` writes on the
 GPU (built with this config's ``block_n``, ``programs`` and ``min_tiles``) and into that plan's
@@ -21,8 +22,11 @@ from paddle_mla.platform.triton_host import env_overrides
 
 LATENT_DIM = 512   # kv_lora_rank: the value width
 KEY_DIM = 576      # kv_lora_rank + qk_rope_head_dim
-# (row_blocks, col_splits, block_n, stages) instantiated in custom_ops/mla_decode_kernels.cu
-SUPPORTED = frozenset({(1, 4, 32, 4), (1, 4, 32, 2), (2, 4, 32, 3), (4, 2, 32, 3), (4, 2, 32, 2)})
+# (row_blocks, col_splits, block_n, stages) instantiated in custom_ops/mla_decode_kernels.cu. WARPGROUP
+# is the sm_90a kernel (custom_ops/mla_decode_wgmma.cuh): 64 heads, two warpgroups splitting the value
+# columns, 64-token tiles, two stages; the others are the mma.sync kernel (mla_decode_kernel.cuh).
+WARPGROUP = (4, 2, 64, 2)
+SUPPORTED = frozenset({(1, 4, 32, 4), (1, 4, 32, 2), (2, 4, 32, 3), (4, 2, 32, 3), (4, 2, 32, 2), WARPGROUP})
 
 
 @dataclass(frozen=True)
@@ -49,21 +53,18 @@ class MlaDecodeLaunch:
 
 
 def launch_config(num_heads: int, num_sms: int, **override) -> MlaDecodeLaunch:
-    """The config for ``num_heads`` (16..128) on a GPU of ``num_sms`` SMs; ``override`` (or env
-    PADDLE_MLA_CUDA_DECODE_CFG="stages=2,min_tiles=4") sets fields for tuning.
+    """The config for ``num_heads`` (1..128) on a GPU of ``num_sms`` SMs; ``override`` (or env
+    PADDLE_MLA_CUDA_DECODE_CFG="min_tiles=4") sets fields for tuning.
 
-    Up to 32 heads: memory-bound, so 4 column warps per row block and deep pipelines; more heads:
-    64-head programs of 8 warps (2 column warps per row block: a 256-column fp32 accumulator each,
-    no spills). Shared memory admits one program per SM, so the grid is one program per SM.
+    Every head count runs the warpgroup kernel (WARPGROUP: 64-head programs; fewer heads are padded,
+    the kernel is memory-bound there and the padding costs tensor time it has to spare). The mma.sync
+    configs stay selectable by override, for comparison and for measuring. Shared memory admits one
+    program per SM, so the grid is one program per SM over the head groups.
     """
     if num_heads < 1:
         raise ValueError("num_heads must be >= 1")
-    if num_heads <= 16:
-        cfg = {"row_blocks": 1, "col_splits": 4, "block_n": 32, "stages": 4, "min_tiles": 2}
-    elif num_heads <= 32:
-        cfg = {"row_blocks": 2, "col_splits": 4, "block_n": 32, "stages": 3, "min_tiles": 2}
-    else:
-        cfg = {"row_blocks": 4, "col_splits": 2, "block_n": 32, "stages": 3, "min_tiles": 4}
+    rb, cs, bn, st = WARPGROUP
+    cfg = {"row_blocks": rb, "col_splits": cs, "block_n": bn, "stages": st, "min_tiles": 2}
     cfg.update(env_overrides("PADDLE_MLA_CUDA_DECODE_CFG"))
     cfg.update(override)
     groups = -(-num_heads // (16 * cfg["row_blocks"]))

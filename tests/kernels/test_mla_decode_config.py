@@ -16,20 +16,23 @@ def _up(x):
 
 
 def _smem(rb, cs, bn, nst):
-    """Bytes of mla_decode_kernel.cuh's SplitLayout: Q rows, the key stages, the score exchange."""
+    """Bytes of mla_decode_kernel.cuh's SplitLayout (Q rows, the key stages, the score exchange), or of
+    mla_decode_wgmma.cuh's WgLayout for the warpgroup kernel (Q and two 64 x 576 swizzled tiles, P
+    fragments, row scalars, alignment slack)."""
+    if (rb, cs, bn, nst) == op.WARPGROUP:
+        return 3 * 64 * 576 * 2 + 8192 + 1024 + 1024
     kv = _up(16 * rb * PITCH * 2)
     red = kv + nst * _up(bn * PITCH * 2)
     return red + (_up(cs * 16 * rb * (bn + 4) * 4) if cs > 1 else 0)
 
 
-@pytest.mark.parametrize("heads,blocks,groups", [(16, 1, 1), (20, 2, 1), (32, 2, 1), (40, 4, 1), (64, 4, 1),
-                                                 (100, 4, 2), (128, 4, 2)])
-def test_launch_config_by_heads(heads, blocks, groups):
+@pytest.mark.parametrize("heads,groups", [(1, 1), (16, 1), (20, 1), (64, 1), (65, 2), (100, 2), (128, 2)])
+def test_launch_config_by_heads(heads, groups):
     c = op.launch_config(heads, 132)
-    assert c.row_blocks == blocks and c.head_groups(heads) == groups
-    assert c.heads_per_program * groups >= heads > c.heads_per_program * (groups - 1)
+    assert (c.row_blocks, c.col_splits, c.block_n, c.stages) == op.WARPGROUP   # every head count
+    assert c.heads_per_program == 64 and c.head_groups(heads) == groups
     assert c.programs == 132 // groups   # one program per SM over all head groups
-    assert (c.row_blocks, c.col_splits, c.block_n, c.stages) in op.SUPPORTED
+    assert op.launch_config(heads, 132, row_blocks=1, col_splits=4, block_n=32, stages=4).row_blocks == 1
 
 
 def test_every_instantiated_config_fits_an_sm90_block():
@@ -39,13 +42,12 @@ def test_every_instantiated_config_fits_an_sm90_block():
 
 
 def test_overrides_and_env(monkeypatch):
-    assert op.launch_config(128, 132, stages=2).stages == 2
+    assert op.launch_config(128, 132, row_blocks=4, col_splits=2, block_n=32, stages=3).block_n == 32
     assert op.launch_config(16, 132, programs=7).programs == 7
-    monkeypatch.setenv("PADDLE_MLA_CUDA_DECODE_CFG", "stages=2,min_tiles=8")
-    c = op.launch_config(16, 132)
-    assert (c.stages, c.min_tiles) == (2, 8)
+    monkeypatch.setenv("PADDLE_MLA_CUDA_DECODE_CFG", "min_tiles=8")
+    assert op.launch_config(16, 132).min_tiles == 8
     with pytest.raises(ValueError, match="no kernel"):
-        op.launch_config(16, 132, block_n=64)
+        op.launch_config(16, 132, block_n=128)   # the warpgroup kernel takes 64-token tiles only
 
 
 def test_cpu_falls_back_to_triton(monkeypatch):

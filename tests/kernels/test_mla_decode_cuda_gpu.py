@@ -16,6 +16,11 @@ from paddle_mla.platform import runtime
 pytestmark = [pytest.mark.gpu, pytest.mark.triton]
 
 LORA, ROPE = 512, 64
+# the default config is the sm_90a warpgroup kernel (ops.mla_decode.WARPGROUP); the mma.sync kernel's
+# configs by head count (16, 32 and 64 heads a program)
+MMA16 = {"row_blocks": 1, "col_splits": 4, "block_n": 32, "stages": 4}
+MMA32 = {"row_blocks": 2, "col_splits": 4, "block_n": 32, "stages": 3}
+MMA64 = {"row_blocks": 4, "col_splits": 2, "block_n": 32, "stages": 3, "min_tiles": 4}
 SEQ_CASES = [[1], [64], [32, 64, 128, 48], [1024], [1, 3], [0, 5000, 17, 300], [4097, 33, 1, 2048, 0, 95]]
 
 
@@ -40,11 +45,15 @@ def _case(k, seq_lens, heads, page, seed):
     return cache, q, _up(k, bt), _up(k, np.array(seq_lens, dtype=np.int32))
 
 
-# 16 / 128: V3 at TP=8 and TP=1; 20 and 40: partial head blocks (padding rows); 32, 64: whole blocks.
-# Page 16: tiles of 32 tokens span two pages (the per-token table path); 64 and 128: one page a tile.
+# 16 / 128: V3 at TP=8 and TP=1; 1, 20, 40 and 100: partial head blocks (padding rows); 32, 64: whole
+# blocks of the mma.sync kernel. Pages: 64 and 128 hold a 64-token tile (one TMA box a chunk), 16, 32
+# and 48 split it into boxes of 16 or 32 rows (48: the box is gcd(page, 64)); 16 also makes the mma.sync
+# kernel's 32-token tiles span two pages (its per-token table path).
 @pytest.mark.parametrize("heads,page,variant", [
-    (16, 64, {}), (16, 16, {}), (16, 64, {"stages": 2}), (20, 64, {}), (32, 128, {}), (40, 64, {}),
-    (64, 16, {}), (128, 64, {}), (128, 128, {"stages": 2}),
+    (16, 64, {}), (16, 16, {}), (1, 64, {}), (20, 48, {}), (32, 128, {}), (40, 32, {}), (64, 64, {}),
+    (100, 64, {}), (128, 64, {}), (128, 128, {}), (128, 16, {}),
+    (16, 64, MMA16), (16, 16, dict(MMA16, stages=2)), (20, 64, MMA32), (40, 64, MMA64), (64, 16, MMA64),
+    (128, 64, MMA64), (128, 128, dict(MMA64, stages=2)),
 ], ids=lambda x: str(x).replace(" ", ""))
 @pytest.mark.parametrize("seq_lens", SEQ_CASES, ids=lambda s: "x".join(map(str, s)))
 def test_cuda_decode_bf16(k, heads, page, variant, seq_lens):
@@ -61,8 +70,9 @@ def test_cuda_decode_bf16(k, heads, page, variant, seq_lens):
     _check_close(k, got, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, scale))
 
 
+@pytest.mark.parametrize("variant", [{}, MMA64], ids=["warpgroup", "mma_sync"])
 @pytest.mark.parametrize("heads", [16, 128])
-def test_cuda_decode_graph_replay(k, heads):
+def test_cuda_decode_graph_replay(k, heads, variant):
     """Plan + decode captured once, replayed with new lengths in the same buffers (no per-call allocation)."""
     torch = k.torch
     if runtime.is_paddle():
@@ -70,7 +80,7 @@ def test_cuda_decode_graph_replay(k, heads):
     bs = 4
     cache, q, tables, lens = _case(k, [4096] * bs, heads, 64, 5)
     lens.copy_(_up(k, np.array([10, 10, 10, 10], dtype=np.int32)))
-    dec = k.cd.CudaDecode(heads, bs, k.dev)
+    dec = k.cd.CudaDecode(heads, bs, k.dev, **variant)
     out = torch.empty(bs, heads, LORA, device=k.dev, dtype=torch.bfloat16)
 
     def step():
@@ -80,13 +90,14 @@ def test_cuda_decode_graph_replay(k, heads):
     check_graph_replay(k, step, q, cache, tables, lens, out, LORA, 0.07)
 
 
+@pytest.mark.parametrize("variant", [{}, MMA64], ids=["warpgroup", "mma_sync"])
 @pytest.mark.parametrize("heads", [16, 128])
-def test_cuda_decode_one_long_row_over_the_whole_grid(k, heads):
+def test_cuda_decode_one_long_row_over_the_whole_grid(k, heads, variant):
     """b=1 at 16k + 17 tokens: the plan spreads the row over up to 65 splits; their merge matches the
     reference, bitwise repeatably."""
     seq = 16384 + 17
     cache, q, tables, lens = _case(k, [seq], heads, 64, 9)
-    dec = k.cd.CudaDecode(heads, 1, k.dev)
+    dec = k.cd.CudaDecode(heads, 1, k.dev, **variant)
     out = k.torch.empty(1, heads, LORA, device=k.dev, dtype=k.torch.bfloat16)
 
     def run():
