@@ -37,10 +37,10 @@ class AttentionConfig:
     # seed's baseline, uniform tables and one pool, SWA heads walk the whole context and mask it
     # (same outputs, a benchmark reference; no recycling)
     swa_mode: Literal["skip", "mask"] = "skip"
-    # triton_mla / dsa decode rows on SM90 through the mla_decode CUDA op when the custom ops are
-    # built with CUDA (bf16, kv_lora 512 + rope 64); off by default: its greedy tokens agree with the
-    # Triton decode's on only about half the requests of tests/engine/test_mla_cuda_decode_engine_gpu.py
-    cuda_decode: bool = False
+    # triton_mla / dsa decode rows through the mla_decode CUDA op (docs/mla_decode.md) where it can
+    # serve: a compute capability 9.0 GPU, custom ops built with CUDA, a bf16 cache, kv_lora 512 +
+    # rope 64; everywhere else, and with false, the portable Triton decode
+    cuda_decode: bool = True
 
 
 @dataclass
