@@ -65,6 +65,17 @@ __device__ __forceinline__ void row_block_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// Program pid's share of the plan: its tile count a program (the plan's Q) and the tiles [p_start,
+// p_end) of the step's concatenated rows it takes (empty past the last tile).
+struct ProgramTiles {
+  int q_tiles, p_start, p_end;
+};
+__device__ __forceinline__ ProgramTiles program_tiles(const int32_t* tiles_per_prog, const int32_t* cu_tiles, int bs,
+                                                      int pid) {
+  const int q = tiles_per_prog[0], start = pid * q;
+  return {q, start, min(start + q, cu_tiles[bs])};
+}
+
 // The first request whose key tiles end after tile `p_start` of the plan (cu_tiles: [bs + 1]).
 __device__ __forceinline__ int first_request(const int32_t* cu_tiles, int bs, int p_start) {
   int lo = 0, hi = bs;
@@ -103,9 +114,7 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
   const int rb = warp / CS, cs = warp % CS;
   const int hg = static_cast<int>(blockIdx.x), pid = static_cast<int>(blockIdx.y);
   const int bs = static_cast<int>(a.batch), H = static_cast<int>(a.num_heads);
-  const int q_tiles = a.tiles_per_prog[0];
-  const int p_start = pid * q_tiles;
-  const int p_end = min(p_start + q_tiles, a.cu_tiles[bs]);
+  const auto [q_tiles, p_start, p_end] = program_tiles(a.tiles_per_prog, a.cu_tiles, bs, pid);
   if (p_start >= p_end) return;
   const T* kv = static_cast<const T*>(a.kv_cache);
   const int page = static_cast<int>(a.page_size);

@@ -69,9 +69,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int tid = static_cast<int>(threadIdx.x), wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int hg = static_cast<int>(blockIdx.x), pid = static_cast<int>(blockIdx.y);
   const int bs = static_cast<int>(a.batch), H = static_cast<int>(a.num_heads);
-  const int q_tiles = a.tiles_per_prog[0];
-  const int p_start = pid * q_tiles;
-  const int p_end = min(p_start + q_tiles, a.cu_tiles[bs]);
+  const auto [q_tiles, p_start, p_end] = program_tiles(a.tiles_per_prog, a.cu_tiles, bs, pid);
   if (p_start >= p_end) return;
   const int page = static_cast<int>(a.page_size);
   const int box_rows = tma_box_rows(page);
