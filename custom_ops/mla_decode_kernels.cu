@@ -66,10 +66,13 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      p = nullptr;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                                             &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) p = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
   }();
   return fn;
@@ -81,10 +84,13 @@ const char* encode_map(CUtensorMap* map, const void* ptr, const int64_t (&dims)[
                        int rows) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return "the driver has no cuTensorMapEncodeTiled (CUDA 12+ driver needed)";
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || (stride1 * 2) % 16 != 0 || (stride2 * 2) % 16 != 0)
-    return "the warpgroup kernel needs 16-byte aligned q / kv_cache rows (a TMA rule)";
   const cuuint64_t size[3] = {static_cast<cuuint64_t>(dims[0]), static_cast<cuuint64_t>(dims[1]),
                               static_cast<cuuint64_t>(dims[2])};
+  // a size-1 dim's stride is never stepped, and frameworks report anything there: use the packed one
+  if (dims[1] == 1) stride1 = dims[0];
+  if (dims[2] == 1) stride2 = dims[1] * stride1;
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || (stride1 * 2) % 16 != 0 || (stride2 * 2) % 16 != 0)
+    return "the warpgroup kernel needs 16-byte aligned q / kv_cache rows (a TMA rule)";
   const cuuint64_t stride[2] = {static_cast<cuuint64_t>(stride1 * 2), static_cast<cuuint64_t>(stride2 * 2)};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(rows), 1}, step[3] = {1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), size, stride, box, step,

@@ -47,6 +47,7 @@ struct WgLayout {
   static constexpr uint32_t q = 0, kv = kWgTile, p = kv + 2 * kWgTile, rows = p + 8192, bars = rows + 1024;
   static constexpr uint32_t total = bars + 64 + 1024;
 };
+static_assert(WgLayout::total <= 227 * 1024, "the layout must fit an SM90 block's 227 KB of shared memory");
 
 // Offset of (row, 16-byte unit) in a swizzled 64-row tile (wgmma.cuh's SW128 layout).
 __device__ __forceinline__ uint32_t swz(int row, int unit) {
@@ -54,7 +55,8 @@ __device__ __forceinline__ uint32_t swz(int row, int unit) {
 }
 
 // Rows of a TMA box: the largest power of two dividing both the page and a tile, so that a box never
-// straddles a page (host and device compute it alike).
+// straddles a page (host and device compute it alike). Pages that are not a multiple of 8 are not
+// served (cuda_decode.unavailable_reason): their boxes would start inside a 1024-byte swizzle atom.
 __host__ __device__ __forceinline__ int tma_box_rows(int page) { return min(page & -page, kWgKeys); }
 
 __global__ void __launch_bounds__(kWgThreads, 1)
@@ -115,6 +117,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       for (int c = 0; c < 9; ++c) wg::tma_load_3d(base + WgLayout::q + c * kWgChunk, &q_map, c * 64, hg * kWgHeads, b, qbar);
       issue(t0, 0);
     }
+    __syncwarp();  // the producer's warp converges before the barrier waits and wgmma below
     wg::mbar_wait(qbar, (phase >> 2) & 1);
     phase ^= 4;
 
@@ -140,6 +143,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
       __syncthreads();
       if (producer && i + 1 < nt) issue(t0 + i + 1, (i + 1) % 2);
+      __syncwarp();
       uint32_t pa[4][4];
       float keep[2];
       if (wgi == 0) {
@@ -255,6 +259,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
     }
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built without sm_90a (no wgmma / TMA): fail loudly instead of leaving out unwritten
 #endif
 }
 

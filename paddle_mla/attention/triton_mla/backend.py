@@ -77,7 +77,8 @@ class TritonMLABackend(MLABackend):
         # cap (``split_cap``): the programs, up to 64 split windows per request
         self.fixed_tiles = fixed_split_tiles(split_tokens, self.cfg.block_n) if deterministic else 0
         why_not_cuda = ("deterministic mode" if deterministic else
-                        unavailable_reason(L, dims.latent_dim, dtype, device) if cuda_decode else "turned off")
+                        unavailable_reason(L, dims.latent_dim, dtype, device, block_size) if cuda_decode
+                        else "turned off")
         self.cuda = None if why_not_cuda else CudaDecode(H, max_num_seqs, device)
         if self.cuda:   # the CUDA decode plans into its own workspace (its tiles and grid differ from Triton's)
             self.ws = self.cuda.ws

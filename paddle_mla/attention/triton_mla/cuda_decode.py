@@ -30,14 +30,17 @@ def gpu_arch() -> int:
     return int(target.arch) if target.backend == "cuda" and isinstance(target.arch, int) else 0
 
 
-def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str) -> str:
-    """'' when the CUDA decode can serve these dims on this device, else why not."""
+def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str, block_size: int = 64) -> str:
+    """'' when the CUDA decode can serve these dims and cache pages on this device, else why not."""
     if device == "cpu" or interpreting():
         return "not on a GPU"
     if (kv_lora_rank, latent_dim) != (op.LATENT_DIM, op.KEY_DIM):
         return f"dims kv_lora_rank {kv_lora_rank} + rope {latent_dim - kv_lora_rank} (the kernel takes 512 + 64)"
     if dtype != torch.bfloat16:
         return f"cache dtype {dtype} (the kernel takes bf16)"
+    if block_size % 8:
+        # its TMA boxes are gcd(page, 64) rows; fewer than 8 would start inside a swizzle atom (untested)
+        return f"cache block_size {block_size} (the kernel takes a multiple of 8)"
     arch = gpu_arch()
     if arch // 10 != 9:
         return f"compute capability {arch / 10:.1f} (the kernel is sized for SM90)"
