@@ -50,7 +50,7 @@ from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: 
 
 
 def run_case(model, batch: int, context: int, steps: int, overlap: bool, model_dir: str = "tiny",
-             phases: bool = False, cuda_decode: bool = False) -> dict:
+             phases: bool = False, cuda_decode: bool = True) -> dict:
     blocks = batch * (-(-(context + steps + 16) // PAGE)) + 8
     cfg = config_from_dict({
         "model": model_dir, "device": "gpu", "dtype": "bfloat16", "cuda_graph": True,
@@ -106,9 +106,9 @@ def main() -> None:
     ap.add_argument("--overlap", choices=("both", "on", "off"), default="both",
                     help="overlapped scheduling on, off or both (a host-time check: --batch '' --overlap on)")
     ap.add_argument("--phases", action="store_true", help="host time per phase of the steady decode step")
-    ap.add_argument("--cuda-decode", choices=("both", "on", "off"), default="off",
-                    help="decode rows through the SM90 mla_decode CUDA op (attention.cuda_decode), the Triton "
-                         "decode, or both side by side")
+    ap.add_argument("--cuda-decode", choices=("both", "on", "off"), default="on",
+                    help="attention.cuda_decode: on (the engine's default: the SM90 mla_decode CUDA op where it "
+                         "can serve), off (the Triton decode) or both side by side")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = runtime.device_string("gpu")
