@@ -97,6 +97,81 @@ __device__ __forceinline__ bool request_tiles(const int32_t* cu_tiles, int b, in
   return true;
 }
 
+// The fragments below are a warp's m16n8 accumulators, N 8-column blocks of 4 registers: register
+// [n][2 h + c] is row lane / 4 + 8 h, column 8 n + 2 (lane % 4) + c (wgmma's m64nNk16 accumulator is
+// the same per warp). Both MLA kernels keep scores and outputs in that form.
+
+// Keys at or past the row's length get score -inf (only the row's last tile has any).
+template <int NB>
+__device__ __forceinline__ void mask_past_length(float (&s)[NB][4], int key0, int seq_len, int lane) {
+  if (key0 + NB * 8 <= seq_len) return;
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (key0 + nb * 8 + (lane % 4) * 2 + (e & 1) >= seq_len) s[nb][e] = -INFINITY;
+  }
+}
+
+// One tile of the online softmax, log2 units: the scores become P, (m, l) move on, `keep` is the
+// factor the output accumulators are rescaled by. A quad of lanes shares a row; l stays this lane's
+// partial sum (reduced over the quad once, at the end).
+template <int NB>
+__device__ __forceinline__ void online_softmax(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&keep)[2],
+                                               float qk_scale) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * h], s[nb][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx * qk_scale);  // finite: a tile holds at least one key
+    keep[h] = attn::fast_exp2(m[h] - m_new);
+    m[h] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int x = 2 * h; x < 2 * h + 2; ++x) {
+        s[nb][x] = attn::fast_exp2(fmaf(s[nb][x], qk_scale, -m_new));
+        sum += s[nb][x];
+      }
+    }
+    l[h] = l[h] * keep[h] + sum;
+  }
+}
+
+// A finished split's rows (heads head0 and head0 + 8, columns col .. col + 8 ND of the value): the
+// output itself when the request has one split, else the fp32 partial and, from `lse_writer` warps,
+// its log2-sum-exp. sum: the rows' softmax denominators, m: their maxima (log2 units).
+template <int ND>
+__device__ __forceinline__ void store_rows(const MlaDecodeArgs& a, const float (&acc)[ND][4], int b, int64_t prow,
+                                           int head0, int col, const float (&sum)[2], const float (&m)[2],
+                                           bool lse_writer, int lane) {
+  using T = __nv_bfloat16;
+  const bool whole = a.num_splits[b] == 1;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv = 1.0f / sum[h];
+    const int head = head0 + 8 * h;
+    if (head >= a.num_heads) continue;
+    if (whole) {
+      T* o = static_cast<T*>(a.out) + b * a.out_stride_b + head * a.out_stride_h + col;
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd)
+        *reinterpret_cast<uint32_t*>(o + nd * 8) = attn::pack2<T>(acc[nd][2 * h] * inv, acc[nd][2 * h + 1] * inv);
+    } else {
+      float* po = a.partial_out + prow * a.po_stride_row + head * a.po_stride_head + col;
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd)
+        *reinterpret_cast<float2*>(po + nd * 8) = make_float2(acc[nd][2 * h] * inv, acc[nd][2 * h + 1] * inv);
+      if (lse_writer && lane % 4 == 0)
+        a.partial_lse[prow * a.lse_stride_row + head * a.lse_stride_head] = m[h] + log2f(sum[h]);
+    }
+  }
+}
+
 template <int RB, int CS, int BN, int NST>
 __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDecodeArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -220,40 +295,13 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
           }
         }
       }
-      const int key0 = (t0 + i) * BN;
-      if (key0 + BN > seq_len) {  // the row's last tile: keys past its length get -inf
+      mask_past_length(s, (t0 + i) * BN, seq_len, lane);
+      float keep[2];
+      online_softmax(s, m, l, keep, qk_scale);
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
+      for (int nd = 0; nd < NV / 8; ++nd) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (key0 + nb * 8 + col0 + (e & 1) >= seq_len) s[nb][e] = -INFINITY;
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // online softmax of row lane / 4 + 8 h (a quad of lanes shares it)
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * h], s[nb][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[h], mx * qk_scale);  // finite: a tile holds at least one key
-        const float keep = attn::fast_exp2(m[h] - m_new);
-        m[h] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-          for (int x = 2 * h; x < 2 * h + 2; ++x) {
-            s[nb][x] = attn::fast_exp2(fmaf(s[nb][x], qk_scale, -m_new));
-            sum += s[nb][x];
-          }
-        }
-        l[h] = l[h] * keep + sum;
-#pragma unroll
-        for (int nd = 0; nd < NV / 8; ++nd) {
-          acc[nd][2 * h] *= keep;
-          acc[nd][2 * h + 1] *= keep;
-        }
+        for (int e = 0; e < 4; ++e) acc[nd][e] *= keep[e / 2];
       }
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {  // O += P V over this warp's value columns
@@ -274,29 +322,14 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
     cp_async_wait<0>();
     __syncthreads();  // Q and the stages are free for the next request
 
-    const int n_split = a.num_splits[b];
-    const int64_t prow = a.split_start[b] + (pid - a.cu_tiles[b] / q_tiles);  // this split's partial row
+    float sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float sum = l[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = 1.0f / sum;
-      const int head = hg * HB + rb * 16 + lane / 4 + 8 * h;
-      if (head >= H) continue;
-      if (n_split == 1) {
-        T* o = static_cast<T*>(a.out) + b * a.out_stride_b + head * a.out_stride_h + cs * NV + col0;
-#pragma unroll
-        for (int nd = 0; nd < NV / 8; ++nd)
-          *reinterpret_cast<uint32_t*>(o + nd * 8) = attn::pack2<T>(acc[nd][2 * h] * inv, acc[nd][2 * h + 1] * inv);
-      } else {
-        float* po = a.partial_out + prow * a.po_stride_row + head * a.po_stride_head + cs * NV + col0;
-#pragma unroll
-        for (int nd = 0; nd < NV / 8; ++nd)
-          *reinterpret_cast<float2*>(po + nd * 8) = make_float2(acc[nd][2 * h] * inv, acc[nd][2 * h + 1] * inv);
-        if (cs == 0 && lane % 4 == 0) a.partial_lse[prow * a.lse_stride_row + head * a.lse_stride_head] = m[h] + log2f(sum);
-      }
+      sum[h] = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
     }
+    const int64_t prow = a.split_start[b] + (pid - a.cu_tiles[b] / q_tiles);  // this split's partial row
+    store_rows(a, acc, b, prow, hg * HB + rb * 16 + lane / 4, cs * NV + col0, sum, m, cs == 0, lane);
   }
 #endif
 }

@@ -49,6 +49,13 @@ struct WgLayout {
 };
 static_assert(WgLayout::total <= 227 * 1024, "the layout must fit an SM90 block's 227 KB of shared memory");
 
+// A wgmma accumulator (4 N registers) seen as mla_decode_kernel.cuh's [N][4] fragment: the same
+// registers in the same order.
+template <int N4>
+__device__ __forceinline__ float (&frag4(float (&x)[N4]))[N4 / 4][4] {
+  return *reinterpret_cast<float(*)[N4 / 4][4]>(&x);
+}
+
 // Offset of (row, 16-byte unit) in a swizzled 64-row tile (wgmma.cuh's SW128 layout).
 __device__ __forceinline__ uint32_t swz(int row, int unit) {
   return (unit >> 3) * kWgChunk + row * 128 + (((unit & 7) ^ (row & 7)) << 4);
@@ -70,7 +77,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   uint8_t* smem = smem_raw + (base - raw);
   const int tid = static_cast<int>(threadIdx.x), wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int hg = static_cast<int>(blockIdx.x), pid = static_cast<int>(blockIdx.y);
-  const int bs = static_cast<int>(a.batch), H = static_cast<int>(a.num_heads);
+  const int bs = static_cast<int>(a.batch);
   const auto [q_tiles, p_start, p_end] = program_tiles(a.tiles_per_prog, a.cu_tiles, bs, pid);
   if (p_start >= p_end) return;
   const int page = static_cast<int>(a.page_size);
@@ -160,34 +167,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         wg::commit();
         wg::wait<0>();
         wg::fence_regs(s);
-        if (key0 + kWgKeys > seq_len) {  // the row's last tile: keys past its length get -inf
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (key0 + j * 8 + (lane % 4) * 2 + (e & 1) >= seq_len) s[4 * j + e] = -INFINITY;
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // online softmax of row lane / 4 + 8 h (a quad of lanes shares it)
-          float mx = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[h], mx * qk_scale);  // finite: a tile holds at least one key
-          keep[h] = attn::fast_exp2(m[h] - m_new);
-          m[h] = m_new;
-          float sum = 0.0f;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-#pragma unroll
-            for (int x = 2 * h; x < 2 * h + 2; ++x) {
-              s[4 * j + x] = attn::fast_exp2(fmaf(s[4 * j + x], qk_scale, -m_new));
-              sum += s[4 * j + x];
-            }
-          }
-          l[h] = l[h] * keep[h] + sum;
-        }
+        float(&sf)[8][4] = frag4(s);
+        mask_past_length(sf, key0, seq_len, lane);
+        online_softmax(sf, m, l, keep, qk_scale);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {  // keys 16 kk .. 16 kk + 15 as the m64k16 A fragment
 #pragma unroll
@@ -236,28 +218,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     __syncthreads();
     const float2 sums = *rowv;
-    const int n_split = a.num_splits[b];
+    const float sum[2] = {sums.x, sums.y};
     const int64_t prow = a.split_start[b] + (pid - a.cu_tiles[b] / q_tiles);  // this split's partial row
-    const int col0 = wgi * 256 + (lane % 4) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float inv = 1.0f / (h == 0 ? sums.x : sums.y);
-      const int head = hg * kWgHeads + warp * 16 + lane / 4 + 8 * h;
-      if (head >= H) continue;
-      if (n_split == 1) {
-        T* out = static_cast<T*>(a.out) + b * a.out_stride_b + head * a.out_stride_h + col0;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<uint32_t*>(out + j * 8) = attn::pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-      } else {
-        float* po = a.partial_out + prow * a.po_stride_row + head * a.po_stride_head + col0;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(po + j * 8) = make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-        if (wgi == 0 && lane % 4 == 0)
-          a.partial_lse[prow * a.lse_stride_row + head * a.lse_stride_head] = m[h] + log2f(h == 0 ? sums.x : sums.y);
-      }
-    }
+    store_rows(a, frag4(o), b, prow, hg * kWgHeads + warp * 16 + lane / 4, wgi * 256 + (lane % 4) * 2, sum, m,
+               wgi == 0, lane);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built without sm_90a (no wgmma / TMA): fail loudly instead of leaving out unwritten
