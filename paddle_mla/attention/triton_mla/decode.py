@@ -20,7 +20,6 @@ No allocation and no host sync per call: workspaces come from ``alloc_decode_wor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +42,8 @@ LOG2E = 1.4426950408889634
 # pay; measured at b=1 (and losing at b=16, docs/benchmarks_history.md,
 # "MLA prefill attention and b=1 decode")
 SMALL_BATCH = 4
-# Stage 2 takes STAGE2_HEADS (token, head) rows a program once a launch has more than
-# STAGE2_ROWS_PER_SM rows an SM: one row a program makes a prefill of 8192 pseudo-row tokens at 16
-# heads half a million programs, most of which find their row finished by stage 1 (one split): 95 µs
-# a layer on an H200 (docs/benchmarks_history.md, "Determinism cost"). Each row's merge is unchanged.
-# PADDLE_MLA_STAGE2_HEADS (read at import) overrides it for A/B measurements; 1 is the one-row form.
-STAGE2_HEADS = int(os.environ.get("PADDLE_MLA_STAGE2_HEADS", "8"))
+# Stage 2 takes DecodeConfig.stage2_heads rows a program once a launch has more than this many
+# (token, head) rows an SM (below it, one row a program keeps small launches spread over the SMs)
 STAGE2_ROWS_PER_SM = 32
 
 
@@ -80,6 +75,11 @@ class DecodeConfig:
     # programmatic dependent launch: stage 2 starts (and reads its plan) while stage 1's last
     # programs still run, and waits (griddepcontrol.wait) before reading the partials (sm_90+)
     pdl: int = 0
+    # (token, head) rows a stage-2 program on large launches (STAGE2_ROWS_PER_SM): one row a program
+    # makes a prefill of 8192 pseudo-row tokens at 16 heads half a million programs, most of which find
+    # their row finished by stage 1 (one split): 95 µs a layer on an H200 (docs/benchmarks_history.md,
+    # "Determinism cost"). Each row's merge is unchanged; 1 is the one-row form.
+    stage2_heads: int = 8
 
     @property
     def target_items(self) -> int:
@@ -359,7 +359,7 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
     )
     block_dv = min(128, bv)  # one stage-2 program never spans two value slices (their LSEs differ)
     rows = qg * H
-    heads = STAGE2_HEADS if bs * rows > STAGE2_ROWS_PER_SM * num_sms(device_index(q)) else 1
+    heads = cfg.stage2_heads if bs * rows > STAGE2_ROWS_PER_SM * num_sms(device_index(q)) else 1
     _decode_stage2[(bs, triton.cdiv(rows, heads), triton.cdiv(Lv, block_dv))](
         po, lse, ws.num_kv_splits, ws.split_start, seq_lens_k, out, row0, ntok,
         po.stride(0), po.stride(1), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), H,
