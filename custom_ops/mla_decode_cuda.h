@@ -4,12 +4,14 @@
 //
 // One query token per row: q [batch, H, 576] (kv_lora 512 then rope 64), the bf16 latent cache
 // [num_blocks, page, 1, 576] read through block_tables, out [batch, H, 512]. Work is split by the
-// per-step plan that paddle_mla/attention/triton_mla/decode_plan.py builds on the GPU (a persistent
-// grid of `programs` programs per head block, each taking `tiles_per_prog` consecutive key tiles of
-// `block_n` tokens across request boundaries): a request touched by one program gets its output
-// written directly, the others leave fp32 partials and their log2-sum-exp, which the combine kernel
-// merges in split order (deterministic). Every launch size comes from shapes and the config, never
-// from device values, and nothing is allocated: the launch is CUDA-graph capturable.
+// per-step plan that paddle_mla/attention/triton_mla/decode_plan.py builds on the GPU: windows of
+// `tiles_per_prog` consecutive key tiles of `block_n` tokens across request boundaries, taken by a
+// persistent grid of `programs` programs per head block in strides of the grid (the balanced plan
+// has one window a program; the batch-invariant one has windows from each row's start). A request
+// inside one window gets its output written directly, the others leave fp32 partials and their
+// log2-sum-exp, which the combine kernel merges in split order (deterministic). Every launch size
+// comes from shapes and the config, never from device values, and nothing is allocated: the launch
+// is CUDA-graph capturable.
 #pragma once
 
 #include <cstdint>

@@ -109,3 +109,37 @@ def test_cuda_decode_one_long_row_over_the_whole_grid(k, heads, variant):
                                          dec.launch.min_tiles)
     assert int(dec.ws.num_kv_splits[0]) == int(splits[0]) > 1
     _check_close(k, got, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, 192 ** -0.5))
+
+
+@pytest.mark.parametrize("programs", [0, 3], ids=["grid", "3_programs"])
+@pytest.mark.parametrize("variant", [{}, MMA64], ids=["warpgroup", "mma_sync"])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_cuda_decode_batch_invariant_plan(k, heads, variant, programs):
+    """The batch-invariant plan (``deterministic: true``): each row's output has the same bits alone,
+    in the batch and in a shuffled batch, its split count is its own length over the split size, and
+    it matches the reference. 3 programs a head group: each program walks many windows."""
+    torch = k.torch
+    seq_lens = [4097, 33, 1, 2048, 0, 95, 3000, 6000]
+    bs, scale, split = len(seq_lens), 192 ** -0.5, 1024
+    cache, q, tables, lens = _case(k, seq_lens, heads, 64, 11 + heads)
+    override = dict(variant, programs=programs) if programs else variant
+    dec = k.cd.CudaDecode(heads, bs, k.dev, split_tokens=split, max_len=8192, **override)
+
+    def decode(rows):
+        idx = _up(k, np.array(rows, dtype=np.int64))
+        sub_lens = lens[idx].contiguous()
+        out = torch.full((len(rows), heads, LORA), float("nan"), device=k.dev, dtype=torch.bfloat16)
+        dec.plan(sub_lens, len(rows))
+        dec.run(q[idx].contiguous(), cache, tables[idx].contiguous(), sub_lens, out, len(rows), scale)
+        return out
+
+    whole = decode(list(range(bs)))
+    splits = dec.ws.num_kv_splits[:bs].cpu().numpy().tolist()
+    assert splits == [max(-(-n // split), 1) for n in seq_lens]
+    _check_close(k, whole, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, scale))
+    order = np.random.default_rng(heads).permutation(bs).tolist()
+    shuffled = decode(order)
+    for i in range(bs):
+        alone = decode([i])
+        assert torch.equal(alone[0], whole[i]), f"row {i} alone differs from its batch"
+        assert torch.equal(shuffled[order.index(i)], whole[i]), f"row {i} differs in a shuffled batch"

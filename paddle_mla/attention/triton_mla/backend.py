@@ -52,10 +52,10 @@ class TritonMLABackend(MLABackend):
         ``short_extend_tokens``: extend rows of at most this many new tokens run absorbed (-1: the FLOP
         crossover from the dims, ``short_extend.crossover_tokens``; 0: never). ``cuda_decode``: decode
         rows take the CUDA op where it can run (``cuda_decode.unavailable_reason``); False: Triton.
-        ``deterministic``: every token, decode or extend, runs the one absorbed Triton kernel with one
-        launch config over splits of ``split_tokens`` keys from its row's start (0: from max_model_len,
-        ``deterministic_split_tokens``), so its bits depend on its query and its context alone
-        (docs/determinism.md); the CUDA decode is then off.
+        ``deterministic``: every token, decode or extend, runs one absorbed decode kernel (the CUDA
+        op where ``cuda_decode`` can run, else the Triton one) with one launch config over splits of
+        ``split_tokens`` keys from its row's start (0: from max_model_len, ``deterministic_split_tokens``),
+        so its bits depend on its query and its context alone (docs/determinism.md).
         """
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
@@ -76,10 +76,10 @@ class TritonMLABackend(MLABackend):
         # allocated before the KV-cache profile, so what it does not take goes to the cache. The split
         # cap (``split_cap``): the programs, up to 64 split windows per request
         self.fixed_tiles = fixed_split_tiles(split_tokens, self.cfg.block_n) if deterministic else 0
-        why_not_cuda = ("deterministic mode" if deterministic else
-                        unavailable_reason(L, dims.latent_dim, dtype, device, block_size) if cuda_decode
-                        else "turned off")
-        self.cuda = None if why_not_cuda else CudaDecode(H, max_num_seqs, device)
+        why_not_cuda = unavailable_reason(L, dims.latent_dim, dtype, device, block_size) if cuda_decode \
+            else "turned off"
+        fixed = dict(split_tokens=split_tokens, max_len=max_model_len) if deterministic else {}
+        self.cuda = None if why_not_cuda else CudaDecode(H, max_num_seqs, device, **fixed)
         if self.cuda:   # the CUDA decode plans into its own workspace (its tiles and grid differ from Triton's)
             self.ws = self.cuda.ws
         elif deterministic:
@@ -96,10 +96,12 @@ class TritonMLABackend(MLABackend):
         if deterministic:   # every extend token absorbed, whatever its row's length
             self.short_max_q = max(max_model_len, step_tokens)
         # no workspace when no row may run absorbed (short_extend_tokens 0; dsa's dense steps)
-        fixed = dict(split_tokens=split_tokens, max_len=max_model_len) if deterministic else {}
         rows = step_tokens if deterministic else max_pseudo_rows(dims, step_tokens)
+        # deterministic: the extend tokens run the decode rows' kernel, so a token's bits do not depend
+        # on which of the two paths computed it (a preempted request recomputes its outputs as extend)
         self.pseudo = PseudoRows(dims, rows, -(-max_model_len // block_size), device, dtype,
-                                 max_seqs=max_num_seqs, **fixed) if self.short_max_q else None
+                                 max_seqs=max_num_seqs, cuda=self.cuda if deterministic else None,
+                                 **fixed) if self.short_max_q else None
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
             print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
                   f"partial rows x {H} heads x {L}; config {self.cuda.launch if self.cuda else self.cfg}; CUDA decode: "

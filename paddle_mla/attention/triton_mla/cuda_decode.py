@@ -17,7 +17,8 @@ _runtime.require_selected(__name__)
 import torch
 
 from paddle_mla.platform.triton_host import interpreting, num_sms
-from paddle_mla.attention.triton_mla.decode_plan import alloc_decode_workspace, build_decode_plan, split_cap
+from paddle_mla.attention.triton_mla.decode_plan import (alloc_decode_workspace, build_decode_plan, fixed_split_tiles,
+                                                        fixed_split_workspace, split_cap)
 from paddle_mla.ops import mla_decode as op
 
 
@@ -48,20 +49,34 @@ def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str, b
 
 
 class CudaDecode:
-    """Plan + launch of the CUDA decode for up to ``max_bs`` rows of ``num_heads`` heads."""
+    """Plan + launch of the CUDA decode for up to ``max_bs`` rows of ``num_heads`` heads.
 
-    def __init__(self, num_heads: int, max_bs: int, device: str, **override):
+    ``split_tokens`` > 0: the batch-invariant plan (``deterministic: true``): every split is
+    ``split_tokens`` keys (whole 64-key tiles) from its row's start, over rows of at most ``max_len``
+    keys, so a row's bits follow its query and its context alone. The kernel's arithmetic per
+    (row, head) does not depend on the other rows or heads of its program (an MMA row's sums run
+    over K alone), its splits are its own windows, and the combine folds them in split order.
+    """
+
+    def __init__(self, num_heads: int, max_bs: int, device: str, split_tokens: int = 0, max_len: int = 0,
+                 **override):
         self.launch = op.launch_config(num_heads, num_sms(), **override)
-        p = self.launch.programs
-        self.ws = alloc_decode_workspace(max_bs, num_heads, op.LATENT_DIM, split_cap(p), device, programs=p)
+        p, bn = self.launch.programs, self.launch.block_n
+        self.fixed_tiles = fixed_split_tiles(split_tokens, bn) if split_tokens else 0
+        if split_tokens:
+            self.ws = fixed_split_workspace(max_bs, num_heads, op.LATENT_DIM, max_len, split_tokens, bn, device)
+        else:
+            self.ws = alloc_decode_workspace(max_bs, num_heads, op.LATENT_DIM, split_cap(p), device, programs=p)
 
-    def plan(self, seq_lens_k, bs: int) -> None:
-        """The split plan of rows [0, bs) on the GPU (once per step, before ``run``)."""
-        build_decode_plan(seq_lens_k, bs, self.ws, self.launch.block_n, self.launch.programs, self.launch.min_tiles)
+    def plan(self, seq_lens_k, bs: int, ws=None) -> None:
+        """The split plan of rows [0, bs) on the GPU (once per step, before ``run``), into ``ws``
+        (default: this decoder's workspace; the pseudo rows pass theirs)."""
+        build_decode_plan(seq_lens_k, bs, self.ws if ws is None else ws, self.launch.block_n, self.launch.programs,
+                          self.launch.min_tiles, self.fixed_tiles)
 
-    def run(self, q, kv_cache, block_tables, seq_lens_k, out, bs: int, sm_scale: float):
-        """q [>= bs, H, 576] -> out [>= bs, H, 512] over the plan from ``plan`` (same rows)."""
-        ws = self.ws
+    def run(self, q, kv_cache, block_tables, seq_lens_k, out, bs: int, sm_scale: float, ws=None):
+        """q [>= bs, H, 576] -> out [>= bs, H, 512] over the plan from ``plan`` (same rows, same ``ws``)."""
+        ws = self.ws if ws is None else ws
         return op.mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws.num_kv_splits, ws.cu_tiles,
                              ws.split_start, ws.tiles_per_prog, ws.partial_out, ws.partial_lse, bs, sm_scale,
                              self.launch)

@@ -147,12 +147,19 @@ class PseudoRows:
     ``max_groups`` query groups."""
 
     def __init__(self, dims, max_rows: int, max_blocks: int, device: str, dtype, max_seqs: int = 1,
-                 split_tokens: int = 0, max_len: int = 0):
+                 split_tokens: int = 0, max_len: int = 0, cuda=None):
         """``split_tokens`` > 0: the batch-invariant plan (``decode_plan.fixed_split_tiles``) over
-        contexts of at most ``max_len`` keys, and room for a partial group in every row."""
+        contexts of at most ``max_len`` keys, and room for a partial group in every row. ``cuda``: a
+        ``cuda_decode.CudaDecode`` to run the rows with (one token a row: its programs hold 64 heads
+        of one token), planned into this object's workspaces; None: the Triton decode kernel."""
         H, L = dims.num_heads, dims.kv_lora_rank
-        self.qg = query_group(H)
+        self.cuda = cuda
+        self.qg = 1 if cuda else query_group(H)
         self.cfg = decode_config(self.qg * H, elem_bytes=torch.zeros(1, dtype=dtype).element_size())
+        if cuda:   # the plan's tile and grid are the CUDA launch's
+            launch = cuda.launch
+            self.cfg = dataclasses.replace(self.cfg, block_n=launch.block_n, programs=launch.programs,
+                                           min_tiles=launch.min_tiles)
         self.max_rows = max_rows
         slack = max(GROUP_SLACK, max_seqs) if split_tokens else GROUP_SLACK
         self.max_groups = min(max_rows, max_rows // self.qg + slack)
@@ -199,8 +206,11 @@ class PseudoRows:
     def decode(self, q, kv_cache, out, kv_lora_rank: int, sm_scale: float, split: ShortSplit) -> None:
         """Attention of the pseudo rows ``q`` into ``out``, chunk by chunk (plans from ``plan``)."""
         for g0, n, ws in self._chunks(split):
-            mla_decode(q, kv_cache, self.tables[g0:], self.seq_lens[g0:], out, ws, kv_lora_rank, sm_scale, self.cfg,
-                       QueryGroups(self.row0[g0:], self.ntok[g0:], self.qg, n))
+            if self.cuda:   # one token a group: group g0 + i is pseudo row g0 + i
+                self.cuda.run(q[g0:], kv_cache, self.tables[g0:], self.seq_lens[g0:], out[g0:], n, sm_scale, ws=ws)
+            else:
+                mla_decode(q, kv_cache, self.tables[g0:], self.seq_lens[g0:], out, ws, kv_lora_rank, sm_scale,
+                           self.cfg, QueryGroups(self.row0[g0:], self.ntok[g0:], self.qg, n))
 
     def gather(self, meta, split: ShortSplit) -> None:
         """Block-table rows, causal lengths, first rows and token counts of the groups (device, once per step)."""
