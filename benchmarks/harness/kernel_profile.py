@@ -12,8 +12,8 @@ from paddle_mla.platform import runtime
 # first match wins; names are those of our Triton kernels and of cuBLAS / PyTorch kernels
 CATEGORIES = [
     ("attn: GQA append_attention", r"AppendAttentionArgs|segment_merge"),
-    ("attn: MLA decode (split-KV)", r"_decode_stage1|_plan_kernel"),
-    ("attn: split merge", r"_decode_stage2|_merge_kernel"),
+    ("attn: MLA decode (split-KV)", r"_decode_stage1|_plan_kernel|mla_decode_wgmma_kernel|mla_decode_split_kernel"),
+    ("attn: split merge", r"_decode_stage2|_merge_kernel|mla_combine_kernel"),
     ("attn: extend/prefill", r"_extend_kernel|flash|fmha|attention"),
     ("attn: latent interleave/cache write/gather", r"_interleave_kernel|_write_latent_cache|_gather_rows|_gather_groups"),
     ("MoE: grouped GEMM", r"grouped_gemm"),
