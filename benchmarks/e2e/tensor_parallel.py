@@ -23,7 +23,11 @@ this card's size: half the weights and the batch's whole KV cache (one TP=2 rank
 cache is shared by all heads, so TP does not split it) plus 6 GiB of activations and graphs, so the model cannot fit one GPU's budget and fits two, on any card.
 
     python -m benchmarks.e2e.tensor_parallel [--layers 27] [--batch 64] [--context 4096] [--tp 1,2]
-        [--iters 30] [--json out.json] [--gpu-memory-utilization 0.2] [--checkpoint [--dir DIR]]
+        [--iters 30] [--json out.json] [--gpu-memory-utilization 0.2] [--checkpoint [--dir DIR]] [--no-graphs]
+        [--profile [--profile-steps 5] [--profile-eager] [--profile-json P.json] [--profile-traces DIR]]
+
+``--profile`` (``tp_profile``): after the timed steps, a few decode steps of each engine under
+torch.profiler on every rank: µs per kernel category, GPU idle, NCCL, per-layer blocks, top kernels.
 
 NCCL_NVLS_ENABLE=0 is set for every rank (the GPU machines' rule: no NVLink multicast).
 """
@@ -56,6 +60,7 @@ from benchmarks.harness.errors import raise_on_failed  # noqa: E402
 from benchmarks.harness.models import time_steps  # noqa: E402
 from benchmarks.harness.roofline import decode_bytes, weight_counts  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
+from benchmarks.e2e import tp_profile  # noqa: E402
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
 from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
@@ -83,6 +88,25 @@ def time_generate(llm: LLM, requests: int, prompt_len: int, max_tokens: int) -> 
     return took
 
 
+def profile(llm: LLM, batch, tp: int, args, step_ms: float) -> None:
+    """``--profile``: the engine's own mode (CUDA graphs unless --no-graphs), and eager steps too under
+    ``--profile-eager``; each run's tables printed at once and the JSON rewritten (a later engine that
+    fails or a time limit keeps what came before)."""
+    modes = ["graphs" if llm.runner.graphs is not None else "eager"]
+    if args.profile_eager and modes[0] == "graphs":
+        modes.append("eager")
+    for mode in modes:
+        res = tp_profile.profile_engine(llm, batch, tp, mode, args.profile_steps, args.layers,
+                                        Path(args.profile_traces), step_ms)
+        args.profiles.append(res)
+        print("\n".join(tp_profile.format_run(res)), flush=True)
+        if args.profile_json:
+            device = "cpu" if args.smoke else runtime.device_name()
+            with open(args.profile_json, "w") as f:
+                json.dump(dict(layers=args.layers, batch=args.batch, context=args.context, device=device,
+                               categories=[c for c, _ in tp_profile.CATEGORIES], runs=args.profiles), f, indent=1)
+
+
 def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
     need = args.batch * -(-args.context // PAGE)        # the decode batch's blocks
     num_blocks = need + args.batch + 8
@@ -93,7 +117,7 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
         "model": str(path), "load_format": "auto" if args.checkpoint else "dummy", "runtime": "torch",
         "device": "gpu" if gpu else "cpu",
         "dtype": "bfloat16" if gpu else "float32", "attention": {"backend": "triton_mla" if gpu else "native"},
-        "cuda_graph": gpu, "max_model_len": args.context + PAGE,
+        "cuda_graph": gpu and not args.no_graphs, "max_model_len": args.context + PAGE,
         "cache": cache,
         # 2048-token chunks: the profile run's prefill (its activations) stays small beside the weights
         "scheduler": {"max_num_seqs": args.batch, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True},
@@ -127,9 +151,13 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
                     fits=False, error=f"the KV cache holds {num_blocks} blocks, the decode batch needs {need}")
     for cache in llm.runner.kv_caches:       # rank 0's cache; the values do not change the work
         cache.normal_(0.0, 1.0)
-    step_s = time_decode(llm, decode_batch(num_blocks, args.batch, args.context), args.iters)
+    batch = decode_batch(num_blocks, args.batch, args.context)
+    step_s = time_decode(llm, batch, args.iters)
+    if args.profile and not ep:
+        profile(llm, batch, tp, args, step_s * 1e3)
     io = 32 if args.smoke else 1024       # tokens in, and out for the whole run
-    time_generate(llm, 4, io, 64)         # warm-up: the prefill and mixed-step kernels compile here, not in a timed run
+    if args.prefill_requests or args.e2e:   # warm-up: prefill and mixed-step kernels compile here, not in a timed run
+        time_generate(llm, 4, io, 64)
     prefill_s = time_generate(llm, args.prefill_requests, io, 1)
     e2e_s = time_generate(llm, args.e2e, io, io)
     mem = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
@@ -186,12 +214,27 @@ def main() -> None:
                     help="write (once) and load a random bf16 checkpoint instead of load_format: dummy")
     ap.add_argument("--dir", default="", help="with --checkpoint: its folder (default /tmp/bench_v2lite_<L>L)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--no-graphs", action="store_true", help="run the engines without CUDA graphs (eager steps)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed steps, profile --profile-steps decode steps on every rank (tp_profile)")
+    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--profile-eager", action="store_true",
+                    help="with --profile: also profile the steps with the CUDA graphs set aside on every rank")
+    ap.add_argument("--profile-json", default="", help="with --profile: every run's per-kernel tables as JSON")
+    ap.add_argument("--profile-traces", default="",
+                    help="with --profile: keep each rank's Chrome trace (.json.gz) in this folder (default: a temporary "
+                         "one)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
     ap.add_argument("--gpu-memory-utilization", default="0",
                     help="size the KV cache by the profile run under this budget (the memory target); "
                          "a TP size that does not fit is reported, not fatal (CPU: the budget is ignored); "
                          "auto: one TP=2 rank's weights (half) and KV cache (whole: MLA's latent cache is not split by heads) + 6 GiB, over this card's memory")
     args = ap.parse_args()
+    args.profiles = []
+    if args.profile and not args.profile_traces:
+        args.profile_traces = tempfile.mkdtemp(prefix="tp_profile_")
+    if args.profile:
+        Path(args.profile_traces).mkdir(parents=True, exist_ok=True)
     cfg = dict(V2_LITE, num_hidden_layers=args.layers, **(SMOKE_MOE if args.smoke else {}))
     args.gpu_memory_utilization = fit_two_budget(cfg, args) if args.gpu_memory_utilization == "auto" \
         else float(args.gpu_memory_utilization)
@@ -215,7 +258,7 @@ def main() -> None:
     base = next((r["step_ms"] for r in rows if r["fits"] and r["tp"] == 1), float("nan"))
     print(f"# TP decode step: V2-Lite dims, {args.layers} layers, batch {args.batch}, context {args.context}, "
           + ("SMOKE (tiny dims, CPU fp32, native)" if args.smoke else
-             f"bf16, triton_mla + CUDA graphs, {runtime.device_name()}")
+             f"bf16, triton_mla + {'eager steps' if args.no_graphs else 'CUDA graphs'}, {runtime.device_name()}")
           + (f", gpu_memory_utilization {args.gpu_memory_utilization} (KV cache: auto)\n"
              if args.gpu_memory_utilization else "\n"))
     print(f"weights: {'checkpoint ' + str(path) if args.checkpoint else 'load_format: dummy (made on each GPU)'}\n")
@@ -244,6 +287,8 @@ def main() -> None:
         met = bool(one) and not one[0]["fits"] and two_budget is not None and two_budget["fits"]
         print(f"memory target (under gpu_memory_utilization {args.gpu_memory_utilization}: TP=1 does not fit, "
               f"TP=2 runs): {'met' if met else 'NOT met' + (' (CPU: the budget is ignored)' if args.smoke else '')}")
+    if args.profiles:
+        print("\n".join(tp_profile.comparison(args.profiles)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(layers=args.layers, batch=args.batch, context=args.context, rows=rows), f, indent=1)

@@ -10,6 +10,9 @@ whose rank 0 is gone (its pipe closes or its parent changes) exits at once.
 
 Test hook: ``PADDLE_MLA_TP_TEST_KILL=RANK:STEPS`` makes that rank kill itself (SIGKILL) after
 STEPS steps, so the dead-worker path and ``--resume`` after it can be tested end to end.
+Benchmark hook: a ``ProfileControl`` message between steps (``benchmarks.e2e.tensor_parallel
+--profile``) records the steps that follow under ``torch.profiler`` (optionally without the CUDA
+graphs) and writes this rank's Chrome trace at the stop; it runs nothing on the device itself.
 """
 
 from __future__ import annotations
@@ -43,6 +46,48 @@ class WorkerSpec:
     config: Any                  # the resolved EngineConfig
     model_dir: str
     parent_pid: int
+
+
+@dataclass
+class ProfileControl:
+    """Benchmarks: sent by rank 0 (``TPDriver.send``) between steps, in step order.
+
+    ``eager``: set this rank's CUDA graphs aside (the steps run eagerly) / ``graphs``: put them back;
+    ``start``: record the following steps under ``torch.profiler`` (CPU, and CUDA on a GPU);
+    ``stop``: wait for the device, stop, and write the Chrome trace to ``path`` with ``{rank}``
+    filled in (written to a temporary name, then renamed: a reader never sees half a file); an
+    empty ``path`` drops the trace (a warm-up cycle)."""
+
+    action: str             # "eager" | "graphs" | "start" | "stop"
+    path: str = ""          # stop: where the trace goes ("": nowhere)
+
+
+class _WorkerProfile:
+    def __init__(self, rank: int):
+        self.rank, self.prof, self.graphs, self.eager = rank, None, None, False
+
+    def handle(self, msg: ProfileControl, runner) -> None:
+        from paddle_mla.platform import runtime
+
+        if msg.action == "eager" and not self.eager:
+            self.graphs, runner.graphs, self.eager = runner.graphs, None, True
+        elif msg.action == "graphs" and self.eager:
+            runner.graphs, self.graphs, self.eager = self.graphs, None, False
+        elif msg.action == "start":
+            from torch.profiler import ProfilerActivity, profile   # the real torch: TP is torch-only
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device_kind == "gpu" else [])
+            self.prof = profile(activities=acts)
+            self.prof.start()
+        elif msg.action == "stop" and self.prof is not None:
+            runtime.synchronize()            # the window's kernels are done before the trace is taken
+            self.prof.stop()
+            if msg.path:                     # no path: a cycle that only warms the profiler up
+                path = msg.path.format(rank=self.rank)
+                tmp = path + ".part" + (".gz" if path.endswith(".gz") else "")
+                self.prof.export_chrome_trace(tmp)
+                os.replace(tmp, path)
+            self.prof = None
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -86,10 +131,14 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         runner.attach_pool(runner.new_block_pool())
         conn.send(("ready",))
         kill_after, steps = _kill_after(spec.rank), 0
+        profiler = _WorkerProfile(spec.rank)
         while True:
             msg = conn.recv()     # the scheduler's plain-data StepInput, as rank 0's runner applies it
             if msg is None:
                 break
+            if isinstance(msg, ProfileControl):
+                profiler.handle(msg, runner)
+                continue
             # the scheduler's changes (engine steps), or a whole StepBatch (benchmarks, tests)
             runner.forward_step(msg if isinstance(msg, StepBatch) else runner.step_batch(msg))
             steps += 1

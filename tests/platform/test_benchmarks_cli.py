@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 GROUPS = ("kernels", "e2e", "profile")
 # a script's helper module (not a script itself: no __main__), imported by that script only
-HELPERS = {"benchmarks.e2e.chunked_itl_profile": "benchmarks.e2e.chunked_itl"}
+HELPERS = {"benchmarks.e2e.chunked_itl_profile": "benchmarks.e2e.chunked_itl",
+           "benchmarks.e2e.tp_profile": "benchmarks.e2e.tensor_parallel"}
 
 
 def _module(path: Path) -> str:
