@@ -187,7 +187,8 @@ def print_table(r: dict) -> None:
                   f"{x['input_wait_ms']:.1f} ({x['input_waits']}) | {x['first_token_after_ms']:.0f} | "
                   f"{x['last_token_at_ms']:.0f} |")
     for m in r.get("sizes", []):
-        print(f"\nDP={m} finish skew (last replica's last token - first replica's): {r[f'dp{m}']['finish_skew_ms']:.0f} ms")
+        skew = r[f"dp{m}"]["finish_skew_ms"]
+        print(f"\nDP={m} finish skew (last replica's last token - first replica's): {skew:.0f} ms")
     print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
     for m in r.get("sizes", []):
         target = f" (target >= {0.95 * m:.1f}x)"
