@@ -22,7 +22,12 @@ long per step, so DP cannot pay there. ``--requests 2048`` gives each engine sev
 Each engine's row also says where its time went, from the outputs' token times: the steps that made
 tokens, their median period, the stalls (gaps over 3x the median), the time to the first token and
 after the last one, and how long the parent took to yield an output after the engine finished it
-(for DP=2 the two replicas' stamps interleave, so its step columns are not periods of one engine).
+(for DP=2 the two replicas' stamps interleave, so its step columns are not periods of one engine, and
+its stalls are the times when no replica made a token: mostly both replicas in prefill steps at once,
+which DP=1 counts as stalls too). Whether a replica waited for input is its own row below the table:
+the time its engine sat with nothing to run waiting for the parent's next requests (measured in the
+replica), its requests and expected tokens (prompt + max_tokens: the dispatch balances these), when its
+first and last tokens came, and the finish skew (last replica's last token minus the first's).
 """
 
 from __future__ import annotations
@@ -65,6 +70,14 @@ def timed(llm, reqs: list) -> tuple[dict, list]:
     toks = sum(len(o.token_ids) for o in outs)
     assert toks == sum(r.params.max_tokens for r in reqs), f"{toks} output tokens"
     res = dict(seconds=dt, output_tok_s=toks / dt, cold_seconds=cold, **timeline(outs, yielded_at, t))
+    if hasattr(llm, "replica_runs"):
+        res["replicas"] = [dict(index=r.index, requests=r.requests, work_tokens=r.work, output_tokens=r.output_tokens,
+                                input_wait_ms=r.input_wait_s * 1e3, input_waits=r.input_waits,
+                                first_token_after_ms=((r.first_token_time or t) - t) * 1e3,
+                                last_token_at_ms=((r.last_token_time or t) - t) * 1e3)
+                           for r in llm.replica_runs()]
+        last = [r["last_token_at_ms"] for r in res["replicas"]]
+        res["finish_skew_ms"] = max(last) - min(last)
     return res, [list(o.token_ids) for o in outs]
 
 
@@ -165,6 +178,17 @@ def print_table(r: dict) -> None:
               f"{e['output_tok_s'] / r['dp1']['output_tok_s']:.2f}x | {e['token_steps']} | {e['step_median_ms']:.2f} | "
               f"{e['stall_ms']:.0f} | {e['first_token_after_ms']:.0f} | {e['after_last_token_ms']:.0f} | "
               f"{e['lag_median_ms']:.2f} / {e['lag_max_ms']:.1f} |")
+    print("\n| engine | replica | requests | expected tokens | output tokens | input wait ms (times) | "
+          "first token after ms | last token at ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name in ["dp1_replica"] + [f"dp{m}" for m in r.get("sizes", [])]:
+        for x in r.get(name, {}).get("replicas", []):
+            print(f"| {name} | {x['index']} | {x['requests']} | {x['work_tokens']} | {x['output_tokens']} | "
+                  f"{x['input_wait_ms']:.1f} ({x['input_waits']}) | {x['first_token_after_ms']:.0f} | "
+                  f"{x['last_token_at_ms']:.0f} |")
+    for m in r.get("sizes", []):
+        skew = r[f"dp{m}"]["finish_skew_ms"]
+        print(f"\nDP={m} finish skew (last replica's last token - first replica's): {skew:.0f} ms")
     print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
     for m in r.get("sizes", []):
         target = f" (target >= {0.95 * m:.1f}x)"

@@ -113,8 +113,10 @@ class LLM:
         while fewer than this are in flight (data-parallel replicas are fed at least this many)."""
         return max(4 * self.config.scheduler.max_num_seqs, 64)
 
-    def stream(self, requests: Iterable[GenerationRequest]) -> Iterator[RequestOutput]:
-        """Outputs in input order as they finish; reads ``requests`` lazily (bounded lookahead)."""
+    def stream(self, requests: Iterable[GenerationRequest | None]) -> Iterator[RequestOutput]:
+        """Outputs in input order as they finish; reads ``requests`` lazily (bounded lookahead). An item
+        None means the source has nothing yet: the engine steps and asks again, instead of waiting for
+        its read-ahead to fill (a source that yields None must block once the engine has no work)."""
         source = iter(requests)
         window = self.stream_window
         finished: dict[int, RequestOutput] = {}
@@ -126,6 +128,8 @@ class LLM:
                     req = next(source)
                 except StopIteration:
                     exhausted = True
+                    break
+                if req is None:         # nothing to read yet (a data-parallel replica's pipe): step meanwhile
                     break
                 self.core.add(req, finished)
             if self.core.has_work():

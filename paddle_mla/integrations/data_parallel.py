@@ -10,11 +10,14 @@ there.
 - Placement: replica i sees GPUs ``[i*N, (i+1)*N)`` of the parent's visible GPUs (N the tensor-parallel
   size) through ``CUDA_VISIBLE_DEVICES``, set before the process starts; on CPU the replicas split the
   cores (``OMP_NUM_THREADS``, unless set).
-- Dispatch: the next request goes to the replica with the fewest requests not yet written, up to a
-  bound per replica of twice the engine's read-ahead (``LLM.stream_window``). A replica's ``stream``
-  blocks on its input only while it holds fewer than its window, and the parent always tops it up to
-  the window once its finished outputs are written, so the pipeline cannot deadlock; memory stays
-  bounded by M x the bound, also when one replica runs ahead of another.
+- Dispatch (``dp_dispatch.py``): the next request goes to the replica with the least expected work
+  (prompt + n x max_tokens tokens) sent and not yet returned, among those under a bound of twice the
+  engine's read-ahead (``LLM.stream_window``) requests not yet written; memory stays bounded by M x
+  the bound, also when one replica runs ahead of another. Work, not request count, so that replicas
+  given requests of different lengths finish together.
+- A replica's engine steps as soon as it holds requests and takes the later batches between steps
+  (``dp_replica._requests``): it blocks on its input only when it has nothing to run, and the parent
+  always tops it up once its finished outputs are written, so the pipeline cannot deadlock.
 - Messages: the parent sends a replica's new requests as lists (up to 64, or what was read in 2 ms;
   a request read from a slow source waits at most until the next one is read), and a replica's
   outputs leave through a sender thread that sends whatever has gathered as one message, so the
@@ -43,7 +46,8 @@ from collections.abc import Iterable, Iterator
 from multiprocessing import connection
 
 from paddle_mla.config.schema import ConfigError, EngineConfig
-from paddle_mla.integrations.dp_replica import ReplicaSpec, replica_main
+from paddle_mla.integrations.dp_dispatch import ReplicaLoad, ReplicaRun, pick, request_work
+from paddle_mla.integrations.dp_replica import ReplicaSpec, StreamEnd, replica_main
 from paddle_mla.parallel.process_exit import RESUME_HINT, describe_exit
 from paddle_mla.sched.request import EngineStats, GenerationRequest, RequestOutput, SamplingParams
 
@@ -94,7 +98,8 @@ class _Replica:
         outbox_child.close()
         self.send_conn, self.recv_conn = inbox_child, outbox_parent
         self.outputs: deque[RequestOutput] = deque()   # received, not yet yielded
-        self.in_flight = 0                              # sent, not yet yielded
+        self.load = ReplicaLoad()                       # sent and not yet returned / written
+        self.run = ReplicaRun(spec.index)               # its share of the current stream
         self.stats = EngineStats()
         self.done = False                               # its end-of-stream came (final statistics)
 
@@ -178,6 +183,11 @@ class DataParallelLLM:
     def default_params(self) -> SamplingParams:
         return dataclasses.replace(self._params)
 
+    def replica_runs(self) -> list[ReplicaRun]:
+        """Each replica's share of the last (or current) ``stream``: requests, expected and output
+        tokens, its first and last token times and how long its engine waited for input."""
+        return [dataclasses.replace(r.run) for r in self.replicas]
+
     def reset_stats(self) -> None:
         for r in self.replicas:
             r.send_conn.send(("reset",))
@@ -209,22 +219,29 @@ class DataParallelLLM:
         self._broken = True                    # until this stream ends normally
         source = iter(requests)
         order: deque[_Replica] = deque()       # the replica of each request not yet yielded, input order
+        loads = [r.load for r in self.replicas]
+        for r in self.replicas:
+            r.run = ReplicaRun(r.index)
         exhausted = ended = False
         while True:
             batches: dict[int, list[GenerationRequest]] = {}
             since = time.perf_counter()
             while not exhausted:
-                r = min(self.replicas, key=lambda x: x.in_flight)
-                if r.in_flight >= self.bound:
+                i = pick(loads, self.bound)
+                if i is None:
                     break
                 try:
                     req = next(source)
                 except StopIteration:
                     exhausted = True
                     break
-                batch = batches.setdefault(r.index, [])
+                r = self.replicas[i]
+                batch = batches.setdefault(i, [])
                 batch.append(req)
-                r.in_flight += 1
+                work = request_work(req)
+                r.load.sent(work)
+                r.run.requests += 1
+                r.run.work += work
                 order.append(r)
                 # a slow source (a pipe) must not hold back what was read: send at 64 or after 2 ms
                 if len(batch) >= 64 or time.perf_counter() - since > 2e-3:
@@ -238,7 +255,7 @@ class DataParallelLLM:
             if order and order[0].outputs:
                 while order and order[0].outputs:
                     r = order.popleft()
-                    r.in_flight -= 1
+                    r.load.written()
                     yield r.outputs.popleft()
                 continue
             if exhausted and not order:
@@ -305,9 +322,14 @@ class DataParallelLLM:
     def _handle(self, r: _Replica, msg: tuple) -> None:
         if msg[0] == "outs":
             r.outputs.extend(msg[1])
+            r.load.arrived(len(msg[1]))
+            for out in msg[1]:
+                r.run.took(out)
             r.stats = msg[2]
         elif msg[0] == "done":
-            r.stats = msg[1]
+            end: StreamEnd = msg[1]
+            r.stats = end.stats
+            r.run.input_wait_s, r.run.input_waits = end.input_wait_s, end.input_waits
             r.done = True
         elif msg[0] == "error":
             raise DataParallelError(f"{r.where()} failed; {RESUME_HINT}\n{msg[1].rstrip()}")

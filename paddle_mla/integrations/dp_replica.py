@@ -1,7 +1,8 @@
 """The replica process of data parallelism (``data_parallel.py`` is the parent): load one ``LLM``,
 report ready, then run one ``stream`` per sequence of request batches the parent sends, with the
-pipes drained and filled by threads so the engine thread never waits on them. Imports no tensor
-library until the engine loads."""
+pipes drained and filled by threads so the engine thread never waits on them. The engine steps as
+soon as it holds requests and takes later batches between steps: it blocks on its input only when it
+has nothing to run, and reports how long that was. Imports no tensor library until the engine loads."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from paddle_mla.config.schema import ConfigError, EngineConfig
-from paddle_mla.sched.request import GenerationRequest
+from paddle_mla.sched.request import EngineStats, GenerationRequest
 
 
 @dataclass
@@ -24,6 +26,16 @@ class ReplicaSpec:
     index: int
     config: EngineConfig
     env: dict[str, str]            # set in the replica's environment (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS)
+
+
+@dataclass
+class StreamEnd:
+    """A replica's last message of a stream, after its last output: its statistics, and how long its
+    engine sat idle waiting for the parent's next requests (not counting the wait for the first)."""
+
+    stats: EngineStats
+    input_wait_s: float = 0.0
+    input_waits: int = 0
 
 
 # -- the replica process ----------------------------------------------------------------------------
@@ -93,9 +105,11 @@ def replica_main(spec: ReplicaSpec, inbox_conn, outbox_conn) -> None:
             if msg[0] == "reset":
                 llm.reset_stats()
                 continue
-            for out in llm.stream(_requests(msg, inbox)):
+            end = StreamEnd(EngineStats())
+            for out in llm.stream(_requests(msg, inbox, llm.core.has_work, end)):
                 outbox.put(("out", out, copy.copy(llm.stats())))
-            outbox.put(("done", copy.copy(llm.stats())))
+            end.stats = copy.copy(llm.stats())
+            outbox.put(("done", end))
     except _Closed:
         pass
     except BaseException:  # noqa: BLE001 - the parent prints it, with which replica it was
@@ -112,10 +126,25 @@ class _Closed(Exception):
     pass
 
 
-def _requests(first: tuple, inbox: queue.Queue) -> Iterator[GenerationRequest]:
+def _requests(first: tuple, inbox: queue.Queue, busy, end: StreamEnd) -> Iterator[GenerationRequest | None]:
+    """The requests of the ("reqs"..., "end") sequence starting at ``first``. While the next batch has
+    not arrived and the engine has work (``busy()``), yield None so that ``LLM.stream`` steps instead
+    of waiting for its read-ahead window to fill; only an idle engine blocks on the pipe, and that
+    wait goes into ``end``."""
     msg = first
     while msg[0] == "reqs":
         yield from msg[1]
-        msg = inbox.get()
+        msg = None
+        while msg is None:
+            try:
+                msg = inbox.get_nowait()
+            except queue.Empty:
+                if busy():
+                    yield None
+                    continue
+                t = time.perf_counter()
+                msg = inbox.get()
+                end.input_wait_s += time.perf_counter() - t
+                end.input_waits += 1
     if msg[0] == "close":
         raise _Closed
