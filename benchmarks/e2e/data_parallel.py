@@ -65,14 +65,17 @@ def timed(llm, reqs: list) -> tuple[dict, list]:
     for o in llm.stream(reqs):
         outs.append(o)
         yielded_at.append(time.perf_counter())
+    loop_end = time.perf_counter()
     runtime.synchronize()
     dt = time.perf_counter() - t
     toks = sum(len(o.token_ids) for o in outs)
     assert toks == sum(r.params.max_tokens for r in reqs), f"{toks} output tokens"
-    res = dict(seconds=dt, output_tok_s=toks / dt, cold_seconds=cold, **timeline(outs, yielded_at, t))
+    res = dict(seconds=dt, output_tok_s=toks / dt, cold_seconds=cold, **timeline(outs, yielded_at, t),
+               stream_end_ms=(loop_end - yielded_at[-1]) * 1e3, sync_ms=(t + dt - loop_end) * 1e3)
     if hasattr(llm, "replica_runs"):
         res["replicas"] = [dict(index=r.index, requests=r.requests, work_tokens=r.work, output_tokens=r.output_tokens,
                                 input_wait_ms=r.input_wait_s * 1e3, input_waits=r.input_waits,
+                                tail_ms=r.tail_s * 1e3,
                                 first_token_after_ms=((r.first_token_time or t) - t) * 1e3,
                                 last_token_at_ms=((r.last_token_time or t) - t) * 1e3)
                            for r in llm.replica_runs()]
@@ -179,16 +182,18 @@ def print_table(r: dict) -> None:
               f"{e['stall_ms']:.0f} | {e['first_token_after_ms']:.0f} | {e['after_last_token_ms']:.0f} | "
               f"{e['lag_median_ms']:.2f} / {e['lag_max_ms']:.1f} |")
     print("\n| engine | replica | requests | expected tokens | output tokens | input wait ms (times) | "
-          "first token after ms | last token at ms |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "first token after ms | last token at ms | last output -> stream end ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in ["dp1_replica"] + [f"dp{m}" for m in r.get("sizes", [])]:
         for x in r.get(name, {}).get("replicas", []):
             print(f"| {name} | {x['index']} | {x['requests']} | {x['work_tokens']} | {x['output_tokens']} | "
                   f"{x['input_wait_ms']:.1f} ({x['input_waits']}) | {x['first_token_after_ms']:.0f} | "
-                  f"{x['last_token_at_ms']:.0f} |")
+                  f"{x['last_token_at_ms']:.0f} | {x['tail_ms']:.1f} |")
     for m in r.get("sizes", []):
         skew = r[f"dp{m}"]["finish_skew_ms"]
-        print(f"\nDP={m} finish skew (last replica's last token - first replica's): {skew:.0f} ms")
+        e = r[f"dp{m}"]
+        print(f"\nDP={m} finish skew (last replica's last token - first replica's): {skew:.0f} ms; "
+              f"the stream's end after its last output {e['stream_end_ms']:.1f} ms, then the device sync {e['sync_ms']:.1f} ms")
     print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
     for m in r.get("sizes", []):
         target = f" (target >= {0.95 * m:.1f}x)"

@@ -329,7 +329,7 @@ class DataParallelLLM:
         elif msg[0] == "done":
             end: StreamEnd = msg[1]
             r.stats = end.stats
-            r.run.input_wait_s, r.run.input_waits = end.input_wait_s, end.input_waits
+            r.run.input_wait_s, r.run.input_waits, r.run.tail_s = end.input_wait_s, end.input_waits, end.tail_s
             r.done = True
         elif msg[0] == "error":
             raise DataParallelError(f"{r.where()} failed; {RESUME_HINT}\n{msg[1].rstrip()}")

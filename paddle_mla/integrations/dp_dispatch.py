@@ -76,6 +76,7 @@ class ReplicaRun:
     last_token_time: float | None = None
     input_wait_s: float = 0.0            # from the replica, at the stream's end
     input_waits: int = 0
+    tail_s: float = 0.0                  # the replica's engine: its last output to its stream's end
 
     def took(self, out: RequestOutput) -> None:
         m = out.metrics

@@ -36,6 +36,7 @@ class StreamEnd:
     stats: EngineStats
     input_wait_s: float = 0.0
     input_waits: int = 0
+    tail_s: float = 0.0            # from the engine's last output to the end of its stream
 
 
 # -- the replica process ----------------------------------------------------------------------------
@@ -106,8 +107,11 @@ def replica_main(spec: ReplicaSpec, inbox_conn, outbox_conn) -> None:
                 llm.reset_stats()
                 continue
             end = StreamEnd(EngineStats())
+            last = time.perf_counter()
             for out in llm.stream(_requests(msg, inbox, llm.core.has_work, end)):
                 outbox.put(("out", out, copy.copy(llm.stats())))
+                last = time.perf_counter()
+            end.tail_s = time.perf_counter() - last
             end.stats = copy.copy(llm.stats())
             outbox.put(("done", end))
     except _Closed:
