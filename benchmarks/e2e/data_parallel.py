@@ -66,7 +66,10 @@ def timed(llm, reqs: list) -> tuple[dict, list]:
         outs.append(o)
         yielded_at.append(time.perf_counter())
     loop_end = time.perf_counter()
-    runtime.synchronize()
+    if not hasattr(llm, "replica_runs"):
+        # in process: the engine's device work is this process's (done: its tokens were read). A
+        # DP parent runs nothing on a device, so a sync there would time only its own idle context
+        runtime.synchronize()
     dt = time.perf_counter() - t
     toks = sum(len(o.token_ids) for o in outs)
     assert toks == sum(r.params.max_tokens for r in reqs), f"{toks} output tokens"

@@ -81,12 +81,15 @@ def set_overrides(texts) -> dict:
     return out
 
 
-def model_folder(dims: str, layers: int, smoke: bool) -> tuple[str, dict]:
-    """A folder with only config.json: the engine draws the weights (``load_format: dummy``)."""
+def model_folder(dims: str, layers: int, smoke: bool, heads: int = 0) -> tuple[str, dict]:
+    """A folder with only config.json: the engine draws the weights (``load_format: dummy``).
+    ``heads`` > 0: that many query heads (MLA dims: as many KV heads too)."""
     base, tiny = (V2_LITE, SMOKE_MOE) if dims == "v2-lite" else (QWEN3_8B, SMOKE_GQA)
     cfg = dict(base, num_hidden_layers=layers, **(tiny if smoke else {}))
-    path = dummy_model_dir(Path(tempfile.gettempdir()) / f"determinism_{dims}_{layers}L{'_smoke' if smoke else ''}",
-                           cfg)
+    if heads:
+        cfg.update(num_attention_heads=heads, **({"num_key_value_heads": heads} if dims == "v2-lite" else {}))
+    tag = f"{dims}_{layers}L{f'_{heads}h' if heads else ''}{'_smoke' if smoke else ''}"
+    path = dummy_model_dir(Path(tempfile.gettempdir()) / f"determinism_{tag}", cfg)
     return str(path), cfg
 
 
@@ -184,7 +187,8 @@ def run_mode(mode: str, args, base: dict, work, variants) -> dict:
 
 
 def print_table(results: dict, device: str, args) -> None:
-    print(f"\n### Determinism check: {args.dims} dims, {args.layers} layers, {device}, {args.dtype or 'auto'} "
+    heads = f", {args.heads} heads" if args.heads else ""
+    print(f"\n### Determinism check: {args.dims} dims{heads}, {args.layers} layers, {device}, {args.dtype or 'auto'} "
           f"({args.requests} requests x {args.prompt} prompt + {args.output} output tokens)\n")
     modes = list(results)
     print("(requests whose tokens differ from the mode's batch1 run; in brackets, those whose tokens or "
@@ -220,6 +224,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dims", choices=("v2-lite", "qwen3"), default="v2-lite")
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=0,
+                    help="query heads instead of the dims' own (e.g. 128: DeepSeek-V2/V3's at TP=1 on V2-Lite's other dims)")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--output", type=int, default=32)
@@ -245,7 +251,7 @@ def main(argv=None) -> dict:
     if args.profile and device != "gpu":
         print("--profile: needs a GPU (it reads CUDA kernel activity); skipped", file=sys.stderr)
         args.profile = False
-    path, mcfg = model_folder(args.dims, args.layers, args.smoke)
+    path, mcfg = model_folder(args.dims, args.layers, args.smoke, args.heads)
     backend = args.backend or ("triton_mla" if args.dims == "v2-lite" else "append_attn")
     base = {"model": path, "runtime": runtime.name(), "device": device, "dtype": args.dtype, "load_format": "dummy",
             "attention": {"backend": backend}, "max_model_len": args.prompt + args.output + 16}

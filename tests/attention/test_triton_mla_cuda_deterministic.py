@@ -4,8 +4,12 @@ The SM90 op itself runs only on a GPU (tests/kernels/test_mla_decode_cuda_gpu.py
 batch-invariance test). Here its launch is replaced by the plain-tensor reference, and everything
 around it is the real code: the backend picks the CUDA decoder in this mode, the decoder builds the
 batch-invariant plan (each row's splits its own length over the split size), and the extend tokens go
-through the same decoder as pseudo rows of one token each. The step must equal ``native``'s.
+through the same decoder as pseudo rows of one token each (at 64 heads and more, where the op's
+64-row programs hold one token's heads). The step must equal ``native``'s.
 """
+
+import dataclasses
+
 
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ DEV, TOL = device_and_tolerance()
 # decode rows (one on a page boundary), then extend rows over cached contexts and a fresh prompt
 ROWS = [(37, 1), (16, 1), (130, 1), (90, 20), (0, 13), (64, 17)]
 SPLIT = 64  # keys a split: one 64-key tile, so contexts past 64 keys take several splits
+WIDE = dataclasses.replace(DIMS, num_heads=64)   # one token's heads fill a 64-row program
 
 
 @pytest.fixture
@@ -38,21 +43,21 @@ def reference_op(monkeypatch):
         own_windows = np.array_equal(num_splits[:batch].numpy(), np.maximum(-(-tiles // window), 1))
         calls.append((batch, window, own_windows))
         out[:batch] = mla_decode_ref(q[:batch].float(), kv_cache.float(), block_tables[:batch], seq_lens[:batch],
-                                     DIMS.kv_lora_rank, softmax_scale).to(out.dtype)
+                                     WIDE.kv_lora_rank, softmax_scale).to(out.dtype)
         return out
 
     monkeypatch.setattr(backend, "unavailable_reason", lambda *a: "")
-    monkeypatch.setattr(cuda_decode.op, "LATENT_DIM", DIMS.kv_lora_rank)
+    monkeypatch.setattr(cuda_decode.op, "LATENT_DIM", WIDE.kv_lora_rank)
     monkeypatch.setattr(cuda_decode.op, "mla_decode", fake_op)
     return calls
 
 
-def _step(**kwargs):
+def _step(dims=WIDE, **kwargs):
     import torch
 
-    case = make_case(ROWS, page=8, device=DEV, dtype=torch.float32, seed=7)
-    got, _, meta = run_backend("triton_mla", case, DEV, cuda_decode=True, **kwargs)
-    native, _, _ = run_backend("native", case, DEV)
+    case = make_case(ROWS, page=8, device=DEV, dtype=torch.float32, seed=7, dims=dims)
+    got, _, meta = run_backend("triton_mla", case, DEV, dims=dims, cuda_decode=True, **kwargs)
+    native, _, _ = run_backend("native", case, DEV, dims=dims)
     torch.testing.assert_close(got, native, atol=TOL, rtol=TOL)
     return meta
 
@@ -72,3 +77,11 @@ def test_default_mode_gives_the_cuda_decode_the_decode_rows_alone(reference_op):
     _step()
     ((rows, window, _),) = reference_op
     assert rows == 3 and window > 1
+
+
+def test_deterministic_mode_below_64_heads_keeps_the_triton_query_groups(reference_op):
+    """At 4 heads the op would pad every extend token to a 64-row program: the mode keeps the
+    Triton kernel's query groups for decode and extend rows alike."""
+    meta = _step(dims=DIMS, deterministic=True, split_tokens=SPLIT)
+    assert reference_op == []
+    assert meta.attn.short_split.groups == 2 + 1 + 2     # 16 tokens a group at 4 heads

@@ -53,7 +53,7 @@ class TritonMLABackend(MLABackend):
         crossover from the dims, ``short_extend.crossover_tokens``; 0: never). ``cuda_decode``: decode
         rows take the CUDA op where it can run (``cuda_decode.unavailable_reason``); False: Triton.
         ``deterministic``: every token, decode or extend, runs one absorbed decode kernel (the CUDA
-        op where ``cuda_decode`` can run, else the Triton one) with one launch config over splits of
+        op where ``cuda_decode`` can run and H >= 64, else the Triton one) with one launch config over splits of
         ``split_tokens`` keys from its row's start (0: from max_model_len, ``deterministic_split_tokens``),
         so its bits depend on its query and its context alone (docs/determinism.md).
         """
@@ -78,6 +78,12 @@ class TritonMLABackend(MLABackend):
         self.fixed_tiles = fixed_split_tiles(split_tokens, self.cfg.block_n) if deterministic else 0
         why_not_cuda = unavailable_reason(L, dims.latent_dim, dtype, device, block_size) if cuda_decode \
             else "turned off"
+        if deterministic and not why_not_cuda and query_group(H) > 1:
+            # the mode runs the extend tokens through the decode rows' kernel; the op's programs are
+            # 64 heads of one token, so below 64 heads it would pad every extend token (4x the MMA
+            # work at 16 heads, and the context read once per token instead of once per query group):
+            # the Triton kernel's query groups serve both paths there
+            why_not_cuda = f"deterministic mode at {H} heads (the op pads each token to 64 rows)"
         fixed = dict(split_tokens=split_tokens, max_len=max_model_len) if deterministic else {}
         self.cuda = None if why_not_cuda else CudaDecode(H, max_num_seqs, device, **fixed)
         if self.cuda:   # the CUDA decode plans into its own workspace (its tiles and grid differ from Triton's)
