@@ -52,14 +52,22 @@ def requests(n: int, prompt: int, out: int, vocab: int, seed: int = 0) -> list:
             for i in range(n)]
 
 
-def timed(llm, reqs: list) -> tuple[dict, list]:
-    """Run the workload twice: the first (cold) run meets every kernel shape once (Triton compiles
-    each, seconds apiece, in every replica process); the second, timed, is the steady state."""
-    from paddle_mla.platform import runtime
-
+def timed(llm, reqs: list, repeats: int = 1) -> tuple[dict, list]:
+    """Run the workload 1 + ``repeats`` times: the first (cold) run meets every kernel shape once
+    (Triton compiles each, seconds apiece, in every replica process); of the timed runs, the steady
+    state, the median one is reported (``seconds_all`` lists them all)."""
     t = time.perf_counter()
     llm.generate(reqs, use_tqdm=False)
     cold = time.perf_counter() - t
+    runs = sorted((timed_once(llm, reqs) for _ in range(max(repeats, 1))), key=lambda r: r[0]["seconds"])
+    res, outs = runs[len(runs) // 2]
+    res.update(cold_seconds=cold, seconds_all=[r[0]["seconds"] for r in runs])
+    return res, outs
+
+
+def timed_once(llm, reqs: list) -> tuple[dict, list]:
+    from paddle_mla.platform import runtime
+
     t = time.perf_counter()
     outs, yielded_at = [], []
     for o in llm.stream(reqs):
@@ -73,7 +81,7 @@ def timed(llm, reqs: list) -> tuple[dict, list]:
     dt = time.perf_counter() - t
     toks = sum(len(o.token_ids) for o in outs)
     assert toks == sum(r.params.max_tokens for r in reqs), f"{toks} output tokens"
-    res = dict(seconds=dt, output_tok_s=toks / dt, cold_seconds=cold, **timeline(outs, yielded_at, t),
+    res = dict(seconds=dt, output_tok_s=toks / dt, **timeline(outs, yielded_at, t),
                stream_end_ms=(loop_end - yielded_at[-1]) * 1e3, sync_ms=(t + dt - loop_end) * 1e3)
     if hasattr(llm, "replica_runs"):
         res["replicas"] = [dict(index=r.index, requests=r.requests, work_tokens=r.work, output_tokens=r.output_tokens,
@@ -85,6 +93,23 @@ def timed(llm, reqs: list) -> tuple[dict, list]:
         last = [r["last_token_at_ms"] for r in res["replicas"]]
         res["finish_skew_ms"] = max(last) - min(last)
     return res, [list(o.token_ids) for o in outs]
+
+
+def kernel_cache(fresh: bool, name: str):
+    """``fresh``: an empty Triton cache for this engine (replicas inherit the environment), so its
+    start and cold run compile every kernel, as on a bare machine; else the machine's shared cache.
+    Returns a counter of the kernels compiled into it since (cache entries, each a compiled kernel)."""
+    import tempfile
+
+    if fresh:   # Triton reads the variable when it compiles, so setting it here takes effect
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton_{name}_")
+    root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+    def entries() -> int:
+        return len(os.listdir(root)) if os.path.isdir(root) else 0
+
+    before = entries()
+    return lambda: entries() - before
 
 
 def timeline(outs: list, yielded_at: list[float], t0: float) -> dict:
@@ -113,6 +138,9 @@ def main() -> None:
     ap.add_argument("--dp", default="2", help="replica counts to run beside DP=1, comma-separated (e.g. 2,4 on 4 GPUs)")
     ap.add_argument("--single-gpu", action="store_true",
                     help="one GPU: DP=1 in process against one replica process only (where the replica's time goes)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per engine after its cold run (the median is reported)")
+    ap.add_argument("--fresh-cache", action="store_true",
+                    help="an empty Triton kernel cache for each engine: every cold run compiles, as on a bare machine")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     from paddle_mla.platform import runtime
@@ -144,19 +172,18 @@ def main() -> None:
     res: dict = {"device": "cpu" if smoke else runtime.device_name(), "gpus": runtime.gpu_count(),
                  "layers": args.layers, "smoke": smoke, "requests": n, "prompt": P, "output": O}
     tokens = {}
-    for name, size in [(f"dp{m}", m) for m in sizes] + [("dp1_replica", 1)]:
+    engines = [(f"dp{m}", m) for m in sizes] + [("dp1_replica", 1), ("dp1", 0)]
+    for name, size in engines:
+        compiled = kernel_cache(args.fresh_cache, name)
         t = time.perf_counter()
-        llm = DataParallelLLM(config_from_dict(dict(base, parallel={"data_parallel_size": size})))
+        if size:
+            llm = DataParallelLLM(config_from_dict(dict(base, parallel={"data_parallel_size": size})))
+        else:
+            llm = LLM(config_from_dict(base))                # the plain engine, in this process (GPU 0)
         start = time.perf_counter() - t
-        res[name], tokens[name] = timed(llm, reqs)
-        res[name]["start_s"] = start
+        res[name], tokens[name] = timed(llm, reqs, args.repeats)
+        res[name].update(start_s=start, kernels_compiled=compiled())
         llm.close()
-    t = time.perf_counter()
-    llm = LLM(config_from_dict(base))                        # the plain engine, in this process (GPU 0)
-    start = time.perf_counter() - t
-    res["dp1"], tokens["dp1"] = timed(llm, reqs)
-    res["dp1"]["start_s"] = start
-    llm.close()
     res["sizes"] = sizes
     for m in sizes:
         res[f"ratio_dp{m}_vs_dp1"] = res[f"dp{m}"]["output_tok_s"] / res["dp1"]["output_tok_s"]
@@ -172,15 +199,18 @@ def main() -> None:
 def print_table(r: dict) -> None:
     print(f"# Data parallel, DeepSeek-V2-Lite dims, {r['layers']} layers{' (SMOKE: tiny dims, CPU)' if r['smoke'] else ''}"
           f": {r['requests']} requests x ({r['prompt']} in, {r['output']} out), {r['device']} x {r['gpus']}\n")
-    print("| engine | output tok/s | seconds | cold first run s | start s | ratio to DP=1 | token steps | "
+    print("| engine | output tok/s | seconds (timed runs) | cold first run s | kernels compiled | start s | "
+          "ratio to DP=1 | token steps | "
           "median step ms | stalls ms | first token after ms | after last token ms | lag median / max ms |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- |" + " ---: |" * 12)
     for name, label in [("dp1", "DP=1, LLM in process"), ("dp1_replica", "DP=1, one replica process")] + \
             [(f"dp{m}", f"DP={m}, {m} replica processes") for m in r.get("sizes", [])]:
         if name not in r:
             continue
         e = r[name]
-        print(f"| {label} | {e['output_tok_s']:.0f} | {e['seconds']:.2f} | {e['cold_seconds']:.2f} | {e['start_s']:.1f} | "
+        runs = ", ".join(f"{x:.2f}" for x in e["seconds_all"])
+        print(f"| {label} | {e['output_tok_s']:.0f} | {e['seconds']:.2f} ({runs}) | {e['cold_seconds']:.2f} | "
+              f"{e['kernels_compiled']} | {e['start_s']:.1f} | "
               f"{e['output_tok_s'] / r['dp1']['output_tok_s']:.2f}x | {e['token_steps']} | {e['step_median_ms']:.2f} | "
               f"{e['stall_ms']:.0f} | {e['first_token_after_ms']:.0f} | {e['after_last_token_ms']:.0f} | "
               f"{e['lag_median_ms']:.2f} / {e['lag_max_ms']:.1f} |")
