@@ -240,13 +240,13 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
         }
       };
       const int nt = t1 - t0;
-  #pragma unroll
+#pragma unroll
       for (int s = 0; s < NST - 1; ++s) {  // the first group carries Q too
         if (s < nt) issue(t0 + s, s);
         cp_async_commit();
       }
       float acc[NV / 8][4];
-  #pragma unroll
+#pragma unroll
       for (int nd = 0; nd < NV / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane / 4 and lane / 4 + 8 (log2 units)
 
@@ -259,14 +259,14 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
         cp_async_commit();
         const uint32_t kt = kv_smem + (i % NST) * static_cast<uint32_t>(L.stage);
         float s[NB][4];
-  #pragma unroll
+#pragma unroll
         for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < KPW; ++j) {  // this warp's share of the depth of S = Q K^T
           const int ks = cs * KPW + j;
           uint32_t qa[4];
           attn::ldsm_x4(qa, q_lane + ks * 16 * E);
-  #pragma unroll
+#pragma unroll
           for (int n2 = 0; n2 < NB / 2; ++n2) {
             uint32_t kb[4];
             attn::ldsm_x4(kb, kt + k_lane + (n2 * 16 * kPitch + ks * 16) * E);
@@ -276,20 +276,20 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
         }
         if constexpr (CS > 1) {  // sum the CS partial scores, in warp order, in every warp of the row block
           float* mine = red + (cs * HB + rb * 16) * RP;
-  #pragma unroll
+#pragma unroll
           for (int nb = 0; nb < NB; ++nb) {
-  #pragma unroll
+#pragma unroll
             for (int h = 0; h < 2; ++h)
               *reinterpret_cast<float2*>(mine + (lane / 4 + 8 * h) * RP + nb * 8 + col0) =
                   make_float2(s[nb][2 * h], s[nb][2 * h + 1]);
           }
           row_block_barrier(1 + rb, 32 * CS);
-  #pragma unroll
+#pragma unroll
           for (int nb = 0; nb < NB; ++nb) {
-  #pragma unroll
+#pragma unroll
             for (int h = 0; h < 2; ++h) {
               float x = 0.0f, y = 0.0f;
-  #pragma unroll
+#pragma unroll
               for (int c = 0; c < CS; ++c) {
                 const float2 v = *reinterpret_cast<const float2*>(red + (c * HB + rb * 16 + lane / 4 + 8 * h) * RP +
                                                                   nb * 8 + col0);
@@ -304,19 +304,19 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
         mask_past_length(s, (t0 + i) * BN, seq_len, lane);
         float keep[2];
         online_softmax(s, m, l, keep, qk_scale);
-  #pragma unroll
+#pragma unroll
         for (int nd = 0; nd < NV / 8; ++nd) {
-  #pragma unroll
+#pragma unroll
           for (int e = 0; e < 4; ++e) acc[nd][e] *= keep[e / 2];
         }
-  #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {  // O += P V over this warp's value columns
           uint32_t pa[4];
           pa[0] = attn::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
           pa[1] = attn::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
           pa[2] = attn::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
           pa[3] = attn::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  #pragma unroll
+#pragma unroll
           for (int dp = 0; dp < NV / 16; ++dp) {
             uint32_t vb[4];
             attn::ldsm_x4_trans(vb, kt + v_lane + (kk * 16 * kPitch + dp * 16) * E);
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
       __syncthreads();  // Q and the stages are free for the next request
 
       float sum[2];
-  #pragma unroll
+#pragma unroll
       for (int h = 0; h < 2; ++h) {
         sum[h] = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
         sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);

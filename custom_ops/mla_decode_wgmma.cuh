@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * 9));
         for (int x = 0; x < boxes; ++x) {  // boxes holding a key of the row; the table is read for them only
           const int tok = tok0 + x * box_rows, blk = bt[tok / page];
-  #pragma unroll
+#pragma unroll
           for (int c = 0; c < 9; ++c)
             wg::tma_load_3d(dst + c * kWgChunk + x * box_rows * 128, &kv_map, c * 64, tok % page, blk, bar);
         }
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       const int nt = t1 - t0;
       if (producer) {
         wg::mbar_expect_tx(qbar, 9 * kWgHeads * 128);
-  #pragma unroll
+#pragma unroll
         for (int c = 0; c < 9; ++c) wg::tma_load_3d(base + WgLayout::q + c * kWgChunk, &q_map, c * 64, hg * kWgHeads, b, qbar);
         issue(t0, 0);
       }
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       phase ^= 4;
 
       float o[128];
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < 128; ++i) o[i] = 0.0f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // warpgroup 0: rows lane / 4 (+ 8), log2 units
 
@@ -157,11 +157,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         float keep[2];
         if (wgi == 0) {
           float s[32];
-  #pragma unroll
+#pragma unroll
           for (int x = 0; x < 32; ++x) s[x] = 0.0f;
           wg::fence_regs(s);
           wg::fence();
-  #pragma unroll
+#pragma unroll
           for (int ks = 0; ks < kKeyDim / 16; ++ks) {
             const uint32_t off = (ks / 4) * kWgChunk + (ks % 4) * 32;
             wg::wgmma_m64n64k16_ss(s, wg::desc_add(dq, off), wg::desc_add(dk, stage + off), ks > 0);
@@ -172,9 +172,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           float(&sf)[8][4] = frag4(s);
           mask_past_length(sf, key0, seq_len, lane);
           online_softmax(sf, m, l, keep, qk_scale);
-  #pragma unroll
+#pragma unroll
           for (int kk = 0; kk < 4; ++kk) {  // keys 16 kk .. 16 kk + 15 as the m64k16 A fragment
-  #pragma unroll
+#pragma unroll
             for (int r = 0; r < 4; ++r) pa[kk][r] = attn::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
             pfrag[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
           }
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           row_block_arrive(1, kWgThreads);
         } else {
           row_block_barrier(1, kWgThreads);
-  #pragma unroll
+#pragma unroll
           for (int kk = 0; kk < 4; ++kk) {
             const uint4 v = pfrag[kk * 128];
             pa[kk][0] = v.x;
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           keep[0] = kf.x;
           keep[1] = kf.y;
         }
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < 32; ++j) {
           o[4 * j] *= keep[0];
           o[4 * j + 1] *= keep[0];
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         }
         wg::fence_regs(o);
         wg::fence();
-  #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < 4; ++kk) wg::wgmma_m64n256k16_rs_mn(o, pa[kk], wg::desc_add(dv, stage + kk * 2048));
         wg::commit();
         wg::wait<0>();
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
       __syncthreads();  // Q, the stages and the row scalars are free
       if (wgi == 0) {
-  #pragma unroll
+#pragma unroll
         for (int h = 0; h < 2; ++h) {
           l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
           l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
