@@ -200,8 +200,11 @@ class PseudoRows:
     def plan(self, split: ShortSplit) -> None:
         """The decode plan of every chunk of the step's groups (device, once per step)."""
         for g0, n, ws in self._chunks(split):
-            build_decode_plan(self.seq_lens[g0:], n, ws, self.cfg.block_n, self.cfg.target_items, self.cfg.min_tiles,
-                              self.fixed_tiles)
+            if self.cuda:
+                self.cuda.plan(self.seq_lens[g0:], n, ws=ws)
+            else:
+                build_decode_plan(self.seq_lens[g0:], n, ws, self.cfg.block_n, self.cfg.target_items,
+                                  self.cfg.min_tiles, self.fixed_tiles)
 
     def decode(self, q, kv_cache, out, kv_lora_rank: int, sm_scale: float, split: ShortSplit) -> None:
         """Attention of the pseudo rows ``q`` into ``out``, chunk by chunk (plans from ``plan``)."""
