@@ -5,7 +5,7 @@ After the timed steps, each engine records ``--profile-steps`` decode steps unde
 other rank through the worker's ``ProfileControl`` messages (each rank writes its Chrome trace; rank
 0 reads them back). ``--profile-eager`` also records the same steps with the graphs set aside on
 every rank (launch costs and the host's share become visible). Per rank: device time per kernel
-category (first match of ``CATEGORIES`` on the kernel name), count and share of the step; the GPU's
+category (``kernel_profile.categorize``, grouped by ``CATEGORIES``), count and share of the step; the GPU's
 idle time (rank 0: before the step's first kernel, between kernels, after the last one; each rank
 0 step ends in the host read of its tokens, so kernels fall inside their step's window); the NCCL
 kernels (their time includes waiting for the peer); under TP the time between consecutive
@@ -20,36 +20,33 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 import statistics
 import time
 from pathlib import Path
 
+from benchmarks.harness.kernel_profile import COLLECTIVE, OTHER
+from benchmarks.harness.kernel_profile import categorize as kernel_category
+
 STEP_MARK = "tp_profile_step_"
-COLLECTIVE = "collective (NCCL all-reduce / all-gather)"
-# first match wins (GPU kernel names, and the CPU op names of the --smoke path)
+# the TP view groups the kernel categories of ``benchmarks.harness.kernel_profile`` (its names
+# include the CPU ops of the --smoke path): (group, the categories it takes)
 CATEGORIES = [
-    (COLLECTIVE, r"nccl|all_?reduce|all_?gather|reduce_?scatter|c10d::|gloo|record_param_comms"),
-    ("attention decode (+ plan, cache write)", r"mla_decode|mla_combine|_decode_stage|_plan_kernel|_write_latent_cache|"
-                                               r"_interleave_kernel|_extend_kernel|flash|fmha|attention|sdpa"),
-    ("MoE grouped GEMM", r"grouped_gemm"),
-    ("MoE routing / align / top-k sum", r"_count_kernel|_offsets_kernel|_scatter_kernel|sum_topk|topk|sort|radix|"
-                                        r"bitonic|softmax"),
-    ("sampling (argmax) / logits", r"argmax|multinomial|exponential|logsumexp"),
-    ("dense GEMM / linear (incl. lm_head, router)", r"gemm|gemv|cutlass|nvjet|xmma|cublas|splitK|Kernel2|_w8a8|"
-                                                    r"aten::(linear|mm|addmm|bmm|baddbmm|matmul)$"),
-    ("norm / rope / elementwise / copies", r"norm|rsqrt|rope|elementwise|vectorized|unrolled|reduce|copy|memcpy|"
-                                           r"memset|fill|cat|index|gather|scatter|embedding"),
+    (COLLECTIVE, (COLLECTIVE,)),
+    ("attention decode (+ plan, cache write)", ("attn: GQA append_attention", "attn: MLA decode (split-KV)",
+                                               "attn: split merge", "attn: extend/prefill",
+                                               "attn: latent interleave/cache write/gather")),
+    ("MoE grouped GEMM", ("MoE: grouped GEMM",)),
+    ("MoE routing / align / top-k sum", ("MoE: align/sum", "routing: topk/sort/softmax")),
+    ("sampling (argmax) / logits", ("sampling: argmax/logits",)),
+    ("dense GEMM / linear (incl. lm_head, router)", ("dense GEMM (cuBLAS)", "FP8 GEMM + quant")),
+    ("norm / rope / elementwise / copies", ("norm (RMSNorm) / rope", "copies", "elementwise/reduce")),
 ]
-OTHER = "other"
+GROUP = {fine: group for group, fines in CATEGORIES for fine in fines}
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def categorize(name: str) -> str:
-    for cat, pat in CATEGORIES:
-        if re.search(pat, name, re.IGNORECASE):
-            return cat
-    return OTHER
+    return GROUP.get(kernel_category(name), OTHER)
 
 
 def load_trace(path) -> list[dict]:

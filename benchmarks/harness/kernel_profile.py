@@ -9,29 +9,35 @@ import tempfile
 
 from paddle_mla.platform import runtime
 
-# first match wins; names are those of our Triton kernels and of cuBLAS / PyTorch kernels
+COLLECTIVE = "collective (NCCL all-reduce / all-gather)"
+# first match wins; names are those of our Triton and CUDA kernels, of cuBLAS / PyTorch kernels, and
+# the CPU ops that stand in for kernels in a CPU profile (gloo collectives, aten products)
 CATEGORIES = [
+    (COLLECTIVE, r"nccl|all_?reduce|all_?gather|reduce_?scatter|c10d::|gloo|record_param_comms"),
     ("attn: GQA append_attention", r"AppendAttentionArgs|segment_merge"),
     ("attn: MLA decode (split-KV)", r"_decode_stage1|_plan_kernel|mla_decode_wgmma_kernel|mla_decode_split_kernel"),
     ("attn: split merge", r"_decode_stage2|_merge_kernel|mla_combine_kernel"),
-    ("attn: extend/prefill", r"_extend_kernel|flash|fmha|attention"),
+    ("attn: extend/prefill", r"_extend_kernel|flash|fmha|attention|sdpa"),
     ("attn: latent interleave/cache write/gather", r"_interleave_kernel|_write_latent_cache|_gather_rows|_gather_groups"),
     ("MoE: grouped GEMM", r"grouped_gemm"),
     ("MoE: align/sum", r"_count_kernel|_offsets_kernel|_scatter_kernel|sum_topk"),
     ("FP8 GEMM + quant", r"_w8a8|_group_quant|_split_k_reduce"),
-    ("dense GEMM (cuBLAS)", r"gemm|cutlass|nvjet|sm90_xmma|sm80_xmma|ampere|magma|splitK|Kernel2"),
+    ("sampling: argmax/logits", r"argmax|multinomial|exponential|logsumexp"),
+    ("dense GEMM (cuBLAS)", r"gemm|gemv|cutlass|nvjet|xmma|cublas|ampere|magma|splitK|Kernel2|"
+                            r"aten::(linear|mm|addmm|bmm|baddbmm|matmul)$"),
     ("routing: topk/sort/softmax", r"topk|sort|softmax|radix|bitonic"),
-    ("norm (RMSNorm)", r"rsqrt|norm"),
-    ("copies", r"copy|Memcpy|Memset|cat|index|gather|scatter"),
+    ("norm (RMSNorm) / rope", r"rsqrt|norm|rope"),
+    ("copies", r"copy|Memcpy|Memset|fill|cat|index|gather|scatter|embedding"),
     ("elementwise/reduce", r"elementwise|vectorized|reduce|unrolled"),
 ]
+OTHER = "other"
 
 
 def categorize(name: str) -> str:
     for cat, pat in CATEGORIES:
         if re.search(pat, name, re.IGNORECASE):
             return cat
-    return "other"
+    return OTHER
 
 
 def profiled(fn, iters: int, warmup: int):
