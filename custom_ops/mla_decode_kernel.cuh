@@ -101,6 +101,26 @@ __device__ __forceinline__ bool request_tiles(const int32_t* cu_tiles, const int
   return true;
 }
 
+// Each request piece of this program's windows (pid, pid + grid, ...), in order: body(w, b, t0, t1)
+// with the window w and request b's key tiles [t0, t1) in it; zero-length rows are the combine's.
+template <class Body>
+__device__ __forceinline__ void for_each_request(const MlaDecodeArgs& a, const PlanWindows& windows, int bs, int pid,
+                                                 int bn, Body&& body) {
+  for (int w = pid; windows.has(w); w += static_cast<int>(gridDim.y)) {
+    const int p_start = windows.start(w), p_end = windows.end(w);
+    for (int b = first_request(a.cu_tiles, bs, p_start); b < bs; ++b) {
+      int t0, t1;
+      if (!request_tiles(a.cu_tiles, a.seq_lens, bn, b, p_start, p_end, t0, t1)) break;
+      if (t1 > t0) body(w, b, t0, t1);
+    }
+  }
+}
+
+// The partial-output row of request b's split in window w.
+__device__ __forceinline__ int64_t split_row(const MlaDecodeArgs& a, const PlanWindows& windows, int w, int b) {
+  return a.split_start[b] + (w - a.cu_tiles[b] / windows.q_tiles);
+}
+
 // The fragments below are a warp's m16n8 accumulators, N 8-column blocks of 4 registers: register
 // [n][2 h + c] is row lane / 4 + 8 h, column 8 n + 2 (lane % 4) + c (wgmma's m64nNk16 accumulator is
 // the same per warp). Both MLA kernels keep scores and outputs in that form.
@@ -207,137 +227,131 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
   const uint32_t v_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8 + cs * NV) * E;
   const int col0 = (lane % 4) * 2;
 
-  for (int w = pid; windows.has(w); w += static_cast<int>(gridDim.y)) {  // this program's windows
-    const int p_start = windows.start(w), p_end = windows.end(w);
-    for (int b = first_request(a.cu_tiles, bs, p_start); b < bs; ++b) {
-      int t0, t1;
-      if (!request_tiles(a.cu_tiles, a.seq_lens, BN, b, p_start, p_end, t0, t1)) break;
-      if (t1 <= t0) continue;  // a zero-length row: the combine kernel writes its zeros
-      const int seq_len = a.seq_lens[b];
-      const int32_t* bt = a.block_tables + b * a.bt_stride;
-      const T* qrow = static_cast<const T*>(a.q) + b * a.q_stride_b;
-      for (int c = tid; c < HB * kChunks; c += NT) {  // Q rows; heads past H are zeros
-        const int r = c / kChunks, part = c - r * kChunks, head = hg * HB + r;
-        const bool ok = head < H;
-        cp_async16(q_smem + (r * kPitch + part * 8) * E, qrow + (ok ? head * a.q_stride_h + part * 8 : 0), ok);
-      }
-      auto issue = [&](int t, int st) {  // key tile t of this request into stage st
-        const uint32_t dst = kv_smem + st * static_cast<uint32_t>(L.stage);
-        const int tok0 = t * BN;
-        const T* tile = kv;
-        if (tile_in_page && tok0 < seq_len)
-          tile = kv + bt[tok0 / page] * a.kv_stride_block + (tok0 % page) * a.kv_stride_token;
-        for (int c = tid; c < BN * kChunks; c += NT) {
-          const int n = c / kChunks, part = c - n * kChunks, tok = tok0 + n;
-          const bool ok = tok < seq_len;
-          const T* src = kv;
-          if (ok) {
-            src = tile_in_page ? tile + n * a.kv_stride_token
-                               : kv + bt[tok / page] * a.kv_stride_block + (tok % page) * a.kv_stride_token;
-            src += part * 8;
-          }
-          cp_async16(dst + (n * kPitch + part * 8) * E, src, ok);
-        }
-      };
-      const int nt = t1 - t0;
-#pragma unroll
-      for (int s = 0; s < NST - 1; ++s) {  // the first group carries Q too
-        if (s < nt) issue(t0 + s, s);
-        cp_async_commit();
-      }
-      float acc[NV / 8][4];
-#pragma unroll
-      for (int nd = 0; nd < NV / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
-      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane / 4 and lane / 4 + 8 (log2 units)
-
-      for (int i = 0; i < nt; ++i) {
-        // tile i landed for every thread, and every warp is done with tile i - 1, whose stage
-        // (and the score-exchange buffer) may be overwritten now
-        cp_async_wait<NST - 2>();
-        __syncthreads();
-        if (i + NST - 1 < nt) issue(t0 + i + NST - 1, (i + NST - 1) % NST);
-        cp_async_commit();
-        const uint32_t kt = kv_smem + (i % NST) * static_cast<uint32_t>(L.stage);
-        float s[NB][4];
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < KPW; ++j) {  // this warp's share of the depth of S = Q K^T
-          const int ks = cs * KPW + j;
-          uint32_t qa[4];
-          attn::ldsm_x4(qa, q_lane + ks * 16 * E);
-#pragma unroll
-          for (int n2 = 0; n2 < NB / 2; ++n2) {
-            uint32_t kb[4];
-            attn::ldsm_x4(kb, kt + k_lane + (n2 * 16 * kPitch + ks * 16) * E);
-            attn::mma16816<T>(s[2 * n2], qa, kb[0], kb[1]);
-            attn::mma16816<T>(s[2 * n2 + 1], qa, kb[2], kb[3]);
-          }
-        }
-        if constexpr (CS > 1) {  // sum the CS partial scores, in warp order, in every warp of the row block
-          float* mine = red + (cs * HB + rb * 16) * RP;
-#pragma unroll
-          for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<float2*>(mine + (lane / 4 + 8 * h) * RP + nb * 8 + col0) =
-                  make_float2(s[nb][2 * h], s[nb][2 * h + 1]);
-          }
-          row_block_barrier(1 + rb, 32 * CS);
-#pragma unroll
-          for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float x = 0.0f, y = 0.0f;
-#pragma unroll
-              for (int c = 0; c < CS; ++c) {
-                const float2 v = *reinterpret_cast<const float2*>(red + (c * HB + rb * 16 + lane / 4 + 8 * h) * RP +
-                                                                  nb * 8 + col0);
-                x += v.x;
-                y += v.y;
-              }
-              s[nb][2 * h] = x;
-              s[nb][2 * h + 1] = y;
-            }
-          }
-        }
-        mask_past_length(s, (t0 + i) * BN, seq_len, lane);
-        float keep[2];
-        online_softmax(s, m, l, keep, qk_scale);
-#pragma unroll
-        for (int nd = 0; nd < NV / 8; ++nd) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[nd][e] *= keep[e / 2];
-        }
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {  // O += P V over this warp's value columns
-          uint32_t pa[4];
-          pa[0] = attn::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-          pa[1] = attn::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-          pa[2] = attn::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-          pa[3] = attn::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-          for (int dp = 0; dp < NV / 16; ++dp) {
-            uint32_t vb[4];
-            attn::ldsm_x4_trans(vb, kt + v_lane + (kk * 16 * kPitch + dp * 16) * E);
-            attn::mma16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
-            attn::mma16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
-          }
-        }
-      }
-      cp_async_wait<0>();
-      __syncthreads();  // Q and the stages are free for the next request
-
-      float sum[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sum[h] = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-      }
-      const int64_t prow = a.split_start[b] + (w - a.cu_tiles[b] / windows.q_tiles);  // this split's partial row
-      store_rows(a, acc, b, prow, hg * HB + rb * 16 + lane / 4, cs * NV + col0, sum, m, cs == 0, lane);
+  for_each_request(a, windows, bs, pid, BN, [&](int w, int b, int t0, int t1) {
+    const int seq_len = a.seq_lens[b];
+    const int32_t* bt = a.block_tables + b * a.bt_stride;
+    const T* qrow = static_cast<const T*>(a.q) + b * a.q_stride_b;
+    for (int c = tid; c < HB * kChunks; c += NT) {  // Q rows; heads past H are zeros
+      const int r = c / kChunks, part = c - r * kChunks, head = hg * HB + r;
+      const bool ok = head < H;
+      cp_async16(q_smem + (r * kPitch + part * 8) * E, qrow + (ok ? head * a.q_stride_h + part * 8 : 0), ok);
     }
-  }
+    auto issue = [&](int t, int st) {  // key tile t of this request into stage st
+      const uint32_t dst = kv_smem + st * static_cast<uint32_t>(L.stage);
+      const int tok0 = t * BN;
+      const T* tile = kv;
+      if (tile_in_page && tok0 < seq_len)
+        tile = kv + bt[tok0 / page] * a.kv_stride_block + (tok0 % page) * a.kv_stride_token;
+      for (int c = tid; c < BN * kChunks; c += NT) {
+        const int n = c / kChunks, part = c - n * kChunks, tok = tok0 + n;
+        const bool ok = tok < seq_len;
+        const T* src = kv;
+        if (ok) {
+          src = tile_in_page ? tile + n * a.kv_stride_token
+                             : kv + bt[tok / page] * a.kv_stride_block + (tok % page) * a.kv_stride_token;
+          src += part * 8;
+        }
+        cp_async16(dst + (n * kPitch + part * 8) * E, src, ok);
+      }
+    };
+    const int nt = t1 - t0;
+#pragma unroll
+    for (int s = 0; s < NST - 1; ++s) {  // the first group carries Q too
+      if (s < nt) issue(t0 + s, s);
+      cp_async_commit();
+    }
+    float acc[NV / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < NV / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane / 4 and lane / 4 + 8 (log2 units)
+
+    for (int i = 0; i < nt; ++i) {
+      // tile i landed for every thread, and every warp is done with tile i - 1, whose stage
+      // (and the score-exchange buffer) may be overwritten now
+      cp_async_wait<NST - 2>();
+      __syncthreads();
+      if (i + NST - 1 < nt) issue(t0 + i + NST - 1, (i + NST - 1) % NST);
+      cp_async_commit();
+      const uint32_t kt = kv_smem + (i % NST) * static_cast<uint32_t>(L.stage);
+      float s[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < KPW; ++j) {  // this warp's share of the depth of S = Q K^T
+        const int ks = cs * KPW + j;
+        uint32_t qa[4];
+        attn::ldsm_x4(qa, q_lane + ks * 16 * E);
+#pragma unroll
+        for (int n2 = 0; n2 < NB / 2; ++n2) {
+          uint32_t kb[4];
+          attn::ldsm_x4(kb, kt + k_lane + (n2 * 16 * kPitch + ks * 16) * E);
+          attn::mma16816<T>(s[2 * n2], qa, kb[0], kb[1]);
+          attn::mma16816<T>(s[2 * n2 + 1], qa, kb[2], kb[3]);
+        }
+      }
+      if constexpr (CS > 1) {  // sum the CS partial scores, in warp order, in every warp of the row block
+        float* mine = red + (cs * HB + rb * 16) * RP;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(mine + (lane / 4 + 8 * h) * RP + nb * 8 + col0) =
+                make_float2(s[nb][2 * h], s[nb][2 * h + 1]);
+        }
+        row_block_barrier(1 + rb, 32 * CS);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float x = 0.0f, y = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CS; ++c) {
+              const float2 v = *reinterpret_cast<const float2*>(red + (c * HB + rb * 16 + lane / 4 + 8 * h) * RP +
+                                                                nb * 8 + col0);
+              x += v.x;
+              y += v.y;
+            }
+            s[nb][2 * h] = x;
+            s[nb][2 * h + 1] = y;
+          }
+        }
+      }
+      mask_past_length(s, (t0 + i) * BN, seq_len, lane);
+      float keep[2];
+      online_softmax(s, m, l, keep, qk_scale);
+#pragma unroll
+      for (int nd = 0; nd < NV / 8; ++nd) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nd][e] *= keep[e / 2];
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {  // O += P V over this warp's value columns
+        uint32_t pa[4];
+        pa[0] = attn::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = attn::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = attn::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = attn::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < NV / 16; ++dp) {
+          uint32_t vb[4];
+          attn::ldsm_x4_trans(vb, kt + v_lane + (kk * 16 * kPitch + dp * 16) * E);
+          attn::mma16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
+          attn::mma16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // Q and the stages are free for the next request
+
+    float sum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sum[h] = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+    }
+    const int64_t prow = split_row(a, windows, w, b);
+    store_rows(a, acc, b, prow, hg * HB + rb * 16 + lane / 4, cs * NV + col0, sum, m, cs == 0, lane);
+  });
 #endif
 }
 

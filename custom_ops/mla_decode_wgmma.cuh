@@ -100,132 +100,126 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   __syncthreads();
   uint32_t phase = 0;  // bit s: parity of stage s's next completion; bit 2: Q's
 
-  for (int w = pid; windows.has(w); w += static_cast<int>(gridDim.y)) {  // this program's windows
-    const int p_start = windows.start(w), p_end = windows.end(w);
-    for (int b = first_request(a.cu_tiles, bs, p_start); b < bs; ++b) {
-      int t0, t1;
-      if (!request_tiles(a.cu_tiles, a.seq_lens, kWgKeys, b, p_start, p_end, t0, t1)) break;
-      if (t1 <= t0) continue;  // a zero-length row: the combine kernel writes its zeros
-      const int seq_len = a.seq_lens[b];
-      const int32_t* bt = a.block_tables + b * a.bt_stride;
-      auto issue = [&](int t, int st) {  // producer: key tile t of this request into stage st
-        const int tok0 = t * kWgKeys, boxes = (min(kWgKeys, seq_len - tok0) + box_rows - 1) / box_rows;
-        const uint32_t bar = full0 + 8 * st, dst = base + WgLayout::kv + st * kWgTile;
-        wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * 9));
-        for (int x = 0; x < boxes; ++x) {  // boxes holding a key of the row; the table is read for them only
-          const int tok = tok0 + x * box_rows, blk = bt[tok / page];
+  for_each_request(a, windows, bs, pid, kWgKeys, [&](int w, int b, int t0, int t1) {
+    const int seq_len = a.seq_lens[b];
+    const int32_t* bt = a.block_tables + b * a.bt_stride;
+    auto issue = [&](int t, int st) {  // producer: key tile t of this request into stage st
+      const int tok0 = t * kWgKeys, boxes = (min(kWgKeys, seq_len - tok0) + box_rows - 1) / box_rows;
+      const uint32_t bar = full0 + 8 * st, dst = base + WgLayout::kv + st * kWgTile;
+      wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * 9));
+      for (int x = 0; x < boxes; ++x) {  // boxes holding a key of the row; the table is read for them only
+        const int tok = tok0 + x * box_rows, blk = bt[tok / page];
 #pragma unroll
-          for (int c = 0; c < 9; ++c)
-            wg::tma_load_3d(dst + c * kWgChunk + x * box_rows * 128, &kv_map, c * 64, tok % page, blk, bar);
-        }
-      };
-      const int nt = t1 - t0;
-      if (producer) {
-        wg::mbar_expect_tx(qbar, 9 * kWgHeads * 128);
-#pragma unroll
-        for (int c = 0; c < 9; ++c) wg::tma_load_3d(base + WgLayout::q + c * kWgChunk, &q_map, c * 64, hg * kWgHeads, b, qbar);
-        issue(t0, 0);
+        for (int c = 0; c < 9; ++c)
+          wg::tma_load_3d(dst + c * kWgChunk + x * box_rows * 128, &kv_map, c * 64, tok % page, blk, bar);
       }
-      __syncwarp();  // the producer's warp converges before the barrier waits and wgmma below
-      wg::mbar_wait(qbar, (phase >> 2) & 1);
-      phase ^= 4;
+    };
+    const int nt = t1 - t0;
+    if (producer) {
+      wg::mbar_expect_tx(qbar, 9 * kWgHeads * 128);
+#pragma unroll
+      for (int c = 0; c < 9; ++c) wg::tma_load_3d(base + WgLayout::q + c * kWgChunk, &q_map, c * 64, hg * kWgHeads, b, qbar);
+      issue(t0, 0);
+    }
+    __syncwarp();  // the producer's warp converges before the barrier waits and wgmma below
+    wg::mbar_wait(qbar, (phase >> 2) & 1);
+    phase ^= 4;
 
-      float o[128];
+    float o[128];
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // warpgroup 0: rows lane / 4 (+ 8), log2 units
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // warpgroup 0: rows lane / 4 (+ 8), log2 units
 
-      for (int i = 0; i < nt; ++i) {
-        // tile i landed (its rows past the length zeroed, visible to wgmma); every thread is done with
-        // tile i - 1, whose stage takes tile i + 1 now, and warpgroup 1 is done with the previous P
-        const int st = i % 2, key0 = (t0 + i) * kWgKeys;
-        wg::mbar_wait(full0 + 8 * st, (phase >> st) & 1);
-        phase ^= 1u << st;
-        const uint32_t stage = st * kWgTile;
-        if (key0 + kWgKeys > seq_len) {
-          const int nv = seq_len - key0;
-          for (int c = tid; c < kWgKeys * 9 * 8; c += kWgThreads) {
-            const int n = c / 72, u = c - n * 72;
-            if (n >= nv) *reinterpret_cast<uint4*>(smem + WgLayout::kv + stage + swz(n, u)) = make_uint4(0, 0, 0, 0);
-          }
-          wg::fence_proxy_async();
+    for (int i = 0; i < nt; ++i) {
+      // tile i landed (its rows past the length zeroed, visible to wgmma); every thread is done with
+      // tile i - 1, whose stage takes tile i + 1 now, and warpgroup 1 is done with the previous P
+      const int st = i % 2, key0 = (t0 + i) * kWgKeys;
+      wg::mbar_wait(full0 + 8 * st, (phase >> st) & 1);
+      phase ^= 1u << st;
+      const uint32_t stage = st * kWgTile;
+      if (key0 + kWgKeys > seq_len) {
+        const int nv = seq_len - key0;
+        for (int c = tid; c < kWgKeys * 9 * 8; c += kWgThreads) {
+          const int n = c / 72, u = c - n * 72;
+          if (n >= nv) *reinterpret_cast<uint4*>(smem + WgLayout::kv + stage + swz(n, u)) = make_uint4(0, 0, 0, 0);
         }
-        __syncthreads();
-        if (producer && i + 1 < nt) issue(t0 + i + 1, (i + 1) % 2);
-        __syncwarp();
-        uint32_t pa[4][4];
-        float keep[2];
-        if (wgi == 0) {
-          float s[32];
-#pragma unroll
-          for (int x = 0; x < 32; ++x) s[x] = 0.0f;
-          wg::fence_regs(s);
-          wg::fence();
-#pragma unroll
-          for (int ks = 0; ks < kKeyDim / 16; ++ks) {
-            const uint32_t off = (ks / 4) * kWgChunk + (ks % 4) * 32;
-            wg::wgmma_m64n64k16_ss(s, wg::desc_add(dq, off), wg::desc_add(dk, stage + off), ks > 0);
-          }
-          wg::commit();
-          wg::wait<0>();
-          wg::fence_regs(s);
-          float(&sf)[8][4] = frag4(s);
-          mask_past_length(sf, key0, seq_len, lane);
-          online_softmax(sf, m, l, keep, qk_scale);
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {  // keys 16 kk .. 16 kk + 15 as the m64k16 A fragment
-#pragma unroll
-            for (int r = 0; r < 4; ++r) pa[kk][r] = attn::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-            pfrag[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
-          }
-          *rowv = make_float2(keep[0], keep[1]);
-          row_block_arrive(1, kWgThreads);
-        } else {
-          row_block_barrier(1, kWgThreads);
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            const uint4 v = pfrag[kk * 128];
-            pa[kk][0] = v.x;
-            pa[kk][1] = v.y;
-            pa[kk][2] = v.z;
-            pa[kk][3] = v.w;
-          }
-          const float2 kf = *rowv;
-          keep[0] = kf.x;
-          keep[1] = kf.y;
-        }
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j] *= keep[0];
-          o[4 * j + 1] *= keep[0];
-          o[4 * j + 2] *= keep[1];
-          o[4 * j + 3] *= keep[1];
-        }
-        wg::fence_regs(o);
-        wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::wgmma_m64n256k16_rs_mn(o, pa[kk], wg::desc_add(dv, stage + kk * 2048));
-        wg::commit();
-        wg::wait<0>();
-        wg::fence_regs(o);
-      }
-      __syncthreads();  // Q, the stages and the row scalars are free
-      if (wgi == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-          l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-        }
-        *rowv = make_float2(l[0], l[1]);
+        wg::fence_proxy_async();
       }
       __syncthreads();
-      const float2 sums = *rowv;
-      const float sum[2] = {sums.x, sums.y};
-      const int64_t prow = a.split_start[b] + (w - a.cu_tiles[b] / windows.q_tiles);  // this split's partial row
-      store_rows(a, frag4(o), b, prow, hg * kWgHeads + warp * 16 + lane / 4, wgi * 256 + (lane % 4) * 2, sum, m,
-                 wgi == 0, lane);
+      if (producer && i + 1 < nt) issue(t0 + i + 1, (i + 1) % 2);
+      __syncwarp();
+      uint32_t pa[4][4];
+      float keep[2];
+      if (wgi == 0) {
+        float s[32];
+#pragma unroll
+        for (int x = 0; x < 32; ++x) s[x] = 0.0f;
+        wg::fence_regs(s);
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < kKeyDim / 16; ++ks) {
+          const uint32_t off = (ks / 4) * kWgChunk + (ks % 4) * 32;
+          wg::wgmma_m64n64k16_ss(s, wg::desc_add(dq, off), wg::desc_add(dk, stage + off), ks > 0);
+        }
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_regs(s);
+        float(&sf)[8][4] = frag4(s);
+        mask_past_length(sf, key0, seq_len, lane);
+        online_softmax(sf, m, l, keep, qk_scale);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {  // keys 16 kk .. 16 kk + 15 as the m64k16 A fragment
+#pragma unroll
+          for (int r = 0; r < 4; ++r) pa[kk][r] = attn::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+          pfrag[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+        }
+        *rowv = make_float2(keep[0], keep[1]);
+        row_block_arrive(1, kWgThreads);
+      } else {
+        row_block_barrier(1, kWgThreads);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint4 v = pfrag[kk * 128];
+          pa[kk][0] = v.x;
+          pa[kk][1] = v.y;
+          pa[kk][2] = v.z;
+          pa[kk][3] = v.w;
+        }
+        const float2 kf = *rowv;
+        keep[0] = kf.x;
+        keep[1] = kf.y;
+      }
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j] *= keep[0];
+        o[4 * j + 1] *= keep[0];
+        o[4 * j + 2] *= keep[1];
+        o[4 * j + 3] *= keep[1];
+      }
+      wg::fence_regs(o);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wg::wgmma_m64n256k16_rs_mn(o, pa[kk], wg::desc_add(dv, stage + kk * 2048));
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(o);
     }
-  }
+    __syncthreads();  // Q, the stages and the row scalars are free
+    if (wgi == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+      }
+      *rowv = make_float2(l[0], l[1]);
+    }
+    __syncthreads();
+    const float2 sums = *rowv;
+    const float sum[2] = {sums.x, sums.y};
+    const int64_t prow = split_row(a, windows, w, b);
+    store_rows(a, frag4(o), b, prow, hg * kWgHeads + warp * 16 + lane / 4, wgi * 256 + (lane % 4) * 2, sum, m,
+               wgi == 0, lane);
+  });
 #elif defined(__CUDA_ARCH__)
   __trap();  // built without sm_90a (no wgmma / TMA): fail loudly instead of leaving out unwritten
 #endif
