@@ -8,9 +8,10 @@ Window W = 4096 and sink S = 64: 32k prompts are 8 windows long, so an SWA head 
 the context); 4096 is the window of the public SWA models (Mistral-7B v0.1, Gemma-2's local layers);
 S = 64 is one cache block, the least a block pool can keep, and more than the few attention-sink
 tokens StreamingLLM needs.
-KV budget: ``--num-blocks`` blocks of 64 tokens per KV head (1560: three 32k requests at a time with
-uniform tables; recycling fits five), ``scheduler.max_num_seqs`` 256, so the pool and not the slot
-count limits concurrency.
+KV budget: the seed's, ``--kv-gb`` 24 (kv_cache_ratio 0.30 on an A800-80GB), as blocks of 64 tokens per
+KV head (6539 for ERNIE-4.5: twelve 32k requests at a time with uniform tables; recycling re-splits the
+same bytes and fits about 22); ``--num-blocks`` sets the blocks directly. ``scheduler.max_num_seqs`` 256,
+so the pool and not the slot count limits concurrency.
 A stream of ``--requests`` prompts of ``--context`` random tokens, ``--output`` tokens each, all
 arriving at the start. Modes, each in its own process with its own engine, ``--repeats`` runs each:
   uniform_mask     the seed's baseline: uniform 1D tables, every head reads the whole row and SWA heads
@@ -32,6 +33,9 @@ full-batch TBT gain. uniform_mask reads the keys it masks, as the seed's baselin
 
   python -m benchmarks.e2e.head_wise_swa                     # the seed preset, 3 repeats (about 100 s on an H200)
   python -m benchmarks.e2e.head_wise_swa --quick             # one run per mode
+  python -m benchmarks.e2e.head_wise_swa --modes uniform_mask --json a.json    # modes in separate calls,
+  python -m benchmarks.e2e.head_wise_swa --modes headwise,headwise_recycle --json b.json
+  python -m benchmarks.e2e.head_wise_swa --report a.json b.json                # then one report
   python -m benchmarks.e2e.head_wise_swa --preset qwen3_8b --requests 12 --output 32
   python -m benchmarks.e2e.head_wise_swa --tiny --device cpu --context 256 --window 64 --num-blocks 16
 """
@@ -55,7 +59,8 @@ runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
 from benchmarks.harness.checkpoints import dummy_model_dir, write_qwen3_checkpoint  # noqa: E402
 from benchmarks.harness.errors import raise_on_failed  # noqa: E402
-from benchmarks.harness.swa_modes import DEFAULT_MODES, MODES, PRESETS, decode_step_bytes  # noqa: E402
+from benchmarks.harness.swa_modes import (DEFAULT_MODES, MODES, PRESETS, SEED_KV_GB,  # noqa: E402
+                                          blocks_for_kv_bytes, decode_step_bytes)
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
 from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: E402
@@ -231,11 +236,14 @@ def report(rows: dict, cfg: dict, args) -> None:
                   f"{step.kv_skipped / 1e9:.1f} GB) | {g / max(step.skipped_fraction, 1e-9):.2f} |")
     if base and "headwise_recycle" in rows:
         print("\nMoonshot, recycling on vs uniform_mask at the same KV budget (target >= 1.5x both)")
-        print("| run | decode tok/s | peak concurrent | out tok/s (prefill included) |")
-        print("|---|---|---|---|")
+        print("| run | decode tok/s (decode-only steps) | full-batch decode tok/s | peak concurrent | "
+              "out tok/s (prefill included) |")
+        print("|---|---|---|---|---|")
+        full = lambda x: x["peak_concurrent"] / max(x["full_tbt_ms"], 1e-9) * 1e3   # noqa: E731
         for i, (b, h) in enumerate(zip(base["runs"], rows["headwise_recycle"]["runs"])):
             print(f"| {i + 1} | {h['decode_tok_s'] / b['decode_tok_s']:.2f}x ({b['decode_tok_s']:.0f} -> "
-                  f"{h['decode_tok_s']:.0f}) | {h['peak_concurrent'] / max(1, b['peak_concurrent']):.2f}x "
+                  f"{h['decode_tok_s']:.0f}) | {full(h) / max(full(b), 1e-9):.2f}x ({full(b):.0f} -> {full(h):.0f}) | "
+                  f"{h['peak_concurrent'] / max(1, b['peak_concurrent']):.2f}x "
                   f"({b['peak_concurrent']} -> {h['peak_concurrent']}) | {h['out_tok_s'] / b['out_tok_s']:.2f}x |")
 
 
@@ -244,12 +252,16 @@ def main() -> None:
     ap.add_argument("--preset", default="ernie45_21b", choices=sorted(PRESETS))
     ap.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: full depth)")
     ap.add_argument("--context", type=int, default=32768)
-    ap.add_argument("--output", type=int, default=64)
+    ap.add_argument("--output", type=int, default=128,
+                    help="tokens a request decodes (128: long enough that recycling's rows all decode together)")
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--sink", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=6)
-    ap.add_argument("--num-blocks", type=int, default=1560,
-                    help="blocks of 64 tokens per KV head (default: 3 requests of 32k at a time, uniform)")
+    ap.add_argument("--requests", type=int, default=48,
+                    help="prompts in the stream (default: four waves of uniform tables, two of recycling)")
+    ap.add_argument("--kv-gb", type=float, default=SEED_KV_GB,
+                    help="KV budget in GB (default: the seed's, about 24 GB; 12 requests of 32k at a time, uniform)")
+    ap.add_argument("--num-blocks", type=int, default=0,
+                    help="blocks of 64 tokens per KV head (0: what --kv-gb holds)")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default=DEFAULT_MODES)
@@ -258,11 +270,21 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--tiny", action="store_true", help="small dims of the same structure (a CPU smoke test)")
-    ap.add_argument("--quick", action="store_true", help="one run of 6 requests x 32 tokens per mode")
+    ap.add_argument("--quick", action="store_true", help="one run of 24 requests x 64 tokens per mode")
+    ap.add_argument("--report", nargs="+", metavar="JSON",
+                    help="print the report of earlier --json files (modes run in separate calls) and exit")
     args = ap.parse_args()
     if args.quick:
-        args.repeats, args.requests, args.output = 1, 6, 32
+        args.repeats, args.requests, args.output = 1, 24, 64
+    if args.report:
+        saved = [json.loads(Path(f).read_text()) for f in args.report]
+        rows = {m: r for d in saved for m, r in d["rows"].items()}
+        first = argparse.Namespace(**saved[0]["args"])
+        report(rows, model_dir(first)[1], first)
+        return
     path, cfg = model_dir(args)
+    args.num_blocks = args.num_blocks or blocks_for_kv_bytes(cfg, args.kv_gb * 1e9, 64,
+                                                             2 if args.device == "gpu" else 4)
     if args.only_mode:
         Path(args.json).write_text(json.dumps(bench_mode(path, args.only_mode, args)))
         return

@@ -48,6 +48,20 @@ class StepBytes:
         return self.kv_skipped / (self.weights + self.kv_uniform)
 
 
+# The seed's KV memory: kv_cache_ratio 0.30 on an A800-80GB, "about 24 GB of KV"
+# (eb45-21b-a3b-32k-bf16-kv50-512s.yaml). ERNIE-4.5-21B-A3B's bf16 K/V is 56 KiB a token, so that is
+# about 12 rows of 32k with uniform tables.
+SEED_KV_GB = 24.0
+
+
+def blocks_for_kv_bytes(cfg: dict, kv_bytes: float, block_size: int, elt: int = 2) -> int:
+    """``cache.num_blocks`` (blocks of ``block_size`` tokens per KV head, every layer, K and V) that
+    ``kv_bytes`` of cache hold."""
+    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_block = block_size * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * 2 * d * elt
+    return int(kv_bytes // per_block)
+
+
 def decode_step_bytes(cfg: dict, rows: int, context: int, window: int, sink: int, ratio: float,
                       elt: int = 2) -> StepBytes:
     """Weights: every dense tensor once, the lm_head (tied or not) once, and per MoE layer the experts
