@@ -109,9 +109,9 @@ class StepClock:
     schedule() calls would charge step N - 1's device time to step N."""
 
     def __init__(self, llm: LLM):
-        self.runner, self.launch = llm.runner, llm.runner.launch
+        self.runner, self.launch, self.scheduler = llm.runner, llm.runner.launch, llm.scheduler
         self.gpu = torch.cuda.is_available()
-        self.steps = []      # (rows, rows decoding, start, end)
+        self.steps = []      # (rows, rows decoding, requests left waiting, start, end)
         llm.runner.launch = self.timed
 
     def mark(self):
@@ -125,18 +125,19 @@ class StepClock:
         decoding = sum(not s.is_prefill for s in msg.scheduled)
         start = self.mark()
         launched = self.launch(msg)
-        self.steps.append((len(msg.scheduled), decoding, start, self.mark()))
+        self.steps.append((len(msg.scheduled), decoding, len(self.scheduler.waiting), start, self.mark()))
         return launched
 
-    def close(self) -> list[tuple[int, int, float, float]]:
-        """(rows, rows decoding, period s, device idle s before the step's work began) per step."""
+    def close(self) -> list[tuple[int, int, int, float, float]]:
+        """(rows, rows decoding, requests waiting, period s, device idle s before the step's work began)
+        per step."""
         self.runner.launch = self.launch
         sync()
         sec = (lambda a, b: a.elapsed_time(b) / 1e3) if self.gpu else (lambda a, b: b - a)
         out, prev = [], None
-        for rows, decoding, start, end in self.steps:
+        for rows, decoding, waiting, start, end in self.steps:
             idle = 0.0 if prev is None else max(0.0, sec(prev, start))
-            out.append((rows, decoding, sec(start if prev is None else prev, end), idle))
+            out.append((rows, decoding, waiting, sec(start if prev is None else prev, end), idle))
             prev = end
         return out
 
@@ -159,14 +160,22 @@ def run(llm: LLM, args, n: int, output: int, seed: int) -> dict:
     raise_on_failed(outs)
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
     tbt = [g for o in outs for g in np.diff(o.metrics.token_times).tolist()]
-    dec = [(rows, period) for rows, decoding, period, _ in steps if decoding == rows and rows]
-    idle = [i for rows, decoding, _, i in steps if decoding == rows and rows]
-    peak = max([d for _, d, _, _ in steps] + [0])
+    only = [(rows, waiting, period, i) for rows, decoding, waiting, period, i in steps if decoding == rows and rows]
+    dec = [(rows, period) for rows, _, period, _ in only]
+    bound = [(rows, period) for rows, waiting, period, _ in only if waiting]   # the KV pool holds requests back
+    idle = [i for *_, i in only]
+    peak = max([d for _, d, *_ in steps] + [0])
     full = [period for rows, period in dec if rows == peak]
+    hist = {}
+    for rows, period in dec:
+        n, sec = hist.get(rows, (0, 0.0))
+        hist[rows] = (n + 1, sec + period)
     return {"ttft_p50_ms": float(np.median(ttft)) * 1e3, "ttft_mean_ms": float(np.mean(ttft)) * 1e3,
             "tbt_p50_ms": float(np.median(tbt)) * 1e3 if tbt else 0.0,
             "tbt_mean_ms": float(np.mean(tbt)) * 1e3 if tbt else 0.0,
             "decode_tok_s": sum(r for r, _ in dec) / max(sum(p for _, p in dec), 1e-9),
+            "bound_decode_tok_s": sum(r for r, _ in bound) / max(sum(p for _, p in bound), 1e-9),
+            "decode_steps_by_rows": {str(r): hist[r] for r in sorted(hist)},
             "full_tbt_ms": float(np.mean(full)) * 1e3 if full else 0.0, "full_steps": len(full),
             "idle_ms": float(np.mean(idle)) * 1e3 if idle else 0.0,
             "peak_concurrent": peak, "preemptions": llm.scheduler.num_preemptions - preempted,
@@ -236,16 +245,22 @@ def report(rows: dict, cfg: dict, args) -> None:
                   f"{step.kv_skipped / 1e9:.1f} GB) | {g / max(step.skipped_fraction, 1e-9):.2f} |")
     if base and "headwise_recycle" in rows:
         print("\nMoonshot, recycling on vs uniform_mask at the same KV budget (target >= 1.5x both)")
-        print("| run | decode tok/s (decode-only steps) | full-batch decode tok/s | peak concurrent | "
-              "out tok/s (prefill included) |")
-        print("|---|---|---|---|---|")
+        print("| run | decode tok/s, decode-only steps while requests wait for KV | all decode-only steps | "
+              "full batch | peak concurrent | out tok/s (prefill included) |")
+        print("|---|---|---|---|---|---|")
         full = lambda x: x["peak_concurrent"] / max(x["full_tbt_ms"], 1e-9) * 1e3   # noqa: E731
-        for i, (b, h) in enumerate(zip(base["runs"], rows["headwise_recycle"]["runs"])):
-            print(f"| {i + 1} | {h['decode_tok_s'] / b['decode_tok_s']:.2f}x ({b['decode_tok_s']:.0f} -> "
-                  f"{h['decode_tok_s']:.0f}) | {full(h) / max(full(b), 1e-9):.2f}x ({full(b):.0f} -> {full(h):.0f}) | "
-                  f"{h['peak_concurrent'] / max(1, b['peak_concurrent']):.2f}x "
-                  f"({b['peak_concurrent']} -> {h['peak_concurrent']}) | {h['out_tok_s'] / b['out_tok_s']:.2f}x |")
 
+        def ratio(b: float, h: float, fmt: str = ".0f") -> str:
+            return f"{h / max(b, 1e-9):.2f}x ({b:{fmt}} -> {h:{fmt}})"
+
+        for i, (b, h) in enumerate(zip(base["runs"], rows["headwise_recycle"]["runs"])):
+            print(f"| {i + 1} | {ratio(b.get('bound_decode_tok_s', 0), h.get('bound_decode_tok_s', 0))} | "
+                  f"{ratio(b['decode_tok_s'], h['decode_tok_s'])} | {ratio(full(b), full(h))} | "
+                  f"{ratio(b['peak_concurrent'], h['peak_concurrent'], 'd')} | {ratio(b['out_tok_s'], h['out_tok_s'], '.1f')} |")
+    print("\nDecode-only steps of each mode's first run, by rows: steps x mean ms")
+    for r in rows.values():
+        hist = r["runs"][0].get("decode_steps_by_rows", {})
+        print(f"- {r['mode']}: " + ", ".join(f"{k} rows {n} x {sec / n * 1e3:.1f}" for k, (n, sec) in hist.items()))
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
