@@ -168,8 +168,8 @@ def run(llm: LLM, args, n: int, output: int, seed: int) -> dict:
     full = [period for rows, period in dec if rows == peak]
     hist = {}
     for rows, period in dec:
-        n, sec = hist.get(rows, (0, 0.0))
-        hist[rows] = (n + 1, sec + period)
+        count, sec = hist.get(rows, (0, 0.0))
+        hist[rows] = (count + 1, sec + period)
     return {"ttft_p50_ms": float(np.median(ttft)) * 1e3, "ttft_mean_ms": float(np.mean(ttft)) * 1e3,
             "tbt_p50_ms": float(np.median(tbt)) * 1e3 if tbt else 0.0,
             "tbt_mean_ms": float(np.mean(tbt)) * 1e3 if tbt else 0.0,
