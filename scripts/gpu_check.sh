@@ -100,7 +100,7 @@ if [ "$NGPU" -ge 2 ]; then
 else
   echo "=== data parallel benchmark skipped: it needs 2 GPUs, this machine has $NGPU" | tee "$OUT/bench_dp.md"
 fi
-echo "=== head-wise SWA (Qwen3-8B dims, 4 layers, 32k context, ratio 0.5): uniform vs head-wise, recycling off/on"
+echo "=== head-wise SWA (ERNIE-4.5-21B-A3B dims, the seed's 24 GB of KV, 32k context, ratio 0.5): uniform mask vs head-wise, recycling off/on, one run"
 python3 -m benchmarks.e2e.head_wise_swa --quick --json "$OUT/bench_swa.json" 2>&1 | tee "$OUT/bench_swa.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "gpu_check status: $status"
