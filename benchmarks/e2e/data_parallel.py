@@ -17,6 +17,7 @@ With the default 256 requests one engine runs the whole workload as one batch (m
 and its decode steps are bound by the weight bytes: a replica with half the batch takes nearly as
 long per step, so DP cannot pay there. ``--requests 2048`` gives each engine several batches.
     python -m benchmarks.e2e.data_parallel --requests 2048 --single-gpu   (1 GPU: DP=1 in process vs one replica process)
+    python -m benchmarks.e2e.data_parallel --requests 2048 --layers 27 --load-format dummy   (full depth, no checkpoint written)
     python -m benchmarks.e2e.data_parallel --smoke                    (CPU, tiny dims, 2 CPU replicas: the code path)
 
 Each engine's row also says where its time went, from the outputs' token times: the steps that made
@@ -37,10 +38,12 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness.checkpoints import moe_checkpoint  # numpy only: replicas re-import this module
+from benchmarks.harness.checkpoints import dummy_model_dir, moe_checkpoint  # numpy only: replicas re-import this module
+from benchmarks.harness.dims import V2_LITE
 
 
 def requests(n: int, prompt: int, out: int, vocab: int, seed: int = 0) -> list:
@@ -138,9 +141,14 @@ def main() -> None:
     ap.add_argument("--dp", default="2", help="replica counts to run beside DP=1, comma-separated (e.g. 2,4 on 4 GPUs)")
     ap.add_argument("--single-gpu", action="store_true",
                     help="one GPU: DP=1 in process against one replica process only (where the replica's time goes)")
+    ap.add_argument("--no-replica", action="store_true",
+                    help="skip DP=1 as one replica process (saves a run; the DP=2 / replica ratio is then not printed)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per engine after its cold run (the median is reported)")
     ap.add_argument("--fresh-cache", action="store_true",
                     help="an empty Triton kernel cache for each engine: every cold run compiles, as on a bare machine")
+    ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                    help="auto: the random checkpoint written once; dummy: config.json alone, each engine draws "
+                         "the weights on its GPU (seeded by name: every replica holds the same ones), for full depth")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     from paddle_mla.platform import runtime
@@ -154,7 +162,11 @@ def main() -> None:
     sizes = [] if args.single_gpu else [int(x) for x in args.dp.split(",") if x]
     if not args.single_gpu and (not sizes or min(sizes) < 2):
         ap.error(f"--dp {args.dp!r}: replica counts of 2 or more (DP=1 always runs beside them)")
-    path, cfg = moe_checkpoint(args.layers, smoke, args.dir)
+    if args.load_format == "dummy" and not smoke:
+        cfg = dict(V2_LITE, num_hidden_layers=args.layers)
+        path = dummy_model_dir(Path(args.dir or f"/tmp/bench_dp_dummy_{args.layers}L"), cfg)
+    else:
+        path, cfg = moe_checkpoint(args.layers, smoke, args.dir)
     if smoke:
         device, dtype, backend, graphs, n, P, O = "cpu", "float32", "native", False, 16, 16, 4
     else:
@@ -164,15 +176,16 @@ def main() -> None:
             sys.exit(f"bench_dp --dp {args.dp} needs {need} GPUs; this machine has {runtime.gpu_count()}")
     block = 64
     base = {"model": str(path), "runtime": runtime.name(), "device": device, "dtype": dtype,
+            "load_format": "auto" if smoke else args.load_format,
             "attention": {"backend": backend}, "cuda_graph": graphs, "max_model_len": P + O + 64,
             "cache": {"block_size": block, "num_blocks": min(n, 256) * -(-(P + O) // block) + 8},
             "scheduler": {"max_num_seqs": min(n, 256), "max_num_batched_tokens": max(8192, 64 * P),
                           "enable_chunked_prefill": True}}
     reqs = requests(n, P, O, cfg["vocab_size"])
     res: dict = {"device": "cpu" if smoke else runtime.device_name(), "gpus": runtime.gpu_count(),
-                 "layers": args.layers, "smoke": smoke, "requests": n, "prompt": P, "output": O}
+                 "layers": args.layers, "load_format": args.load_format, "smoke": smoke, "requests": n, "prompt": P, "output": O}
     tokens = {}
-    engines = [(f"dp{m}", m) for m in sizes] + [("dp1_replica", 1), ("dp1", 0)]
+    engines = [(f"dp{m}", m) for m in sizes] + [("dp1_replica", 1)] * (not args.no_replica) + [("dp1", 0)]
     for name, size in engines:
         compiled = kernel_cache(args.fresh_cache, name)
         t = time.perf_counter()
@@ -187,9 +200,11 @@ def main() -> None:
     res["sizes"] = sizes
     for m in sizes:
         res[f"ratio_dp{m}_vs_dp1"] = res[f"dp{m}"]["output_tok_s"] / res["dp1"]["output_tok_s"]
-        res[f"ratio_dp{m}_vs_dp1_replica"] = res[f"dp{m}"]["output_tok_s"] / res["dp1_replica"]["output_tok_s"]
+        if "dp1_replica" in res:
+            res[f"ratio_dp{m}_vs_dp1_replica"] = res[f"dp{m}"]["output_tok_s"] / res["dp1_replica"]["output_tok_s"]
         res[f"dp{m}_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens[f"dp{m}"], tokens["dp1"]))
-    res["replica_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp1_replica"], tokens["dp1"]))
+    if "dp1_replica" in tokens:
+        res["replica_outputs_equal_dp1"] = sum(a == b for a, b in zip(tokens["dp1_replica"], tokens["dp1"]))
     print_table(res)
     if args.json:
         with open(args.json, "w") as f:
@@ -197,7 +212,8 @@ def main() -> None:
 
 
 def print_table(r: dict) -> None:
-    print(f"# Data parallel, DeepSeek-V2-Lite dims, {r['layers']} layers{' (SMOKE: tiny dims, CPU)' if r['smoke'] else ''}"
+    print(f"# Data parallel, DeepSeek-V2-Lite dims, {r['layers']} layers, load_format {r.get('load_format', 'auto')}"
+          f"{' (SMOKE: tiny dims, CPU)' if r['smoke'] else ''}"
           f": {r['requests']} requests x ({r['prompt']} in, {r['output']} out), {r['device']} x {r['gpus']}\n")
     print("| engine | output tok/s | seconds (timed runs) | cold first run s | kernels compiled | start s | "
           "ratio to DP=1 | token steps | "
@@ -227,11 +243,13 @@ def print_table(r: dict) -> None:
         e = r[f"dp{m}"]
         print(f"\nDP={m} finish skew (last replica's last token - first replica's): {skew:.0f} ms; "
               f"the stream's end after its last output {e['stream_end_ms']:.1f} ms, then the device sync {e['sync_ms']:.1f} ms")
-    print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
+    if "replica_outputs_equal_dp1" in r:
+        print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
     for m in r.get("sizes", []):
         target = f" (target >= {0.95 * m:.1f}x)"
+        vs_replica = r.get(f"ratio_dp{m}_vs_dp1_replica")
         print(f"\nDP={m} / DP=1: {r[f'ratio_dp{m}_vs_dp1']:.2f}x{target}; DP={m} / one replica process: "
-              f"{r[f'ratio_dp{m}_vs_dp1_replica']:.2f}x; DP={m} outputs equal to DP=1's: "
+              f"{f'{vs_replica:.2f}x' if vs_replica else 'not run'}; DP={m} outputs equal to DP=1's: "
               f"{r[f'dp{m}_outputs_equal_dp1']}/{r['requests']}")
 
 
