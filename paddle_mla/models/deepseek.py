@@ -6,7 +6,8 @@ Plain classes holding tensors; the semantics follow transformers' DeepseekV2/V3 
 Tensor parallel (``tp``, a ``paddle_mla.parallel.group.TPGroup``): the loader gives each rank its
 shards (``paddle_mla.models.sharding``) and an ``arch`` with its share of the heads; here the
 row-parallel outputs (o_proj, each MLP / MoE block) are all-reduced once, the embedding is looked
-up vocab-parallel and the logits are gathered to the full vocabulary on every rank.
+up vocab-parallel and the logits are gathered to the full vocabulary on every rank (the shared
+parts: ``paddle_mla.models.causal_lm``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla.models.arch import ModelArch, RopeSpec, yarn_get_mscale
+from paddle_mla.models.causal_lm import CausalLMBase
 from paddle_mla.models.moe import MoE, MoEExec
-from paddle_mla.models.fp8 import dense, linear  # noqa: F401  (linear: dense or FP8 block-scaled weights)
+from paddle_mla.models.fp8 import dense, linear   # linear: dense or FP8 block-scaled weights
 from paddle_mla.models.indexer import Indexer
-from paddle_mla.models.fused_ops import add_rms_norm, rms_norm, rope_rotate  # noqa: F401  (rms_norm: also gqa's)
+from paddle_mla.models.fused_ops import add_rms_norm, rms_norm, rope_rotate
 
 
 def llama3_inv_freq(inv, spec: RopeSpec):
@@ -197,44 +199,12 @@ class DecoderLayer:
         return (out if self.tp is None else self.tp.all_reduce(out)), residual   # MLP / MoE partials: one reduce
 
 
-class CausalLM:
+class CausalLM(CausalLMBase):
     def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any, tp=None):
         """``tp``: the tensor-parallel group; ``arch`` and ``weights`` are then this rank's (loader)."""
-        self.arch, self.device, self.dtype, self.tp = arch, device, dtype, tp
-        self.embed = weights["model.embed_tokens.weight"]
-        self.norm = weights["model.norm.weight"]
-        self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
-        if self.lm_head is None:
-            raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
-        self._vocab_parallel()
-        self.moe_exec = MoEExec(device, dtype)
+        super().__init__(arch, weights, device, dtype, tp)
         self.layers = [DecoderLayer(arch, weights, i, self.moe_exec, tp) for i in range(arch.num_layers)]
         self.rope = Rope(arch.rope, device)
-        self.backend = None
-
-    def _vocab_parallel(self) -> None:
-        """Under TP: this rank's first token id, and its LM-head rows padded for the gather."""
-        if self.tp is not None:
-            self.vocab_start = self.tp.vocab_range(self.arch.vocab_size)[0]
-            self.lm_head = self.tp.pad_vocab_rows(self.lm_head, self.arch.vocab_size)
-
-    def embed_tokens(self, ids):
-        """Token embeddings, looked up vocab-parallel under TP."""
-        if self.tp is None:
-            return F.embedding(ids, self.embed)
-        return self.tp.embed(ids, self.embed, self.vocab_start)
-
-    def reserve_moe_workspace(self, max_num_tokens: int) -> None:
-        """Size the fused MoE buffers for calls of up to ``max_num_tokens`` tokens (once, at start-up)."""
-        moe = next((layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)), None)
-        if moe is not None:
-            s = self.arch.moe
-            # this rank's experts (all of them, unless expert parallel)
-            self.moe_exec.reserve(max_num_tokens, s.num_experts_per_tok, moe.w_gate.shape[0], moe.inter_size,
-                                  self.arch.hidden_size, fp8=moe.fp8)
-
-    def set_backend(self, backend) -> None:
-        self.backend = backend
 
     def attach_index_caches(self, caches: list) -> None:
         """deepseek_v32: the per-layer indexer key caches (paged like the latent caches)."""
@@ -242,19 +212,10 @@ class CausalLM:
             layer.attn.indexer.cache = cache
 
     def forward(self, meta, kv_caches: list):
-        if self.backend is None:
-            raise RuntimeError("call set_backend() before forward()")
+        self._require_backend()
         h = self.embed_tokens(meta.input_ids)
         cos, sin = self.rope.cos_sin(meta.positions)
         residual = None
         for layer, cache in zip(self.layers, kv_caches):
             h, residual = layer.forward(h, residual, cos, sin, self.rope, self.backend, cache, meta)
-        if residual is None:
-            return rms_norm(h, self.norm, self.arch.rms_norm_eps)
-        return add_rms_norm(residual, h, self.norm, self.arch.rms_norm_eps)[1]
-
-    def compute_logits(self, hidden_rows):
-        logits = linear(hidden_rows, self.lm_head)
-        if self.tp is not None:   # gathered in the model dtype (half the bytes), cast as before
-            logits = self.tp.gather_vocab(logits, self.arch.vocab_size)
-        return logits.to(torch.float32)
+        return self.final_norm(h, residual)

@@ -9,7 +9,7 @@ optional biases (ernie4_5 use_bias, llama attention_bias / mlp_bias), logits in 
 Tensor parallel (``tp``): the loader gives each rank its KV heads and their q heads, its MLP / expert
 widths and vocabulary rows (``paddle_mla.models.sharding``) and an ``arch`` with its head counts;
 the per-head q/k norms need no collective; o_proj and each MLP / MoE block are all-reduced once,
-with their output biases added on rank 0 only; embedding and logits as in ``CausalLM``.
+with their output biases added on rank 0 only; embedding and logits as in ``CausalLMBase``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch
 
 from paddle_mla.attention.backend import LayerRope
 from paddle_mla.models.arch import ModelArch
-from paddle_mla.models.deepseek import CausalLM, DenseMLP, Rope
+from paddle_mla.models.causal_lm import CausalLMBase
+from paddle_mla.models.deepseek import DenseMLP, Rope
 from paddle_mla.models.fused_ops import add_rms_norm, rms_norm
 from paddle_mla.models.fp8 import linear
 from paddle_mla.models.moe import MoE, MoEExec
@@ -104,41 +105,20 @@ class GQADecoderLayer:
         return (out if self.tp is None else self.tp.all_reduce(out)), residual
 
 
-class GQACausalLM:
+class GQACausalLM(CausalLMBase):
     """``forward(meta, kv_caches)`` with ``kv_caches`` a list of (k_cache, v_cache) per layer."""
 
     def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any, tp=None):
         """``tp``: the tensor-parallel group; ``arch`` and ``weights`` are then this rank's (loader)."""
         if arch.family != "gqa":
             raise ValueError(f"GQACausalLM got a {arch.family} arch ({arch.model_type})")
-        self.arch, self.device, self.dtype, self.tp = arch, device, dtype, tp
-        self.embed = weights["model.embed_tokens.weight"]
-        self.norm = weights["model.norm.weight"]
-        self.lm_head = weights.get("lm_head.weight", self.embed if arch.tie_word_embeddings else None)
-        if self.lm_head is None:
-            raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
-        self._vocab_parallel()
-        self.moe_exec = MoEExec(device, dtype)
+        super().__init__(arch, weights, device, dtype, tp)
         self.layers = [GQADecoderLayer(arch, weights, i, self.moe_exec, tp) for i in range(arch.num_layers)]
         self.rope = rope_table(arch, device)
-        self.backend = None
-
-    # the same rules as the MLA model: MoE workspace from the first MoE layer, vocab-parallel
-    # embedding and LM head (gathered logits) under TP
-    reserve_moe_workspace = CausalLM.reserve_moe_workspace
-    _vocab_parallel = CausalLM._vocab_parallel
-    embed_tokens = CausalLM.embed_tokens
-    compute_logits = CausalLM.compute_logits
-
-    def set_backend(self, backend) -> None:
-        self.backend = backend
 
     def forward(self, meta, kv_caches: list):
-        if self.backend is None:
-            raise RuntimeError("call set_backend() before forward()")
+        self._require_backend()
         h, residual = self.embed_tokens(meta.input_ids), None
         for layer, kv in zip(self.layers, kv_caches):
             h, residual = layer.forward(h, residual, self.backend, kv, meta, self.rope)
-        if residual is None:
-            return rms_norm(h, self.norm, self.arch.rms_norm_eps)
-        return add_rms_norm(residual, h, self.norm, self.arch.rms_norm_eps)[1]
+        return self.final_norm(h, residual)
