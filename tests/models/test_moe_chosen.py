@@ -10,26 +10,29 @@ from paddle_mla.models.moe import MoEExec, routed_moe_chosen
 from paddle_mla.platform.tensor_api import torch
 
 
-def _case(T, E, top_k, h=24, inter=10, seed=0, lo=0, hi=None):
+def _case(T, E, top_k, h=24, inter=10, seed=0, lo=0, hi=None, dtype=np.float32):
     g = np.random.default_rng(seed)
-    t = lambda *s: torch.from_numpy(g.standard_normal(s).astype(np.float32))  # noqa: E731
+    t = lambda *s: torch.from_numpy(g.standard_normal(s).astype(dtype))  # noqa: E731
     ids = np.stack([g.choice(np.arange(lo, hi if hi is not None else E), top_k, replace=False) for _ in range(T)])
-    w = g.random((T, top_k)).astype(np.float32)
+    w = g.random((T, top_k)).astype(dtype)
     return t(T, h), t(E, inter, h), t(E, inter, h), t(E, h, inter), torch.from_numpy(ids), torch.from_numpy(w)
 
 
 @pytest.mark.parametrize("T,E,top_k", [(1, 4, 1), (13, 8, 2), (40, 64, 6), (5, 32, 8)])
 def test_chosen_equals_masked(T, E, top_k):
-    args = _case(T, E, top_k, seed=T)
+    # float64: the two forms sum the same products in different orders (and the runtimes' CPU matmuls
+    # block differently), so in fp32 outputs of magnitude ~100 differ in their last bits; in float64
+    # that rounding is ~1e-13 and any real difference (a wrong expert, weight or token) stands out
+    args = _case(T, E, top_k, seed=T, dtype=np.float64)
     np.testing.assert_allclose(routed_moe_chosen(*args).numpy(), routed_moe_reference(*args).numpy(),
-                               rtol=1e-5, atol=1e-5)
+                               rtol=1e-10, atol=1e-10)
 
 
 def test_ids_outside_the_held_experts_add_nothing():
     """Expert parallel: rows of ids -3..8 where this rank holds 0..4; both forms skip the rest."""
-    x, wg, wu, wd, ids, w = _case(17, 5, 3, lo=-3, hi=9, seed=3)
+    x, wg, wu, wd, ids, w = _case(17, 5, 3, lo=-3, hi=9, seed=3, dtype=np.float64)
     got, want = routed_moe_chosen(x, wg, wu, wd, ids, w), routed_moe_reference(x, wg, wu, wd, ids, w)
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-10)
     outside = ((ids.numpy() < 0) | (ids.numpy() >= 5)).all(1)
     assert outside.any() and not got.numpy()[outside].any()
 
