@@ -23,16 +23,17 @@ arriving at the start. Modes, each in its own process with its own engine, ``--r
 Per run, from the engine's per-request metrics (RequestOutput.metrics): TTFT = first token - arrival
 (p50 and mean over requests, queueing included: the KV-bound stream waits for blocks), TBT = gaps
 between a request's tokens (p50 and mean over every gap). On the device (CUDA events around
-``runner.launch``): decode tok/s over decode-only steps, the full-batch TBT (decode-only steps with the
-most rows, the steady batch), device idle time before a decode-only step's work (> 0: the host is the
-bound) and peak concurrent requests (most rows decoding in one step).
+``runner.launch``): decode tok/s over decode-only steps, and over those where requests wait for KV (the
+pool binds; a finite stream's drain is not), the decode-only steps by rows, the full-batch TBT
+(decode-only steps with the most rows, the steady batch), device idle time before a decode-only step's
+work (> 0: the host is the bound) and peak concurrent requests (most rows decoding in one step).
 Physics line: the fraction of bytes (weights + KV) a steady-batch decode step of uniform_mask reads
 and head-wise tables no longer read (harness.swa_modes.decode_step_bytes), beside the measured
 full-batch TBT gain. uniform_mask reads the keys it masks, as the seed's baseline does
 (docs/head_wise_swa.md, "Mask mode").
 
-  python -m benchmarks.e2e.head_wise_swa                     # the seed preset, 3 repeats (about 100 s on an H200)
-  python -m benchmarks.e2e.head_wise_swa --quick             # one run per mode
+  python -m benchmarks.e2e.head_wise_swa                     # the seed preset, 3 repeats (about 11 min on an H100)
+  python -m benchmarks.e2e.head_wise_swa --quick             # one run of 24 x 64 per mode (about 2 min)
   python -m benchmarks.e2e.head_wise_swa --modes uniform_mask --json a.json    # modes in separate calls,
   python -m benchmarks.e2e.head_wise_swa --modes headwise,headwise_recycle --json b.json
   python -m benchmarks.e2e.head_wise_swa --report a.json b.json                # then one report
