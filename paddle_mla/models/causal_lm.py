@@ -23,6 +23,29 @@ from paddle_mla.models.fused_ops import add_rms_norm, rms_norm
 from paddle_mla.models.moe import MoE, MoEExec
 
 
+class DecoderLayerBase:
+    def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, tp=None):
+        """Layer ``i``'s norms; subclasses add ``attn`` and ``mlp``."""
+        p = f"model.layers.{i}."
+        self.eps, self.tp = arch.rms_norm_eps, tp
+        self.in_norm = w[p + "input_layernorm.weight"]
+        self.post_norm = w[p + "post_attention_layernorm.weight"]
+
+    def around(self, delta, residual, attend):
+        """(this layer's MLP output, the residual stream before it), with ``attend(x)`` the attention
+        of the normed hidden state. The residual adds are fused into the next norm: ``residual +
+        delta`` is the hidden state the layer starts from (the embedding when ``residual`` is None);
+        the caller adds the returned pair the same way. Under TP the MLP / MoE partials are
+        all-reduced once."""
+        if residual is None:
+            residual, x = delta, rms_norm(delta, self.in_norm, self.eps)
+        else:
+            residual, x = add_rms_norm(residual, delta, self.in_norm, self.eps)
+        residual, x = add_rms_norm(residual, attend(x), self.post_norm, self.eps)
+        out = self.mlp.forward(x)
+        return (out if self.tp is None else self.tp.all_reduce(out)), residual
+
+
 class CausalLMBase:
     def __init__(self, arch: ModelArch, weights: dict[str, Any], device: str, dtype: Any, tp=None):
         """``tp``: the tensor-parallel group; ``arch`` and ``weights`` are then this rank's (loader).

@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from paddle_mla.models.arch import ModelArch, RopeSpec, yarn_get_mscale
-from paddle_mla.models.causal_lm import CausalLMBase
+from paddle_mla.models.causal_lm import CausalLMBase, DecoderLayerBase
 from paddle_mla.models.moe import MoE, MoEExec
 from paddle_mla.models.fp8 import dense, linear   # linear: dense or FP8 block-scaled weights
 from paddle_mla.models.indexer import Indexer
-from paddle_mla.models.fused_ops import add_rms_norm, rms_norm, rope_rotate
+from paddle_mla.models.fused_ops import rms_norm, rope_rotate
 
 
 def llama3_inv_freq(inv, spec: RopeSpec):
@@ -173,12 +173,10 @@ class DenseMLP:
         return linear(F.silu(linear(x, self.gate, self.gate_b)) * linear(x, self.up, self.up_b), self.down, self.down_b)
 
 
-class DecoderLayer:
+class DecoderLayer(DecoderLayerBase):
     def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, moe_exec: MoEExec, tp=None):
+        super().__init__(arch, w, i, tp)
         p = f"model.layers.{i}."
-        self.eps, self.tp = arch.rms_norm_eps, tp
-        self.in_norm = w[p + "input_layernorm.weight"]
-        self.post_norm = w[p + "post_attention_layernorm.weight"]
         self.attn = MLAAttention(arch, w, p, tp)
         if arch.moe and arch.moe.is_moe_layer(i):
             self.mlp = MoE(arch, w, p + "mlp.", moe_exec, DenseMLP)
@@ -186,17 +184,8 @@ class DecoderLayer:
             self.mlp = DenseMLP(w, p + "mlp.")
 
     def forward(self, delta, residual, cos, sin, rope, backend, kv_cache, meta):
-        """(this layer's MLP output, the residual stream before it). The residual adds are fused
-        into the next norm: ``residual + delta`` is the hidden state the layer starts from (the
-        embedding when ``residual`` is None); the caller adds the returned pair the same way."""
-        if residual is None:
-            residual, x = delta, rms_norm(delta, self.in_norm, self.eps)
-        else:
-            residual, x = add_rms_norm(residual, delta, self.in_norm, self.eps)
-        a = self.attn.forward(x, cos, sin, rope, backend, kv_cache, meta)
-        residual, x = add_rms_norm(residual, a, self.post_norm, self.eps)
-        out = self.mlp.forward(x)
-        return (out if self.tp is None else self.tp.all_reduce(out)), residual   # MLP / MoE partials: one reduce
+        """(MLP output, residual stream before it): ``DecoderLayerBase.around`` with MLA attention."""
+        return self.around(delta, residual, lambda x: self.attn.forward(x, cos, sin, rope, backend, kv_cache, meta))
 
 
 class CausalLM(CausalLMBase):

@@ -20,9 +20,9 @@ import torch
 
 from paddle_mla.attention.backend import LayerRope
 from paddle_mla.models.arch import ModelArch
-from paddle_mla.models.causal_lm import CausalLMBase
+from paddle_mla.models.causal_lm import CausalLMBase, DecoderLayerBase
 from paddle_mla.models.deepseek import DenseMLP, Rope
-from paddle_mla.models.fused_ops import add_rms_norm, rms_norm
+from paddle_mla.models.fused_ops import rms_norm
 from paddle_mla.models.fp8 import linear
 from paddle_mla.models.moe import MoE, MoEExec
 
@@ -77,12 +77,10 @@ def _moe(arch: ModelArch, w: dict[str, Any], p: str, moe_exec: MoEExec) -> MoE:
     return MoE(arch, w, p, moe_exec, DenseMLP)
 
 
-class GQADecoderLayer:
+class GQADecoderLayer(DecoderLayerBase):
     def __init__(self, arch: ModelArch, w: dict[str, Any], i: int, moe_exec: MoEExec, tp=None):
+        super().__init__(arch, w, i, tp)
         p = f"model.layers.{i}."
-        self.eps, self.tp = arch.rms_norm_eps, tp
-        self.in_norm = w[p + "input_layernorm.weight"]
-        self.post_norm = w[p + "post_attention_layernorm.weight"]
         self.attn = GQAAttention(arch, w, p, tp)
         if arch.moe and arch.moe.is_moe_layer(i):
             self.mlp = _moe(arch, w, p + "mlp.", moe_exec)
@@ -93,16 +91,8 @@ class GQADecoderLayer:
             dense.down_b = bias_once(tp, dense.down_b)
 
     def forward(self, delta, residual, backend, kv, meta, layer_rope):
-        """(MLP output, residual stream before it): the residual adds fuse into the next norm, as in
-        ``deepseek.DecoderLayer``; tensor parallel: the MLP / MoE partials are all-reduced once."""
-        if residual is None:
-            residual, x = delta, rms_norm(delta, self.in_norm, self.eps)
-        else:
-            residual, x = add_rms_norm(residual, delta, self.in_norm, self.eps)
-        a = self.attn.forward(x, backend, kv[0], kv[1], meta, layer_rope)
-        residual, x = add_rms_norm(residual, a, self.post_norm, self.eps)
-        out = self.mlp.forward(x)
-        return (out if self.tp is None else self.tp.all_reduce(out)), residual
+        """(MLP output, residual stream before it): ``DecoderLayerBase.around`` with GQA attention."""
+        return self.around(delta, residual, lambda x: self.attn.forward(x, backend, kv[0], kv[1], meta, layer_rope))
 
 
 class GQACausalLM(CausalLMBase):
