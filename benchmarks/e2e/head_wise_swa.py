@@ -68,12 +68,18 @@ from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: 
 from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 
-def model_dir(args) -> tuple[Path, dict]:
-    """The preset's folder (config.json alone for dummy weights, else random weight files) and config."""
+def preset_config(args) -> dict:
+    """The preset's config.json, with --tiny's dims and --layers applied."""
     p = PRESETS[args.preset]
     cfg = dict(p.config, **(p.smoke if args.tiny else {}))
     if args.layers:
         cfg["num_hidden_layers"] = args.layers
+    return cfg
+
+
+def model_dir(args) -> tuple[Path, dict]:
+    """The preset's folder (config.json alone for dummy weights, else random weight files) and config."""
+    p, cfg = PRESETS[args.preset], preset_config(args)
     path = Path(args.dir) / f"{args.preset}_{cfg['num_hidden_layers']}L{'_tiny' if args.tiny else ''}"
     if not p.dummy:
         write_qwen3_checkpoint(path, cfg["num_hidden_layers"], args.tiny)
@@ -296,7 +302,7 @@ def main() -> None:
         saved = [json.loads(Path(f).read_text()) for f in args.report]
         rows = {m: r for d in saved for m, r in d["rows"].items()}
         first = argparse.Namespace(**saved[0]["args"])
-        report(rows, model_dir(first)[1], first)
+        report(rows, preset_config(first), first)    # the config alone: a report writes no checkpoint
         return
     path, cfg = model_dir(args)
     args.num_blocks = args.num_blocks or blocks_for_kv_bytes(cfg, args.kv_gb * 1e9, 64,

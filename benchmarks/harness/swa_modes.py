@@ -54,12 +54,16 @@ class StepBytes:
 SEED_KV_GB = 24.0
 
 
+def head_kv_bytes_per_token(cfg: dict, elt: int = 2) -> int:
+    """K and V of one token on one KV head, every layer."""
+    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return cfg["num_hidden_layers"] * 2 * d * elt
+
+
 def blocks_for_kv_bytes(cfg: dict, kv_bytes: float, block_size: int, elt: int = 2) -> int:
     """``cache.num_blocks`` (blocks of ``block_size`` tokens per KV head, every layer, K and V) that
     ``kv_bytes`` of cache hold."""
-    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    per_block = block_size * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * 2 * d * elt
-    return int(kv_bytes // per_block)
+    return int(kv_bytes // (block_size * cfg["num_key_value_heads"] * head_kv_bytes_per_token(cfg, elt)))
 
 
 def decode_step_bytes(cfg: dict, rows: int, context: int, window: int, sink: int, ratio: float,
@@ -78,7 +82,7 @@ def decode_step_bytes(cfg: dict, rows: int, context: int, window: int, sink: int
     shared = per_expert * cfg.get("moe_num_shared_experts", 0) + h * experts
     touched = experts * (1 - (1 - cfg.get("moe_k", 0) / experts) ** rows) if experts else 0.0
     weights = (layers * attn + dense_mlp + moe_layers * (shared + touched * per_expert) + vocab * h) * elt
-    per_token = layers * 2 * d * elt          # K and V of one KV head
+    per_token = head_kv_bytes_per_token(cfg, elt)
     swa_heads = int(round(ratio * hk))
     kv_uniform = rows * context * hk * per_token
     kv_skipped = rows * max(0, context - min(context, window + sink)) * swa_heads * per_token
