@@ -1,6 +1,7 @@
-"""What every causal LM here shares around its decoder layers: the token embedding, the final norm,
-the LM head and the logits, the fused-MoE workspace and the attention backend. The DeepSeek (MLA)
-and GQA models subclass it and build their own layers and rope.
+"""What every causal LM here shares around attention: the token embedding, the final norm, the LM
+head and the logits, the fused-MoE workspace and the attention backend (``CausalLMBase``), and a
+decoder layer's norms, fused residual stream and MLP / MoE (``DecoderLayerBase``). The DeepSeek (MLA)
+and GQA models subclass both with their own attention and rope.
 
 Tensor parallel (``tp``, a ``paddle_mla.parallel.group.TPGroup``): the embedding is looked up
 vocab-parallel and the logits are gathered to the full vocabulary on every rank.
