@@ -32,9 +32,9 @@ class DecoderLayerBase:
         self.in_norm = w[p + "input_layernorm.weight"]
         self.post_norm = w[p + "post_attention_layernorm.weight"]
 
-    def around(self, delta, residual, attend):
-        """(this layer's MLP output, the residual stream before it), with ``attend(x)`` the attention
-        of the normed hidden state. The residual adds are fused into the next norm: ``residual +
+    def around(self, delta, residual, attend, *attend_args):
+        """(this layer's MLP output, the residual stream before it), with ``attend(x, *attend_args)``
+        the attention of the normed hidden state. The residual adds are fused into the next norm: ``residual +
         delta`` is the hidden state the layer starts from (the embedding when ``residual`` is None);
         the caller adds the returned pair the same way. Under TP the MLP / MoE partials are
         all-reduced once."""
@@ -42,7 +42,7 @@ class DecoderLayerBase:
             residual, x = delta, rms_norm(delta, self.in_norm, self.eps)
         else:
             residual, x = add_rms_norm(residual, delta, self.in_norm, self.eps)
-        residual, x = add_rms_norm(residual, attend(x), self.post_norm, self.eps)
+        residual, x = add_rms_norm(residual, attend(x, *attend_args), self.post_norm, self.eps)
         out = self.mlp.forward(x)
         return (out if self.tp is None else self.tp.all_reduce(out)), residual
 

@@ -185,7 +185,7 @@ class DecoderLayer(DecoderLayerBase):
 
     def forward(self, delta, residual, cos, sin, rope, backend, kv_cache, meta):
         """(MLP output, residual stream before it): ``DecoderLayerBase.around`` with MLA attention."""
-        return self.around(delta, residual, lambda x: self.attn.forward(x, cos, sin, rope, backend, kv_cache, meta))
+        return self.around(delta, residual, self.attn.forward, cos, sin, rope, backend, kv_cache, meta)
 
 
 class CausalLM(CausalLMBase):

@@ -92,7 +92,7 @@ class GQADecoderLayer(DecoderLayerBase):
 
     def forward(self, delta, residual, backend, kv, meta, layer_rope):
         """(MLP output, residual stream before it): ``DecoderLayerBase.around`` with GQA attention."""
-        return self.around(delta, residual, lambda x: self.attn.forward(x, backend, kv[0], kv[1], meta, layer_rope))
+        return self.around(delta, residual, self.attn.forward, backend, kv[0], kv[1], meta, layer_rope)
 
 
 class GQACausalLM(CausalLMBase):
