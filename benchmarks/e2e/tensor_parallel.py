@@ -104,7 +104,7 @@ def profile(llm: LLM, batch, tp: int, args, step_ms: float) -> None:
             device = "cpu" if args.smoke else runtime.device_name()
             with open(args.profile_json, "w") as f:
                 json.dump(dict(layers=args.layers, batch=args.batch, context=args.context, device=device,
-                               categories=[c for c, _ in tp_profile.CATEGORIES], runs=args.profiles), f, indent=1)
+                               categories=[c for c, _ in tp_profile.CATEGORIES] + [tp_profile.OTHER], runs=args.profiles), f, indent=1)
 
 
 def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:

@@ -18,13 +18,11 @@ library (unit-testable on fake traces); ``profile_engine`` is the part that runs
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
 import time
 from pathlib import Path
 
-from benchmarks.harness.kernel_profile import COLLECTIVE, OTHER
+from benchmarks.harness.kernel_profile import COLLECTIVE, DEVICE_CATS, OTHER, load_trace
 from benchmarks.harness.kernel_profile import categorize as kernel_category
 
 STEP_MARK = "tp_profile_step_"
@@ -42,18 +40,10 @@ CATEGORIES = [
     ("norm / rope / elementwise / copies", ("norm (RMSNorm) / rope", "copies", "elementwise/reduce")),
 ]
 GROUP = {fine: group for group, fines in CATEGORIES for fine in fines}
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def categorize(name: str) -> str:
     return GROUP.get(kernel_category(name), OTHER)
-
-
-def load_trace(path) -> list[dict]:
-    """A Chrome trace's events (``.json`` or ``.json.gz``, as ``export_chrome_trace`` writes them)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)["traceEvents"]
 
 
 def _complete(ev: dict) -> bool:
@@ -262,9 +252,9 @@ def comparison(runs: list[dict]) -> list[str]:
 def _wait_for(path: Path, driver, timeout_s: float = 300.0) -> Path:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
-        dead = [p for p in driver.procs if p.exitcode is not None]
-        if dead or time.monotonic() > deadline:
-            raise RuntimeError(f"no profile trace {path} from the workers ({'a worker died' if dead else 'timed out'})")
+        failure = driver.failure()      # a dead worker, with its traceback
+        if failure or time.monotonic() > deadline:
+            raise RuntimeError(failure or f"no profile trace {path} from the workers (timed out)")
         time.sleep(0.1)
     return path
 
@@ -273,44 +263,38 @@ def profile_engine(llm, batch, tp: int, mode: str, steps: int, layers: int, trac
                    warmup: int = 2) -> dict:
     """``steps`` greedy decode steps of ``batch`` under torch.profiler on every rank; ``mode`` 'graphs'
     (the engine's CUDA graphs) or 'eager' (the graphs set aside on every rank for these steps)."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     from benchmarks.harness.models import greedy_step
-    from paddle_mla.parallel.worker import ProfileControl
+    from paddle_mla.parallel.worker import ProfileControl, RankProfile
     from paddle_mla.platform import runtime
 
     runner = llm.runner
     driver = runner.tp_driver
+    local = RankProfile(0)      # rank 0 takes the same messages as the workers, in the same order
 
-    def send(msg):
+    def ctl(action: str, out: str = "") -> None:
+        msg = ProfileControl(action, out)
         if driver is not None:
             driver.send(msg)
+        local.handle(msg, runner)
     step = greedy_step(runner, batch)
-    graphs = runner.graphs
     if mode == "eager":
-        runner.graphs = None
-        send(ProfileControl("eager"))
+        ctl("eager")
     path = str(trace_dir / f"trace_tp{tp}_{mode}_rank{{rank}}.json.gz")
     try:
         for _ in range(warmup):
             step()
         runtime.synchronize()
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device_kind == "gpu" else [])
         for n, out in ((1, ""), (steps, path)):    # a one-step cycle first, not kept: the profiler's start-up
-            prof = profile(activities=acts)
-            send(ProfileControl("start"))
-            prof.start()
+            ctl("start")
             for i in range(n):
                 with record_function(f"{STEP_MARK}{i}"):
                     step()
-            runtime.synchronize()
-            prof.stop()
-            send(ProfileControl("stop", out))
-        prof.export_chrome_trace(path.format(rank=0))
+            ctl("stop", out)
     finally:
         if mode == "eager":
-            runner.graphs = graphs
-            send(ProfileControl("graphs"))
+            ctl("graphs")
     paths = [Path(path.format(rank=0))] + [_wait_for(Path(path.format(rank=r)), driver) for r in range(1, tp)]
     r0 = summarize(load_trace(paths[0]), steps, layers)
     ranks = [r0] + [summarize(load_trace(p), steps, layers, r0["wall_us"]) for p in paths[1:]]

@@ -3,6 +3,7 @@ category, the costliest kernels, and the kernels of one call in launch order."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import tempfile
@@ -87,15 +88,24 @@ def kernel_table(step, iters: int) -> dict:
             "top_kernels": [dict(ms=m, calls=c, name=n) for m, c, n in kernels[:12]]}
 
 
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")     # a Chrome trace's device events
+
+
+def load_trace(path) -> list[dict]:
+    """A Chrome trace's events (``.json`` or ``.json.gz``, as ``export_chrome_trace`` writes them)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
 def kernel_sequence(fn, iters: int) -> list[dict]:
     """Kernels of one ``fn`` call in launch order, each with its mean µs over ``iters`` calls (a chrome
     trace read back: key_averages would merge two launches of one kernel, e.g. the two MoE GEMMs)."""
     prof = profiled(fn, iters, 2)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
-    evs = sorted((e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
-                 key=lambda e: e["ts"])
+        trace = load_trace(f.name)
+    evs = sorted((e for e in trace if e.get("cat") in DEVICE_CATS), key=lambda e: e["ts"])
     per = len(evs) // iters
     if per * iters != len(evs):     # a call that launches a varying set: totals by name instead of an order
         tot: dict[str, float] = {}

@@ -131,7 +131,7 @@ class TPDriver:
         proc = self.procs[rank - 1]
         while not conn.poll(0.2):
             if proc.exitcode is not None and not conn.poll():
-                raise TensorParallelError(self._failure() or f"tensor-parallel worker {rank} exited at start-up")
+                raise TensorParallelError(self.failure() or f"tensor-parallel worker {rank} exited at start-up")
         msg = conn.recv()
         if msg[0] != what:
             detail = msg[1].rstrip() if len(msg) > 1 else msg[0]
@@ -153,11 +153,11 @@ class TPDriver:
         self._busy += 1
         finished = False
         try:
-            failure = self._failure()
+            failure = self.failure()
             if failure:
                 raise TensorParallelError(failure)
             yield
-            failure = self._failure()     # died during the call: an aborted collective's sums are partial
+            failure = self.failure()     # died during the call: an aborted collective's sums are partial
             if failure:
                 raise TensorParallelError(failure)
             finished = True
@@ -168,7 +168,7 @@ class TPDriver:
             self._interrupted = True
             raise
         except Exception as exc:
-            failure = self._failure(wait_s=5.0)   # the exit may be seen a moment after the error
+            failure = self.failure(wait_s=5.0)   # the exit may be seen a moment after the error
             if failure:
                 self._raised = True
                 raise TensorParallelError(failure) from exc
@@ -178,7 +178,7 @@ class TPDriver:
             if not finished:          # also KeyboardInterrupt: the workers may wait in a collective
                 self._cut = True
 
-    def _failure(self, wait_s: float = 0.0) -> str | None:
+    def failure(self, wait_s: float = 0.0) -> str | None:
         """One line (+ the worker's traceback) for the first dead worker; None while all live."""
         deadline = time.monotonic() + wait_s
         while True:
@@ -214,7 +214,7 @@ class TPDriver:
             while time.monotonic() < deadline and self._busy and not self._raised:
                 time.sleep(0.2)
             if self._busy and not self._raised and not self._closing:
-                sys.stderr.write(f"error: {self._failure()} (the engine was stuck {self.grace_s:.0f} s "
+                sys.stderr.write(f"error: {self.failure()} (the engine was stuck {self.grace_s:.0f} s "
                                  "waiting on it: exiting)\n")
                 sys.stderr.flush()
                 os._exit(1)
@@ -235,7 +235,7 @@ class TPDriver:
         atexit.unregister(self.close)
         clean = not self._cut and all(proc.exitcode is None for proc in self.procs)
         # the reason is taken now: _close kills the live workers, after which every one looks dead
-        deadline = None if clean else self._exit_unless_closed(self.grace_s, self._failure())
+        deadline = None if clean else self._exit_unless_closed(self.grace_s, self.failure())
         try:
             self._close(clean)
         finally:

@@ -62,17 +62,19 @@ class ProfileControl:
     path: str = ""          # stop: where the trace goes ("": nowhere)
 
 
-class _WorkerProfile:
+class RankProfile:
+    """One rank's side of ProfileControl (each worker's, and rank 0's in the TP benchmark)."""
+
     def __init__(self, rank: int):
-        self.rank, self.prof, self.graphs, self.eager = rank, None, None, False
+        self.rank, self.prof, self.graphs = rank, None, None   # graphs: those set aside by "eager"
 
     def handle(self, msg: ProfileControl, runner) -> None:
         from paddle_mla.platform import runtime
 
-        if msg.action == "eager" and not self.eager:
-            self.graphs, runner.graphs, self.eager = runner.graphs, None, True
-        elif msg.action == "graphs" and self.eager:
-            runner.graphs, self.graphs, self.eager = self.graphs, None, False
+        if msg.action == "eager" and self.graphs is None:
+            self.graphs, runner.graphs = runner.graphs, None
+        elif msg.action == "graphs" and self.graphs is not None:
+            runner.graphs, self.graphs = self.graphs, None
         elif msg.action == "start":
             from torch.profiler import ProfilerActivity, profile   # the real torch: TP is torch-only
 
@@ -131,7 +133,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         runner.attach_pool(runner.new_block_pool())
         conn.send(("ready",))
         kill_after, steps = _kill_after(spec.rank), 0
-        profiler = _WorkerProfile(spec.rank)
+        profiler = RankProfile(spec.rank)
         while True:
             msg = conn.recv()     # the scheduler's plain-data StepInput, as rank 0's runner applies it
             if msg is None:

@@ -269,7 +269,7 @@ def test_a_close_that_hangs_after_a_failure_exits_the_process(monkeypatch, capsy
     proc.join(10)
     codes = []
     monkeypatch.setattr(launcher.os, "_exit", codes.append)
-    driver._exit_unless_closed(0.05, driver._failure()).join(5)   # the timer fires: a close that never finished
+    driver._exit_unless_closed(0.05, driver.failure()).join(5)   # the timer fires: a close that never finished
     driver._interrupted = True                 # Ctrl-C, no dead worker: 130, and not blamed on a worker
     driver._exit_unless_closed(0.05, None).join(5)
     llm.close()

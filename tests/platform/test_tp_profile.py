@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks.e2e import tp_profile as tpp
-from paddle_mla.parallel.worker import ProfileControl, _WorkerProfile
+from paddle_mla.parallel.worker import ProfileControl, RankProfile
 from paddle_mla.platform import runtime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_cpu_trace_uses_top_level_ops():
 
 def test_worker_profile_messages_set_the_graphs_aside_and_back():
     runner = SimpleNamespace(graphs="captured", device_kind="cpu")
-    prof = _WorkerProfile(1)
+    prof = RankProfile(1)
     prof.handle(ProfileControl("eager"), runner)
     assert runner.graphs is None
     prof.handle(ProfileControl("eager"), runner)     # twice: still the captured graphs kept
