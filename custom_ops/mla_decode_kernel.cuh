@@ -1,5 +1,5 @@
-// mla_decode, the split kernel: one program = one block of 16 * RB query heads over a range of key
-// tiles of the plan (mla_decode_cuda.h), tensor cores through mma.sync m16n8k16 (sm_80+; sized for
+// mla_decode, the split kernel: one program = one block of 16 * RB query heads over the plan's windows
+// of key tiles (pid, pid + grid, ...; mla_decode_cuda.h), tensor cores through mma.sync m16n8k16 (sm_80+; sized for
 // the 227 KB of shared memory of an SM90 block).
 //
 // Warps: RB row blocks (16 heads each, the MMA's M) x CS column warps. The CS warps of a row block
@@ -68,7 +68,7 @@ __device__ __forceinline__ void row_block_arrive(int id, int count) {
 // The plan's windows: `q_tiles` consecutive tiles of the step's concatenated rows each, `total` tiles
 // in all. The balanced plan has at most one window a program; the batch-invariant plan (fixed
 // windows from each row's start, its span padded to whole windows) may have more, which a program
-// takes in strides of the grid (`next`).
+// takes in strides of the grid (`for_each_request`).
 struct PlanWindows {
   int q_tiles, total;
   __device__ __forceinline__ bool has(int w) const { return w * q_tiles < total; }

@@ -60,12 +60,15 @@ class CudaDecode:
 
     def __init__(self, num_heads: int, max_bs: int, device: str, split_tokens: int = 0, max_len: int = 0,
                  **override):
+        # the fixed plan's workspace holds every split of a max_len row: without max_len it is too small
+        assert not split_tokens or max_len > 0, "the batch-invariant plan needs max_len"
         self.launch = op.launch_config(num_heads, num_sms(), **override)
         p, bn = self.launch.programs, self.launch.block_n
-        self.fixed_tiles = fixed_split_tiles(split_tokens, bn) if split_tokens else 0
         if split_tokens:
+            self.fixed_tiles = fixed_split_tiles(split_tokens, bn)
             self.ws = fixed_split_workspace(max_bs, num_heads, op.LATENT_DIM, max_len, split_tokens, bn, device)
         else:
+            self.fixed_tiles = 0
             self.ws = alloc_decode_workspace(max_bs, num_heads, op.LATENT_DIM, split_cap(p), device, programs=p)
 
     def plan(self, seq_lens_k, bs: int, ws=None) -> None:
