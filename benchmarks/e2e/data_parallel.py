@@ -38,12 +38,10 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness.checkpoints import dummy_model_dir, moe_checkpoint  # numpy only: replicas re-import this module
-from benchmarks.harness.dims import V2_LITE
+from benchmarks.harness.checkpoints import moe_checkpoint  # numpy only: replicas re-import this module
 
 
 def requests(n: int, prompt: int, out: int, vocab: int, seed: int = 0) -> list:
@@ -62,8 +60,8 @@ def timed(llm, reqs: list, repeats: int = 1) -> tuple[dict, list]:
     t = time.perf_counter()
     llm.generate(reqs, use_tqdm=False)
     cold = time.perf_counter() - t
-    runs = sorted((timed_once(llm, reqs) for _ in range(max(repeats, 1))), key=lambda r: r[0]["seconds"])
-    res, outs = runs[len(runs) // 2]
+    runs = [timed_once(llm, reqs) for _ in range(max(repeats, 1))]     # in run order (a warming trend shows)
+    res, outs = sorted(runs, key=lambda r: r[0]["seconds"])[len(runs) // 2]
     res.update(cold_seconds=cold, seconds_all=[r[0]["seconds"] for r in runs])
     return res, outs
 
@@ -145,7 +143,8 @@ def main() -> None:
                     help="skip DP=1 as one replica process (saves a run; the DP=2 / replica ratio is then not printed)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per engine after its cold run (the median is reported)")
     ap.add_argument("--fresh-cache", action="store_true",
-                    help="an empty Triton kernel cache for each engine: every cold run compiles, as on a bare machine")
+                    help="an empty Triton kernel cache for each engine: every cold run compiles its Triton kernels, "
+                         "as on a bare machine (the custom ops build once, at install)")
     ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
                     help="auto: the random checkpoint written once; dummy: config.json alone, each engine draws "
                          "the weights on its GPU (seeded by name: every replica holds the same ones), for full depth")
@@ -162,11 +161,10 @@ def main() -> None:
     sizes = [] if args.single_gpu else [int(x) for x in args.dp.split(",") if x]
     if not args.single_gpu and (not sizes or min(sizes) < 2):
         ap.error(f"--dp {args.dp!r}: replica counts of 2 or more (DP=1 always runs beside them)")
-    if args.load_format == "dummy" and not smoke:
-        cfg = dict(V2_LITE, num_hidden_layers=args.layers)
-        path = dummy_model_dir(Path(args.dir or f"/tmp/bench_dp_dummy_{args.layers}L"), cfg)
-    else:
-        path, cfg = moe_checkpoint(args.layers, smoke, args.dir)
+    dummy = args.load_format == "dummy" and not smoke
+    if dummy and args.dir:
+        ap.error("--dir names a checkpoint folder; --load-format dummy writes config.json alone elsewhere")
+    path, cfg = moe_checkpoint(args.layers, smoke, args.dir, dummy=dummy)
     if smoke:
         device, dtype, backend, graphs, n, P, O = "cpu", "float32", "native", False, 16, 16, 4
     else:
@@ -176,16 +174,17 @@ def main() -> None:
             sys.exit(f"bench_dp --dp {args.dp} needs {need} GPUs; this machine has {runtime.gpu_count()}")
     block = 64
     base = {"model": str(path), "runtime": runtime.name(), "device": device, "dtype": dtype,
-            "load_format": "auto" if smoke else args.load_format,
+            "load_format": "dummy" if dummy else "auto",
             "attention": {"backend": backend}, "cuda_graph": graphs, "max_model_len": P + O + 64,
             "cache": {"block_size": block, "num_blocks": min(n, 256) * -(-(P + O) // block) + 8},
             "scheduler": {"max_num_seqs": min(n, 256), "max_num_batched_tokens": max(8192, 64 * P),
                           "enable_chunked_prefill": True}}
     reqs = requests(n, P, O, cfg["vocab_size"])
     res: dict = {"device": "cpu" if smoke else runtime.device_name(), "gpus": runtime.gpu_count(),
-                 "layers": args.layers, "load_format": args.load_format, "smoke": smoke, "requests": n, "prompt": P, "output": O}
+                 "layers": args.layers, "load_format": base["load_format"], "smoke": smoke, "requests": n, "prompt": P,
+                 "output": O}
     tokens = {}
-    engines = [(f"dp{m}", m) for m in sizes] + [("dp1_replica", 1)] * (not args.no_replica) + [("dp1", 0)]
+    engines = [(f"dp{m}", m) for m in sizes] + ([] if args.no_replica else [("dp1_replica", 1)]) + [("dp1", 0)]
     for name, size in engines:
         compiled = kernel_cache(args.fresh_cache, name)
         t = time.perf_counter()

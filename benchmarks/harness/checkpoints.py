@@ -91,11 +91,14 @@ def write_checkpoint(out: Path, cfg: dict, shard_bytes: int) -> int:
     return params
 
 
-def moe_checkpoint(layers: int, smoke: bool = False, folder: str = "") -> tuple[Path, dict]:
+def moe_checkpoint(layers: int, smoke: bool = False, folder: str = "", dummy: bool = False) -> tuple[Path, dict]:
     """(folder, config) of the end-to-end MoE workload's checkpoint: V2-Lite dims cut to ``layers``
     (``smoke``: tiny dims), in /tmp/bench_e2e_moe_<layers>L[_smoke] unless ``folder``; shared by the
-    MoE, data-parallel, chunked-prefill and profiling benchmarks."""
+    MoE, data-parallel, chunked-prefill and profiling benchmarks. ``dummy``: config.json alone, in a
+    folder of its own (for ``load_format: dummy``; a checkpoint's folder is never overwritten)."""
     cfg = dict(V2_LITE, num_hidden_layers=layers, **(SMOKE_MOE if smoke else {}))
+    if dummy:
+        return dummy_model_dir(Path(f"/tmp/bench_dummy_moe_{layers}L{'_smoke' if smoke else ''}"), cfg), cfg
     path = Path(folder or f"/tmp/bench_e2e_moe_{layers}L{'_smoke' if smoke else ''}")
     if not (path / "config.json").exists():
         print(f"writing a random bf16 checkpoint to {path}", file=sys.stderr)

@@ -238,10 +238,9 @@ class DataParallelLLM:
                 r = self.replicas[i]
                 batch = batches.setdefault(i, [])
                 batch.append(req)
-                work = request_work(req)
+                work = request_work(req, self.max_model_len)
                 r.load.sent(work)
-                r.run.requests += 1
-                r.run.work += work
+                r.run.sent(work)
                 order.append(r)
                 # a slow source (a pipe) must not hold back what was read: send at 64 or after 2 ms
                 if len(batch) >= 64 or time.perf_counter() - since > 2e-3:

@@ -18,12 +18,16 @@ from dataclasses import dataclass, field
 from paddle_mla.sched.request import GenerationRequest, RequestOutput
 
 
-def request_work(req: GenerationRequest) -> int:
-    """Expected tokens of ``req``: its prompt and every completion run to ``max_tokens`` (an upper bound
-    that is exact for ignore_eos workloads; a request the replica rejects costs it almost nothing)."""
-    params = req.params
+def request_work(req: GenerationRequest, max_model_len: int | None = None) -> int:
+    """Expected tokens of ``req``: its prompt and every completion run to ``max_tokens``, capped as the
+    engine caps it at ``max_model_len`` (an upper bound that is exact for ignore_eos workloads; a
+    request the replica rejects costs it almost nothing)."""
+    params, prompt = req.params, len(req.prompt_token_ids)
     try:
-        return len(req.prompt_token_ids) + max(1, int(params.n)) * max(1, int(params.max_tokens))
+        out = max(1, int(params.max_tokens))
+        if max_model_len is not None:
+            out = max(1, min(out, max_model_len - prompt))
+        return prompt + max(1, int(params.n)) * out
     except (TypeError, ValueError):      # invalid params: the replica answers with an error at once
         return 1
 
@@ -78,11 +82,16 @@ class ReplicaRun:
     input_waits: int = 0
     tail_s: float = 0.0                  # the replica's engine: its last output to its stream's end
 
+    def sent(self, work: int) -> None:
+        self.requests += 1
+        self.work += work
+
     def took(self, out: RequestOutput) -> None:
         m = out.metrics
         self.output_tokens += sum(len(c.token_ids) for c in out.outputs)
-        if m.first_token_time is not None:
-            self.first_token_time = min(self.first_token_time or m.first_token_time, m.first_token_time)
+        first = m.first_token_time
+        if first is not None and (self.first_token_time is None or first < self.first_token_time):
+            self.first_token_time = first
         last = m.token_times[-1] if m.token_times else m.finish_time
-        if last is not None:
-            self.last_token_time = max(self.last_token_time or last, last)
+        if last is not None and (self.last_token_time is None or last > self.last_token_time):
+            self.last_token_time = last

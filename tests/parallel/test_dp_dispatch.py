@@ -31,6 +31,13 @@ def test_request_work_is_prompt_plus_every_completion():
     assert request_work(bad) == 1
 
 
+def test_request_work_caps_completions_at_max_model_len_as_the_engine_does():
+    assert request_work(_req(0, 7, 5000), max_model_len=32) == 7 + 25
+    assert request_work(_req(0, 7, 5000, n=2), max_model_len=32) == 7 + 2 * 25
+    assert request_work(_req(0, 7, 5), max_model_len=32) == 12           # under the cap: unchanged
+    assert request_work(_req(0, 40, 5), max_model_len=32) == 40 + 1       # prompt past the cap: at least 1
+
+
 def test_pick_balances_expected_tokens_not_counts():
     reqs = _mixed(40)
     loads = [ReplicaLoad(), ReplicaLoad()]
@@ -136,7 +143,7 @@ def _output(req: GenerationRequest) -> RequestOutput:
 def _fake_llm(monkeypatch, size: int, bound: int, events: list):
     llm = object.__new__(dp.DataParallelLLM)
     llm.replicas = [_FakeReplica(i) for i in range(size)]
-    llm.bound, llm._broken = bound, False
+    llm.bound, llm._broken, llm.max_model_len = bound, False, 1 << 20
 
     def send(self, r, msg, quiet=False):
         events.append((msg[0], r.index))
