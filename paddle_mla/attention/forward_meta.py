@@ -33,6 +33,9 @@ class StepBatch:
     block_tables: np.ndarray     # int32 [B, max_blocks]: physical block ids, -1 padded
     is_prefill: np.ndarray       # bool [B]: request is still consuming its prompt this step
     sample_mask: np.ndarray      # bool [B]: request samples a token after this step (last chunk or decode)
+    # int32 [B]: each request's prompt length, for backends whose path depends on it (``prompt_apart``);
+    # None: not gathered
+    prompt_lens: np.ndarray | None = None
 
 
 @dataclass
@@ -68,6 +71,7 @@ class MLAStepPlan:
     (``dsa_ws``, made by its first layer). Empty in decode-only steps."""
     short_split: Any = None
     extend_plan: Any = None
+    segments: Any = None     # ``triton_mla`` under the mode: the prompt rows' ``SegmentPlan``
     dense_from: int | None = None
     dsa_ws: dict | None = None
 
@@ -111,6 +115,7 @@ class ForwardMeta:
     num_decode_reqs: int = 0
     num_decode_tokens: int = 0
     sample_indices: Any = None   # int64 [sampling rows]: token row of each sampling request's last new token
+    prompt_lens: np.ndarray | None = None   # host int32 [B] (``StepBatch.prompt_lens``)
 
     @staticmethod
     def build(batch: StepBatch, block_size: int, device: str, key_windows: Any = None,
@@ -183,6 +188,7 @@ def build_step(batch: StepBatch, block_size: int, device: str, key_windows: Any 
         num_decode_reqs=num_decode,
         num_decode_tokens=num_decode,
         sample_indices=dev["sample"],
+        prompt_lens=batch.prompt_lens,
     ), side_dev
 
 

@@ -24,27 +24,39 @@ _TOKEN_FORMAT = "q"              # signed 64-bit: token ids packed at a fixed wi
 assert array(_TOKEN_FORMAT).itemsize == 8
 
 
-def block_key(parent: BlockKey, token_ids) -> BlockKey:
+def block_key(parent: BlockKey, token_ids, mark: bytes = b"") -> BlockKey:
     """Digest of one full block given its parent's digest."""
-    return hashlib.sha256(parent + array(_TOKEN_FORMAT, token_ids).tobytes()).digest()
+    return hashlib.sha256(parent + array(_TOKEN_FORMAT, token_ids).tobytes() + mark).digest()
 
 
-def extend_chain(keys: list[BlockKey], token_ids: list[int], block_size: int, num_full_blocks: int) -> None:
+OUTPUT_MARK = b"output"   # digested after the tokens of a block that holds output positions (``outputs_from``)
+
+
+def extend_chain(keys: list[BlockKey], token_ids: list[int], block_size: int, num_full_blocks: int,
+                 outputs_from: int | None = None) -> None:
     """Extend ``keys`` in place to the first ``num_full_blocks`` blocks. Incremental: each block is
-    digested once in the sequence's life, not once per step."""
+    digested once in the sequence's life, not once per step. ``outputs_from``: the sequence's prompt
+    length, when blocks holding positions from there on (its outputs) must not match the same tokens
+    in another request's prompt (``BlockPool.outputs_apart``)."""
     parent = keys[-1] if keys else ROOT_KEY
     for i in range(len(keys), num_full_blocks):
-        parent = block_key(parent, token_ids[i * block_size:(i + 1) * block_size])
+        mark = OUTPUT_MARK if outputs_from is not None and (i + 1) * block_size > outputs_from else b""
+        parent = block_key(parent, token_ids[i * block_size:(i + 1) * block_size], mark)
         keys.append(parent)
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, outputs_apart: bool = False):
+        """``outputs_apart``: a block holding a request's output positions is found only by requests
+        that hold the same tokens as outputs at the same positions (the request itself, re-admitted
+        after a preemption), never by a prompt: for a backend that computes prompt and output tokens
+        on different paths, whose KV bits then differ (``triton_mla`` under ``deterministic: true``)."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be > 0, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.outputs_apart = outputs_apart
         self.ref_count = [0] * num_blocks
         self.block_key: list[BlockKey | None] = [None] * num_blocks
         self.cached: dict[BlockKey, int] = {}
@@ -116,14 +128,17 @@ class BlockPool:
         self.version += 1
         return True
 
-    def match_prefix(self, token_ids: list[int], keys: list[BlockKey]) -> list[int]:
+    def _outputs_from(self, prompt_len: int | None) -> int | None:
+        return prompt_len if self.outputs_apart else None
+
+    def match_prefix(self, token_ids: list[int], keys: list[BlockKey], prompt_len: int | None = None) -> list[int]:
         """Cached blocks for the longest cached prefix, leaving at least one token to compute
         (its logits are needed); takes a reference on each block it returns. ``keys`` is the
-        sequence's key chain (extended here as needed)."""
+        sequence's key chain (extended here as needed); ``prompt_len`` its prompt's length."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (len(token_ids) - 1) // self.block_size
-        extend_chain(keys, token_ids, self.block_size, max_blocks)
+        extend_chain(keys, token_ids, self.block_size, max_blocks, self._outputs_from(prompt_len))
         hits: list[int] = []
         for key in keys[:max_blocks]:
             block = self.cached.get(key)
@@ -145,13 +160,13 @@ class BlockPool:
         self._watch_key = keys[len(hits)] if self.enable_prefix_caching and len(hits) < max_blocks else None
 
     def register_full_blocks(self, token_ids: list[int], block_ids: list[int], num_computed: int,
-                             keys: list[BlockKey], start: int) -> int:
+                             keys: list[BlockKey], start: int, prompt_len: int | None = None) -> int:
         """Make blocks ``start..`` whose tokens are all computed findable by later requests;
         returns the new count of registered blocks of the sequence."""
         n_full = min(num_computed // self.block_size, len(block_ids))
         if not self.enable_prefix_caching or n_full <= start:
             return max(start, n_full)
-        extend_chain(keys, token_ids, self.block_size, n_full)
+        extend_chain(keys, token_ids, self.block_size, n_full, self._outputs_from(prompt_len))
         for block, key in zip(block_ids[start:n_full], keys[start:n_full]):
             if self.block_key[block] is not None or key in self.cached:
                 continue   # already cached, here or (same content) in another block

@@ -320,9 +320,13 @@ def flat_cache_blocks(spec: HeadWiseSwa, full_num_blocks: int, swa_num_blocks: i
 
 
 def make_block_pool(num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                    spec: HeadWiseSwa | None, swa_num_blocks: int | None = None) -> BlockPool | HeadWisePool:
+                    spec: HeadWiseSwa | None, swa_num_blocks: int | None = None,
+                    outputs_apart: bool = False) -> BlockPool | HeadWisePool:
     """The engine's pool: one BlockPool (uniform tables) without head-wise SWA or in its mask mode,
-    else per-head pools (``num_blocks`` per full head, ``swa_num_blocks``, default the same, per SWA head)."""
+    else per-head pools (``num_blocks`` per full head, ``swa_num_blocks``, default the same, per SWA head).
+    ``outputs_apart``: ``BlockPool``'s (MLA backends only: head-wise SWA is GQA's)."""
     if spec is None or not spec.head_wise_tables:
-        return BlockPool(num_blocks, block_size, enable_prefix_caching)
+        return BlockPool(num_blocks, block_size, enable_prefix_caching, outputs_apart)
+    if outputs_apart:
+        raise ValueError("head-wise pools do not keep output blocks apart")
     return HeadWisePool(spec, num_blocks, block_size, enable_prefix_caching, swa_num_blocks)

@@ -192,7 +192,8 @@ def build_core(config: EngineConfig, runner, tokenizer) -> EngineCore:
     pool = runner.new_block_pool()
     runner.attach_pool(pool)
     scheduler = Scheduler(config.scheduler, pool, lim.max_model_len,
-                          absorbed_max_new=getattr(runner.backend, "short_max_q", 0))   # GQA backends: none
+                          absorbed_max_new=getattr(runner.backend, "short_max_q", 0),   # GQA backends: none
+                          prompt_apart=runner.prompt_apart)
     ov = config.scheduler.overlap
     # tensor parallel: the workers take every input token from rank 0's batch, so no overlap
     # (it feeds decode rows from the device's last sampled ids, which only rank 0 has)

@@ -53,12 +53,17 @@ class StepUpdate:
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, pool: BlockPool | SeqBlocks, max_model_len: int,
-                 absorbed_max_new: int = 0):
+                 absorbed_max_new: int = 0, prompt_apart: bool = False):
         """``pool``: a BlockPool (one block table per sequence, shared by all KV heads) or a
         head-wise pool (cache/head_pool.py); the scheduler sees either through SeqBlocks.
         ``absorbed_max_new``: extend rows of at most this many new tokens run absorbed (from the
-        attention backend; 0: none): their cost counts against max_num_batched_absorbed_context."""
+        attention backend; 0: none): their cost counts against max_num_batched_absorbed_context.
+        ``prompt_apart``: the backend computes prompt and output tokens on different paths
+        (``triton_mla`` under ``deterministic: true``): a row never crosses its prompt's end (a
+        preempted request recomputes its prompt, then its outputs), and rows of output tokens come
+        before the prompt rows."""
         self.cfg = cfg
+        self.prompt_apart = prompt_apart
         self.pool = pool
         self.kv: SeqBlocks = UniformSeqBlocks(pool) if isinstance(pool, BlockPool) else pool
         self.max_model_len = max_model_len
@@ -170,7 +175,7 @@ class Scheduler:
                 break
             if seq.status is not running:
                 continue
-            n = min(need, budget) if chunked else need
+            n = self._cut(seq, seq.num_computed_tokens, min(need, budget) if chunked else need)
             if n > budget:
                 continue
             cost = self._absorbed_cost(n, seq.num_computed_tokens)
@@ -182,7 +187,7 @@ class Scheduler:
             budget -= n
             absorbed += cost
         if out.num_preempted:
-            return out   # do not admit new work in a step that had to preempt
+            return self._ordered(out)   # do not admit new work in a step that had to preempt
         reserved = None     # blocks per pool that the running prefills still take (_reserved)
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
@@ -197,7 +202,7 @@ class Scheduler:
                 continue
             num_cached = self.kv.match_prefix(seq, tokens)
             need = len(tokens) - num_cached
-            n = min(need, budget) if chunked else need
+            n = self._cut(seq, num_cached, min(need, budget) if chunked else need)
             if n > budget or not self.kv.can_hold(seq, num_cached + n):
                 if n <= budget and not self.running and not out.scheduled:
                     # every pool is free but for this request's hit: it can never fit (head-wise
@@ -235,6 +240,18 @@ class Scheduler:
             out.scheduled.append(self._entry(seq, n, len(tokens) - num_cached))
             budget -= n
             absorbed += cost
+        return self._ordered(out)
+
+    def _cut(self, seq: Sequence, computed: int, n: int) -> int:
+        """``n`` new tokens from ``computed``, cut at the prompt's end under ``prompt_apart``."""
+        p = seq.prompt_len
+        return p - computed if self.prompt_apart and computed < p < computed + n else n
+
+    def _ordered(self, out: SchedulerOutput) -> SchedulerOutput:
+        """Under ``prompt_apart``, rows of output tokens (decodes, recomputed outputs) first, each
+        group in its order: the backend runs the leading run absorbed and the prompt rows after it."""
+        if self.prompt_apart:
+            out.scheduled.sort(key=lambda s: s.num_cached < s.seq.prompt_len)
         return out
 
     # -- admission that keeps room for the running prefills --------------------------------------

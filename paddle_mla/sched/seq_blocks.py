@@ -91,7 +91,7 @@ class UniformSeqBlocks:
         seq.num_registered_blocks = 0
 
     def match_prefix(self, seq: Sequence, token_ids: list[int]) -> int:
-        seq.block_ids = self.pool.match_prefix(token_ids, seq.block_keys)
+        seq.block_ids = self.pool.match_prefix(token_ids, seq.block_keys, seq.prompt_len)
         seq.num_registered_blocks = len(seq.block_ids)
         return len(seq.block_ids) * self.block_size
 
@@ -114,7 +114,8 @@ class UniformSeqBlocks:
         if seq.num_computed_tokens // self.block_size <= seq.num_registered_blocks:
             return
         seq.num_registered_blocks = self.pool.register_full_blocks(
-            _TokenSlices(seq), seq.block_ids, seq.num_computed_tokens, seq.block_keys, seq.num_registered_blocks)
+            _TokenSlices(seq), seq.block_ids, seq.num_computed_tokens, seq.block_keys, seq.num_registered_blocks,
+            seq.prompt_len)
 
     def prompt_problem(self, num_tokens: int) -> str | None:
         need = self.pool.blocks_for(num_tokens + 1)

@@ -118,6 +118,8 @@ class ModelRunner:
                                       block_size=plan.memory.block_size, device=self.device, dtype=self.dtype,
                                       max_num_batched_tokens=sc.max_num_batched_tokens, **swa_kwargs, **backend_kwargs)
         self.model.set_backend(self.backend)
+        # the backend computes prompt and output tokens on different paths (triton_mla under the mode)
+        self.prompt_apart = getattr(self.backend, "prompt_apart", False)
         self.key_windows = None
         if plan.backend == "dsa":   # the indexer's [ks, ke), once per step with prefill tokens
             from paddle_mla.attention.dsa.key_window import KeyWindows
@@ -195,7 +197,7 @@ class ModelRunner:
         worker's own copy gives its head-wise input state the table layout (spec, per-head ranges)."""
         cache = self.cfg.cache
         return make_block_pool(self.limits.num_blocks, cache.block_size, cache.enable_prefix_caching,
-                               self.head_wise_swa, self.swa_num_blocks)
+                               self.head_wise_swa, self.swa_num_blocks, outputs_apart=self.prompt_apart)
 
     def attach_pool(self, pool) -> None:
         """The engine's block pool (LLM builds it from ``limits``): with head-wise SWA the input
@@ -216,8 +218,11 @@ class ModelRunner:
         if self.tp_driver is not None:   # tensor parallel: every rank applies the same changes
             self.tp_driver.send(msg)
         host = self.inputs.apply(msg)    # head-wise: [B, Hkv, width], rows by deltas
+        prompt_lens = np.fromiter((r.prompt_len for r in host.requests), np.int32, len(host.requests)) \
+            if self.prompt_apart else None
         batch = StepBatch(token_ids=host.token_ids, num_new=host.num_new, num_cached=host.num_cached,
-                          block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask)
+                          block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask,
+                          prompt_lens=prompt_lens)
         return batch, host
 
     def run_model(self, batch: StepBatch, side: SideArrays | None = None, kv_caches=None,

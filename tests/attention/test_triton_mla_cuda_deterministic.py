@@ -3,9 +3,10 @@
 The SM90 op itself runs only on a GPU (tests/kernels/test_mla_decode_cuda_gpu.py holds its
 batch-invariance test). Here its launch is replaced by the plain-tensor reference, and everything
 around it is the real code: the backend picks the CUDA decoder in this mode, the decoder builds the
-batch-invariant plan (each row's splits its own length over the split size), and the extend tokens go
-through the same decoder as pseudo rows of one token each (at 64 heads and more, where the op's
-64-row programs hold one token's heads). The step must equal ``native``'s.
+batch-invariant plan (each row's splits its own length over the split size), and the extend tokens
+of output positions (a preempted request's recomputed outputs) go through the same decoder as pseudo
+rows of one token each (at 64 heads and more, where the op's 64-row programs hold one token's heads);
+prompt rows take the segmented expanded extend. The step must equal ``native``'s.
 """
 
 import dataclasses
@@ -21,6 +22,8 @@ pytestmark = pytest.mark.triton
 DEV, TOL = device_and_tolerance()
 # decode rows (one on a page boundary), then extend rows over cached contexts and a fresh prompt
 ROWS = [(37, 1), (16, 1), (130, 1), (90, 20), (0, 13), (64, 17)]
+# the decode rows and the 20-token row are output tokens (the latter recomputed after a preemption)
+PROMPT_LENS = [30, 10, 100, 90, 13, 81]
 SPLIT = 64  # keys a split: one 64-key tile, so contexts past 64 keys take several splits
 WIDE = dataclasses.replace(DIMS, num_heads=64)   # one token's heads fill a 64-row program
 
@@ -55,7 +58,7 @@ def reference_op(monkeypatch):
 def _step(dims=WIDE, **kwargs):
     import torch
 
-    case = make_case(ROWS, page=8, device=DEV, dtype=torch.float32, seed=7, dims=dims)
+    case = make_case(ROWS, page=8, device=DEV, dtype=torch.float32, seed=7, dims=dims, prompt_lens=PROMPT_LENS)
     got, _, meta = run_backend("triton_mla", case, DEV, dims=dims, cuda_decode=True, **kwargs)
     native, _, _ = run_backend("native", case, DEV, dims=dims)
     torch.testing.assert_close(got, native, atol=TOL, rtol=TOL)
@@ -64,11 +67,12 @@ def _step(dims=WIDE, **kwargs):
 
 def test_deterministic_mode_runs_decode_and_extend_rows_through_the_cuda_decode(reference_op):
     meta = _step(deterministic=True, split_tokens=SPLIT)
-    extend_tokens = 20 + 13 + 17
-    # the 3 decode rows in one launch and every extend token as a pseudo row of its own in another,
-    # both on the batch-invariant plan of one-tile windows (rows of up to 147 keys take 3 splits)
-    assert reference_op == [(3, 1, True), (extend_tokens, 1, True)]
-    assert meta.attn.short_split.groups == extend_tokens
+    # the 3 decode rows in one launch and every recomputed output token as a pseudo row of its own in
+    # another, both on the batch-invariant plan of one-tile windows (rows of up to 147 keys take 3
+    # splits); the two prompt rows go expanded, one segment each
+    assert reference_op == [(3, 1, True), (20, 1, True)]
+    assert meta.attn.short_split.groups == 20
+    assert [tuple(r[3:5]) for r in meta.attn.segments.records] == [(0, 13), (0, 81)]
 
 
 def test_default_mode_gives_the_cuda_decode_the_decode_rows_alone(reference_op):
@@ -84,4 +88,4 @@ def test_deterministic_mode_below_64_heads_keeps_the_triton_query_groups(referen
     Triton kernel's query groups for decode and extend rows alike."""
     meta = _step(dims=DIMS, deterministic=True, split_tokens=SPLIT)
     assert reference_op == []
-    assert meta.attn.short_split.groups == 2 + 1 + 2     # 16 tokens a group at 4 heads
+    assert meta.attn.short_split.groups == 2     # the 20 recomputed outputs, 16 tokens a group at 4 heads

@@ -31,7 +31,8 @@ class MixedCase:
     page: int
 
 
-def make_case(rows, page: int, device: str, dtype, seed: int, dims: MLADims = DIMS) -> MixedCase:
+def make_case(rows, page: int, device: str, dtype, seed: int, dims: MLADims = DIMS, prompt_lens=None) -> MixedCase:
+    """``rows``: (cached, new) each; ``prompt_lens``: each row's prompt length (``StepBatch.prompt_lens``)."""
     rng = np.random.default_rng(seed)
     H, D = dims.num_heads, dims.latent_dim
     cached = np.array([c for c, _ in rows], dtype=np.int32)
@@ -47,7 +48,8 @@ def make_case(rows, page: int, device: str, dtype, seed: int, dims: MLADims = DI
     cache = t((num_blocks, page, 1, D))      # the cached prefixes, and garbage everywhere else
     batch = StepBatch(token_ids=np.zeros(T, dtype=np.int64), num_new=new, num_cached=cached, block_tables=tables,
                       is_prefill=np.array([n > 1 or c == 0 for c, n in rows]),
-                      sample_mask=np.ones(len(rows), dtype=bool))
+                      sample_mask=np.ones(len(rows), dtype=bool),
+                      prompt_lens=None if prompt_lens is None else np.array(prompt_lens, dtype=np.int32))
     return MixedCase(rows=list(rows), batch=batch, cache=cache, q_nope=t((T, H, dims.qk_nope_head_dim)),
                      q_pe=t((T, H, dims.qk_rope_head_dim)), latent=t((T, D)),
                      w_kc=t((H, dims.qk_nope_head_dim, dims.kv_lora_rank), 0.3),

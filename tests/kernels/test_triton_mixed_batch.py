@@ -266,10 +266,12 @@ def test_deterministic_pseudo_rows_in_chunks_give_the_same_bits(k, monkeypatch):
     from paddle_mla.attention.triton_mla import short_extend
 
     torch = k.torch
-    case = make_case(LONG_SHORT, page=8, device=DEV, dtype=torch.float32, seed=5)
+    # every row's tokens are outputs (prompt length = cached count: a preempted request recomputing)
+    case = make_case(LONG_SHORT, page=8, device=DEV, dtype=torch.float32, seed=5,
+                     prompt_lens=[c for c, _ in LONG_SHORT])
     whole, cache, meta = run_backend("triton_mla", case, DEV, deterministic=True)
     split = meta.attn.short_split
-    assert split.groups == 2 + 3 + 1 + 2     # every extend token absorbed in this mode, 16 a group
+    assert split.groups == 2 + 3 + 1 + 2     # every output token absorbed in this mode, 16 a group
     built = []
     init = short_extend.PseudoRows.__init__
     monkeypatch.setattr(short_extend.PseudoRows, "__init__",

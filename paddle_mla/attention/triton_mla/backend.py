@@ -13,6 +13,9 @@ Every step writes the new latent rows into the paged cache first. Then the batch
 - the other extend rows (prefill, prefill chunks, prefix-cache continuations): over their own context only,
   chunk-wise through a workspace of fixed size with the partial results merged by log-sum-exp
   (``extend.py`` says how and why).
+Under ``deterministic: true`` the split follows the token's place in its request instead: rows of
+output tokens (decodes, and a preempted request's outputs when it is recomputed) run absorbed, and
+prompt rows run expanded over key segments at fixed positions (``extend_segments.py``).
 Pure decode steps run the decode part alone (and replay as CUDA graphs); the decode workspaces
 (plan, partial outputs, absorbed q, latent output) and the extend workspaces are sized at start-up.
 """
@@ -20,6 +23,8 @@ Pure decode steps run the decode part alone (and replay as CUDA graphs); the dec
 from __future__ import annotations
 
 import sys
+
+import numpy as np
 
 from paddle_mla.platform import runtime as _runtime
 
@@ -38,6 +43,9 @@ from paddle_mla.attention.triton_mla.decode import (
 )
 from paddle_mla.attention.triton_mla.decode_plan import fixed_split_tiles, fixed_split_workspace
 from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
+from paddle_mla.attention.triton_mla.extend_segments import SEGMENT_TOKENS, SegmentedExtend, plan_segments
+from paddle_mla.attention.triton_mla.prefill import extend_config
+from paddle_mla.platform.triton_host import next_pow2
 from paddle_mla.attention.triton_mla.short_extend import (
     PseudoRows, crossover_tokens, max_pseudo_rows, query_group, split_short_rows,
 )
@@ -47,15 +55,17 @@ class TritonMLABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
                  max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0, short_extend_tokens: int = -1,
                  cuda_decode: bool = False, deterministic: bool = False,
-                 split_tokens: int = 0):
+                 split_tokens: int = 0, segment_tokens: int = SEGMENT_TOKENS):
         """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``).
         ``short_extend_tokens``: extend rows of at most this many new tokens run absorbed (-1: the FLOP
         crossover from the dims, ``short_extend.crossover_tokens``; 0: never). ``cuda_decode``: decode
         rows take the CUDA op where it can run (``cuda_decode.unavailable_reason``); False: Triton.
-        ``deterministic``: every token, decode or extend, runs one absorbed decode kernel (the CUDA
-        op where ``cuda_decode`` can run and H >= 64, else the Triton one) with one launch config over splits of
-        ``split_tokens`` keys from its row's start (0: from max_model_len, ``deterministic_split_tokens``),
-        so its bits depend on its query and its context alone (docs/determinism.md).
+        ``deterministic``: every output token, decoded or recomputed, runs one absorbed decode kernel
+        (the CUDA op where ``cuda_decode`` can run and H >= 64, else the Triton one) with one launch
+        config over splits of ``split_tokens`` keys from its row's start (0: from max_model_len,
+        ``deterministic_split_tokens``), and every prompt token the expanded extend over segments of
+        ``segment_tokens`` keys from key 0, so a token's bits depend on its query, its context and
+        whether it is a prompt or an output token, never on the batch (docs/determinism.md).
         """
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
@@ -64,6 +74,9 @@ class TritonMLABackend(MLABackend):
         H, L = dims.num_heads, dims.kv_lora_rank
         elem = torch.zeros(1, dtype=dtype).element_size()
         self.deterministic = deterministic
+        # the mode computes prompt and output tokens on different paths: the scheduler keeps a row
+        # from crossing the prompt's end and the prefix cache keeps output blocks from prompts
+        self.prompt_apart = deterministic
         split_tokens = split_tokens or deterministic_split_tokens(max_model_len)
         # deterministic: decode rows take the query-group config, the one the extend tokens run
         # with, so a token's bits do not depend on which of the two paths computed it
@@ -98,16 +111,27 @@ class TritonMLABackend(MLABackend):
         step_tokens = max_num_batched_tokens or max(max_model_len, max_num_seqs)
         chunk = extend_chunk_tokens or default_chunk_tokens(step_tokens)
         self.extend = ExtendWorkspace(dims, step_tokens, chunk, device, dtype)
-        self.short_max_q = crossover_tokens(dims) if short_extend_tokens < 0 else short_extend_tokens
-        if deterministic:   # every extend token absorbed, whatever its row's length
-            self.short_max_q = max(max_model_len, step_tokens)
+        # deterministic: which rows run absorbed follows the prompt's end, not the row's length
+        self.short_max_q = 0 if deterministic else \
+            crossover_tokens(dims) if short_extend_tokens < 0 else short_extend_tokens
         # no workspace when no row may run absorbed (short_extend_tokens 0; dsa's dense steps)
         rows = step_tokens if deterministic else max_pseudo_rows(dims, step_tokens)
-        # deterministic: the extend tokens run the decode rows' kernel, so a token's bits do not depend
-        # on which of the two paths computed it (a preempted request recomputes its outputs as extend)
+        # deterministic: recomputed output tokens run the decode rows' kernel, so a token's bits do not
+        # depend on which of the two paths computed it (a preempted request recomputes them as extend)
         self.pseudo = PseudoRows(dims, rows, -(-max_model_len // block_size), device, dtype,
                                  max_seqs=max_num_seqs, cuda=self.cuda if deterministic else None,
-                                 **fixed) if self.short_max_q else None
+                                 **fixed) if self.short_max_q or deterministic else None
+        self.segmented = None
+        if deterministic:
+            from paddle_mla.platform.staging import Uploader
+
+            tile = extend_config(next_pow2(dims.qk_nope_head_dim), next_pow2(dims.qk_rope_head_dim),
+                                 next_pow2(dims.v_head_dim), elem).block_n
+            if segment_tokens > chunk or segment_tokens % tile:
+                raise ValueError(f"segment_tokens {segment_tokens}: must be a multiple of the extend kernel's key "
+                                 f"tile and at most its workspace ({chunk} rows)")
+            self.segment_tokens = segment_tokens
+            self.segmented = SegmentedExtend(self.extend, Uploader(device, 1 << 12))
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
             print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
                   f"partial rows x {H} heads x {L}; config {self.cuda.launch if self.cuda else self.cfg}; CUDA decode: "
@@ -117,8 +141,18 @@ class TritonMLABackend(MLABackend):
     def _num_decode_rows(self, meta) -> int:
         return meta.num_reqs if meta.is_decode_only else min(meta.num_decode_reqs, self.max_num_seqs)
 
+    def _output_rows(self, meta):
+        """Under the mode: (leading single-token output rows, bool [B] rows of output tokens).
+        Without prompt lengths (the memory profile's dummy steps) the decode rows are the output rows."""
+        gen = np.arange(meta.num_reqs) < meta.num_decode_reqs if meta.prompt_lens is None else \
+            meta.num_cached >= meta.prompt_lens
+        lead = np.flatnonzero(~(gen & (meta.seq_lens_q == 1)))
+        return (int(lead[0]) if len(lead) else meta.num_reqs), gen
+
     def prepare(self, meta) -> None:
         meta.attn = plan = MLAStepPlan()
+        if self.deterministic and not meta.is_decode_only:
+            return self._prepare_mode(meta, plan)
         nd = self._num_decode_rows(meta)
         if nd and self.cuda:
             self.cuda.plan(meta.seq_lens_k_dev, nd)
@@ -130,18 +164,42 @@ class TritonMLABackend(MLABackend):
             split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, p.max_rows, p.qg, p.max_groups) \
                 if p else split_short_rows(meta.seq_lens_q, nd, 0, 0)
             plan.short_split = split
-            if self.deterministic and split.lead_end < split.tail_begin:
-                raise RuntimeError("deterministic: an extend row did not fit the absorbed path's buffers")
             plan.extend_plan = plan_extend(meta, split.lead_end, split.tail_begin)
-            if split.rows:
-                p.gather(meta, split)
-                p.plan(split)
+            self._prepare_short(meta, split)
+
+    def _prepare_short(self, meta, split) -> None:
+        if split.rows:
+            self.pseudo.gather(meta, split)
+            self.pseudo.plan(split)
+
+    def _prepare_mode(self, meta, plan) -> None:
+        """A step with extend rows under the mode: decode rows, then the rows of output tokens
+        through the pseudo rows, and the prompt rows through the segmented extend."""
+        nd, gen = self._output_rows(meta)
+        if nd and self.cuda:
+            self.cuda.plan(meta.seq_lens_k_dev, nd)
+        elif nd:
+            build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
+                              self.cfg.min_tiles, self.fixed_tiles)
+        p = self.pseudo
+        split = split_short_rows(meta.seq_lens_q, nd, 0, p.max_rows, p.qg, p.max_groups, short=gen)
+        if gen[split.lead_end:split.tail_begin].any():
+            raise RuntimeError("deterministic: a row of output tokens sits between prompt rows or past the "
+                               "absorbed path's buffers (the scheduler puts them first)")
+        plan.short_split = split
+        plan.segments = plan_segments(meta.seq_lens_q, meta.seq_lens_k, np.arange(split.lead_end, split.tail_begin),
+                                      self.segment_tokens, self.extend.chunk_tokens)
+        self.segmented.prepare(plan.segments)
+        self._prepare_short(meta, split)
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
         if meta.is_decode_only:
             return self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, meta.num_reqs)
-        self.extend.run(meta.attn.extend_plan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
+        if self.segmented:
+            self.segmented.run(meta.attn.segments, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
+        else:
+            self.extend.run(meta.attn.extend_plan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)
         out = self.extend.out[:q_nope.shape[0]]
         split = meta.attn.short_split
         if split.lead_begin:

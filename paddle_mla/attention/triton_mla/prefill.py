@@ -35,6 +35,7 @@ import triton.language as tl
 from paddle_mla.platform.triton_host import dot_precision, env_overrides, interpreting, next_pow2, prev_pow2
 
 LOG2E = 1.4426950408889634
+PIECE_FIELDS = 8   # int32 fields of a piece record (``extend_pieces``)
 
 
 @triton.jit
@@ -81,13 +82,13 @@ def _attend_tile(acc, m_i, l_i, q_a, q_b, ka_ptr, kb_ptr, v_ptr, mn, ma, mb, mv,
 
 @triton.jit(do_not_specialize=["k_start", "k_rows"])   # per-chunk values: one compile for all
 def _extend_kernel(
-    QA, QB, KA, KB, V, O, LSE, CU_Q, CU_K, sm_scale_log2, k_start, k_rows,
+    QA, QB, KA, KB, V, O, LSE, CU_Q, CU_K, PIECE, sm_scale_log2, k_start, k_rows,
     stride_qat, stride_qah, stride_qbt, stride_qbh, stride_kat, stride_kah, stride_kbt, stride_kbh,
     stride_vt, stride_vh, stride_ot, stride_oh, stride_lt, stride_lh,
     DA: tl.constexpr, BLOCK_DA: tl.constexpr, DB: tl.constexpr, BLOCK_DB: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WRITE_LSE: tl.constexpr, MERGE: tl.constexpr, DOT_PREC: tl.constexpr,
-    REVERSE_M: tl.constexpr,
+    REVERSE_M: tl.constexpr, PIECES: tl.constexpr, NF: tl.constexpr,
 ):
     # REVERSE_M: the query blocks with the most keys (the last ones, causally) start first, so
     # the short blocks fill the tail of the grid
@@ -97,19 +98,36 @@ def _extend_kernel(
         mblk = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
-    q0 = tl.load(CU_Q + b)
-    q_len = tl.load(CU_Q + b + 1) - q0
-    k0 = tl.load(CU_K + b)
-    k_len = tl.load(CU_K + b + 1) - k0
-    offset = k_len - q_len
-    # key positions of request b held by this launch: [lo, hi)
-    lo = tl.maximum(k0, k_start) - k0
-    hi = tl.minimum(k0 + k_len, k_start + k_rows) - k0
+    if PIECES:
+        # program b: one piece (``extend_pieces``): a request's keys [lo, hi) at workspace rows
+        # from row0, and query blocks at absolute positions (block i holds positions
+        # [i * BLOCK_M, (i + 1) * BLOCK_M)), so a query's tiles and their masks follow its position
+        # alone, not where its chunk began
+        rec = PIECE + b * NF
+        q0 = tl.load(rec)
+        q_len = tl.load(rec + 1)
+        k_len = tl.load(rec + 2)
+        lo = tl.load(rec + 3)
+        hi = tl.load(rec + 4)
+        k_base = tl.load(rec + 5) - lo      # workspace row of key position kpos: k_base + kpos
+        offset = k_len - q_len
+        m_begin = (offset // BLOCK_M + mblk) * BLOCK_M - offset
+    else:
+        q0 = tl.load(CU_Q + b)
+        q_len = tl.load(CU_Q + b + 1) - q0
+        k0 = tl.load(CU_K + b)
+        k_len = tl.load(CU_K + b + 1) - k0
+        offset = k_len - q_len
+        # key positions of request b held by this launch: [lo, hi)
+        lo = tl.maximum(k0, k_start) - k0
+        hi = tl.minimum(k0 + k_len, k_start + k_rows) - k0
+        k_base = k0 - k_start
+        m_begin = mblk * BLOCK_M
     # keys past the last query of this block are never visible
-    end = tl.minimum(hi, offset + tl.minimum((mblk + 1) * BLOCK_M, q_len))
-    if (mblk * BLOCK_M < q_len) & (lo < end):
-        offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
-        mm = offs_m < q_len
+    end = tl.minimum(hi, offset + tl.minimum(m_begin + BLOCK_M, q_len))
+    if (m_begin < q_len) & (lo < end):
+        offs_m = m_begin + tl.arange(0, BLOCK_M)
+        mm = (offs_m >= 0) & (offs_m < q_len)
         qpos = offset + offs_m
         offs_a = tl.arange(0, BLOCK_DA)
         ma = offs_a < DA
@@ -136,18 +154,18 @@ def _extend_kernel(
         # tiles of keys at positions <= the block's first query are visible to all its rows: no
         # causal mask there (H100: 10-15% faster than masking every tile, docs/benchmarks_history.md,
         # "MLA prefill attention and b=1 decode")
-        full_end = tl.minimum(hi, offset + mblk * BLOCK_M + 1)
+        full_end = tl.minimum(hi, offset + m_begin + 1)
         mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
         for start in range(lo, mid, BLOCK_N):
             kpos = start + offs_n
-            rows_k = (k0 + kpos - k_start).to(tl.int64)[:, None]
+            rows_k = (k_base + kpos).to(tl.int64)[:, None]
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q_a, q_b, ka_base + rows_k * stride_kat, kb_base + rows_k * stride_kbt,
                 v_base + rows_k * stride_vt, kpos < end, ma, mb, mv, kpos, qpos, sm_scale_log2,
                 DB, False, DA < BLOCK_DA, DB < BLOCK_DB, DV < BLOCK_DV, DOT_PREC)
         for start in range(mid, end, BLOCK_N):
             kpos = start + offs_n
-            rows_k = (k0 + kpos - k_start).to(tl.int64)[:, None]
+            rows_k = (k_base + kpos).to(tl.int64)[:, None]
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q_a, q_b, ka_base + rows_k * stride_kat, kb_base + rows_k * stride_kbt,
                 v_base + rows_k * stride_vt, kpos < end, ma, mb, mv, kpos, qpos, sm_scale_log2,
@@ -160,7 +178,10 @@ def _extend_kernel(
         if MERGE:
             # keys of b before k_start were attended by earlier launches: fold their partial in
             # compared as a tensor: Triton 3.9's interpreter turns tensor & scalar-bool into an int mask
-            prev = mm & (tl.zeros_like(rows_q) + k0 < k_start)
+            if PIECES:
+                prev = mm & (tl.zeros_like(rows_q) + lo > 0)
+            else:
+                prev = mm & (tl.zeros_like(rows_q) + k0 < k_start)
             lse_p = tl.load(l_ptr, mask=prev, other=float("-inf"))
             o_p = tl.load(o_ptr, mask=prev[:, None] & mv[None, :], other=0.0).to(tl.float32)
             m = tl.maximum(lse_p, lse)
@@ -170,6 +191,10 @@ def _extend_kernel(
             den = w_p + w_c
             out = (o_p * w_p[:, None] + out * w_c[:, None]) / tl.where(den > 0, den, 1.0)[:, None]
             lse = tl.where(den > 0, m + tl.log2(tl.where(den > 0, den, 1.0)), float("-inf"))
+        if PIECES:
+            # a row that sees no key of the piece keeps its stored partial untouched (a no-op
+            # merge could still turn a -0.0 into +0.0, and rows see such pieces in some chunkings only)
+            mm = mm & has
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mm[:, None] & mv[None, :])
         if WRITE_LSE:
             tl.store(l_ptr, lse, mask=mm)
@@ -215,32 +240,61 @@ def extend_attention(q_a, q_b, k_a, k_b, v, out, lse, cu_seqlens_q, cu_seqlens_k
     views into a larger batch: their values index q and the packed keys). max_seqlen_q: host-known
     upper bound of the query lengths. ``merge``: fold the partials stored by earlier chunks.
     """
-    tq, H, da = q_a.shape
-    db = q_b.shape[-1]
-    dv = v.shape[-1]
+    tq, H = q_a.shape[:2]
     bs = cu_seqlens_q.shape[0] - 1
     k_rows = k_a.shape[0] if k_rows is None else k_rows
     if tq == 0 or bs <= 0 or max_seqlen_q <= 0 or k_rows <= 0:
         return out
+    cfg = cfg or _config_for(q_a, q_b, k_a, v)
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), bs, H)
+    _launch(grid, q_a, q_b, k_a, k_b, v, out, lse, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, sm_scale, k_start, k_rows,
+            merge, k_b_shared, cfg, pieces=False)
+    return out
+
+
+def extend_pieces(q_a, q_b, k_a, k_b, v, out, lse, pieces, num_pieces: int, max_seqlen_q: int, sm_scale: float,
+                  merge: bool, k_b_shared: bool = False, cfg: ExtendConfig | None = None):
+    """``extend_attention`` over pieces: ``pieces`` int32 [num_pieces, PIECE_FIELDS], a record a piece
+    (query row q0, q_len, k_len, key positions lo, hi, workspace row of key lo, ...); the keys are
+    ``k_a``/``k_b``/``v`` rows. Query blocks sit at absolute positions, so a query's bits depend on its
+    position, its keys and the pieces' bounds, not on the chunk it came in or on the other rows
+    (``extend_segments.py``). ``merge``: every piece folds into the stored partial (pieces with
+    lo > 0); rows that see no key of a piece keep the stored one."""
+    H = q_a.shape[1]
+    if num_pieces <= 0 or max_seqlen_q <= 0:
+        return out
+    cfg = cfg or _config_for(q_a, q_b, k_a, v)
+    # a chunk of q queries spans at most cdiv(q, BLOCK_M) + 1 absolute blocks
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m) + 1, num_pieces, H)
+    _launch(grid, q_a, q_b, k_a, k_b, v, out, lse, pieces, pieces, pieces, sm_scale, 0, k_a.shape[0], merge,
+            k_b_shared, cfg, pieces=True)
+    return out
+
+
+def _config_for(q_a, q_b, k_a, v) -> ExtendConfig:
+    db = q_b.shape[-1]
+    return extend_config(max(16, next_pow2(q_a.shape[-1])), max(16, next_pow2(db)) if db else 0,
+                         max(16, next_pow2(v.shape[-1])), k_a.element_size())
+
+
+def _launch(grid, q_a, q_b, k_a, k_b, v, out, lse, cu_q, cu_k, piece, sm_scale, k_start, k_rows, merge, k_b_shared,
+            cfg, pieces: bool):
+    da, db, dv = q_a.shape[-1], q_b.shape[-1], v.shape[-1]
     assert q_a.stride(2) == 1 and q_b.stride(-1) == 1 and k_a.stride(2) == 1 and k_b.stride(-1) == 1
     assert v.stride(2) == 1 and out.stride(2) == 1 and (lse is not None or not merge)
     kb_t, kb_h = (k_b.stride(0), 0) if k_b_shared else (k_b.stride(0), k_b.stride(1))
     lse_t, lse_h = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     block_da, block_db, block_dv = max(16, next_pow2(da)), max(16, next_pow2(db)), max(16, next_pow2(dv))
-    if cfg is None:
-        cfg = extend_config(block_da, block_db if db else 0, block_dv, k_a.element_size())
-    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), bs, H)
     _extend_kernel[grid](
-        q_a, q_b, k_a, k_b, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k,
+        q_a, q_b, k_a, k_b, v, out, out if lse is None else lse, cu_q, cu_k, piece,
         sm_scale * LOG2E, k_start, k_rows,
         q_a.stride(0), q_a.stride(1), q_b.stride(0), q_b.stride(1), k_a.stride(0), k_a.stride(1), kb_t, kb_h,
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse_t, lse_h,
         DA=da, BLOCK_DA=block_da, DB=db, BLOCK_DB=block_db, DV=dv, BLOCK_DV=block_dv,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WRITE_LSE=lse is not None, MERGE=merge,
-        DOT_PREC=dot_precision(k_a.dtype), REVERSE_M=bool(cfg.reverse_m),
+        DOT_PREC=dot_precision(k_a.dtype), REVERSE_M=bool(cfg.reverse_m), PIECES=pieces, NF=PIECE_FIELDS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out
 
 
 def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sm_scale: float, out=None):

@@ -85,13 +85,14 @@ class ShortSplit:
 
 
 def split_short_rows(seq_lens_q: np.ndarray, first_row: int, max_q: int, max_rows: int, qg: int = 1,
-                     max_groups: int | None = None) -> ShortSplit:
-    """Short = 1 <= q <= max_q. Leading run first, then the trailing run, within ``max_rows`` tokens
-    and ``max_groups`` query groups of ``qg`` tokens (ceil(q / qg) per row)."""
+                     max_groups: int | None = None, short: np.ndarray | None = None) -> ShortSplit:
+    """Short = 1 <= q <= max_q, or the rows ``short`` (bool [B]) marks. Leading run first, then the
+    trailing run, within ``max_rows`` tokens and ``max_groups`` query groups of ``qg`` tokens
+    (ceil(q / qg) per row)."""
     n = len(seq_lens_q)
     q = seq_lens_q.astype(np.int64)
     cu = np.concatenate([[0], np.cumsum(q)])
-    short = (q >= 1) & (q <= max_q)
+    short = (q >= 1) & ((q <= max_q) if short is None else short)
     ng = -(-q // qg)
     budget, gbudget = max_rows, max_rows if max_groups is None else max_groups
     lead_end = first_row

@@ -30,9 +30,9 @@ class CountingPool(BlockPool):
         super().__init__(*args)
         self.matches = 0
 
-    def match_prefix(self, token_ids, keys):
+    def match_prefix(self, token_ids, keys, prompt_len=None):
         self.matches += 1
-        return super().match_prefix(token_ids, keys)
+        return super().match_prefix(token_ids, keys, prompt_len)
 
 
 def trace(cls, prompts, max_tokens, num_blocks, block_size, prefix, chunked, budget, max_num_seqs=4):

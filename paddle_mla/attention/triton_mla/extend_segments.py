@@ -1,0 +1,123 @@
+"""Prompt tokens under ``deterministic: true``: the expanded extend (``extend.py``), with every bound
+a query's bits depend on fixed by its position alone.
+
+``extend.py`` chunks the step's packed keys where the workspace fills, so the merges a query goes
+through, and the key tiles its kernel walks, follow the other requests and where its own chunk
+began. Here each request's keys are cut into segments of ``SEGMENT_TOKENS`` positions from key 0:
+  1. round s takes segment s, positions [s * S, (s + 1) * S), of every extend row that has keys
+     there, as a piece; the pieces are packed into launches of at most the workspace's rows (a
+     piece never splits: S <= the workspace);
+  2. each launch gathers its pieces' latent rows (``interleave.read_pieces``), expands them with
+     the batch-invariant GEMM (its bits do not follow the row count) and attends
+     (``prefill.extend_pieces``: query blocks at absolute positions, key tiles from the segment's
+     start);
+  3. round 0 writes each query's partial output and log-sum-exp; later rounds fold theirs in, one
+     segment at a time, left to right.
+So a prompt token computes the same chain of tiles, masks and merges whether its prompt runs whole
+or in chunks, alone or in a batch of 256, after a prefix-cache hit or not: the expanded path's
+FLOPs (192 + 128 dims a head against the absorbed 576 + 512) with decode's batch invariance.
+
+The records of every launch of a step are planned on the host from the scheduler's lengths and go
+up in one copy (``prepare``); nothing here reads the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from paddle_mla.attention.triton_mla.interleave import read_pieces
+from paddle_mla.attention.triton_mla.prefill import PIECE_FIELDS, extend_pieces
+from paddle_mla.ops import batch_invariant
+
+SEGMENT_TOKENS = 2048   # = extend.CHUNK_TOKENS_MIN: a piece always fits the workspace
+
+
+@dataclass(frozen=True)
+class Launch:
+    first: int        # first record of the launch in the step's record array
+    count: int        # its pieces
+    rows: int         # key rows they fill in the workspace
+    merge: bool       # a later round: fold into the stored partials
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    records: np.ndarray          # int32 [pieces, PIECE_FIELDS]
+    launches: tuple[Launch, ...]
+    max_seqlen_q: int
+    rounds: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.launches
+
+
+def plan_segments(seq_lens_q: np.ndarray, seq_lens_k: np.ndarray, rows: np.ndarray, segment: int,
+                  capacity: int) -> SegmentPlan:
+    """Pieces and launches for the batch rows ``rows`` (indices into the step's rows), segments of
+    ``segment`` positions, launches of at most ``capacity`` key rows. Host numpy only."""
+    assert segment <= capacity, "a segment must fit the workspace"
+    q = seq_lens_q.astype(np.int64)
+    q0 = np.concatenate([[0], np.cumsum(q)])[:-1]
+    rows = np.asarray(rows, dtype=np.int64)
+    rows = rows[q[rows] > 0]
+    k = seq_lens_k.astype(np.int64)
+    recs, launches = [], []
+    rounds = int(-(-k[rows].max(initial=0) // segment))
+    for s in range(rounds):
+        lo = s * segment
+        # a row's first query sits at k - q: rounds wholly before it still hold keys it sees
+        sel = rows[k[rows] > lo]
+        hi = np.minimum(k[sel], lo + segment)
+        first, used = len(recs), 0
+        for r, h in zip(sel.tolist(), hi.tolist()):
+            n = h - lo
+            if used + n > capacity:
+                launches.append(Launch(first, len(recs) - first, used, s > 0))
+                first, used = len(recs), 0
+            recs.append((q0[r], q[r], k[r], lo, h, used, r, 0))
+            used += n
+        if len(recs) > first:
+            launches.append(Launch(first, len(recs) - first, used, s > 0))
+    records = np.array(recs, dtype=np.int32).reshape(-1, PIECE_FIELDS)
+    return SegmentPlan(records, tuple(launches), int(q[rows].max(initial=0)), rounds)
+
+
+class SegmentedExtend:
+    """Runs a ``SegmentPlan`` with an ``extend.ExtendWorkspace``'s buffers. ``uploader``: a
+    ``platform.staging.Uploader`` of the backend's own, for the step's one copy of the records."""
+
+    def __init__(self, workspace, uploader):
+        self.ws = workspace
+        self.uploader = uploader
+        self.records = None
+
+    def prepare(self, plan: SegmentPlan) -> None:
+        """Send the step's records up (once per step, before the layers run)."""
+        self.records = None if plan.empty else self.uploader.commit([self.uploader.add(plan.records)])[0]
+
+    def run(self, plan: SegmentPlan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
+        """Attention of the plan's query rows into ``workspace.out`` (the step's latent is already
+        in ``kv_cache``; its new rows are read from ``latent``)."""
+        ws, d = self.ws, self.ws.dims
+        H, C, T = d.num_heads, d.kv_lora_rank, q_nope.shape[0]
+        if T > ws.max_tokens:
+            raise ValueError(f"a step of {T} tokens exceeds the extend workspace ({ws.max_tokens} tokens)")
+        if plan.empty:
+            return
+        w_k = w_kc.reshape(H * d.qk_nope_head_dim, C).transpose(0, 1)[None]           # [1, C, H*nope], a view
+        ws.w_v.view(C, H, d.v_head_dim).copy_(w_vc.permute(1, 0, 2))
+        w_v = ws.w_v[None]
+        out = ws.out[:T]
+        lse = ws.lse[:T] if plan.rounds > 1 else None
+        for launch in plan.launches:
+            n, recs = launch.rows, self.records[launch.first:launch.first + launch.count]
+            lat = read_pieces(kv_cache, meta.block_tables, latent, recs, launch.count, n, ws.latent[:n])
+            ckv = lat[None, :, :C]
+            k_nope, v = ws.k_nope[:n], ws.v[:n]
+            batch_invariant.bmm(ckv, w_k, out=k_nope.view(1, n, H * d.qk_nope_head_dim))
+            batch_invariant.bmm(ckv, w_v, out=v.view(1, n, H * d.v_head_dim))
+            extend_pieces(q_nope, q_pe, k_nope, lat[:, C:], v, out, lse, recs, launch.count, plan.max_seqlen_q,
+                          d.softmax_scale, merge=launch.merge, k_b_shared=True)
