@@ -5,7 +5,7 @@ batch-invariance test). Here its launch is replaced by the plain-tensor referenc
 around it is the real code: the backend picks the CUDA decoder in this mode, the decoder builds the
 batch-invariant plan (each row's splits its own length over the split size), and the extend tokens
 of output positions (a preempted request's recomputed outputs) go through the same decoder as pseudo
-rows of one token each (at 64 heads and more, where the op's 64-row programs hold one token's heads);
+rows of one token each (the op's 64-row programs hold one token's heads, padded below 64 heads);
 prompt rows take the segmented expanded extend. The step must equal ``native``'s.
 """
 
@@ -83,9 +83,9 @@ def test_default_mode_gives_the_cuda_decode_the_decode_rows_alone(reference_op):
     assert rows == 3 and window > 1
 
 
-def test_deterministic_mode_below_64_heads_keeps_the_triton_query_groups(reference_op):
-    """At 4 heads the op would pad every extend token to a 64-row program: the mode keeps the
-    Triton kernel's query groups for decode and extend rows alike."""
+def test_deterministic_mode_below_64_heads_takes_the_op_too(reference_op):
+    """At 4 heads the op pads a pseudo row to a 64-row program; in the mode those are only recomputed
+    output tokens (prompt rows run expanded), so the op serves decode and pseudo rows there too."""
     meta = _step(dims=DIMS, deterministic=True, split_tokens=SPLIT)
-    assert reference_op == []
-    assert meta.attn.short_split.groups == 2     # the 20 recomputed outputs, 16 tokens a group at 4 heads
+    assert reference_op == [(3, 1, True), (20, 1, True)]
+    assert meta.attn.short_split.groups == 20     # one token a group: the op's programs hold one token

@@ -91,13 +91,10 @@ class TritonMLABackend(MLABackend):
         self.fixed_tiles = fixed_split_tiles(split_tokens, self.cfg.block_n) if deterministic else 0
         why_not_cuda = unavailable_reason(L, dims.latent_dim, dtype, device, block_size) if cuda_decode \
             else "turned off"
-        if deterministic and not why_not_cuda and query_group(H) > 1:
-            # the mode runs the extend tokens through the decode rows' kernel; the op's programs are
-            # 64 heads of one token, so below 64 heads it would pad every extend token (4x the MMA
-            # work at 16 heads, and the context read once per token instead of once per query group):
-            # the Triton kernel's query groups serve both paths there
-            why_not_cuda = f"deterministic mode at {H} heads (the op pads each token to 64 rows)"
         fixed = dict(split_tokens=split_tokens, max_len=max_model_len) if deterministic else {}
+        # the op serves the mode at every head count: below 64 heads it pads a pseudo row (a recomputed
+        # output token) to a 64-row program, but those come only with preemptions, while decode rows
+        # over long contexts run 1.2x faster than the Triton kernel's (docs/determinism.md, "Cost")
         self.cuda = None if why_not_cuda else CudaDecode(H, max_num_seqs, device, **fixed)
         if self.cuda:   # the CUDA decode plans into its own workspace (its tiles and grid differ from Triton's)
             self.ws = self.cuda.ws
