@@ -40,7 +40,11 @@ def extend_chain(keys: list[BlockKey], token_ids: list[int], block_size: int, nu
     in another request's prompt (``BlockPool.outputs_apart``)."""
     parent = keys[-1] if keys else ROOT_KEY
     for i in range(len(keys), num_full_blocks):
-        mark = OUTPUT_MARK if outputs_from is not None and (i + 1) * block_size > outputs_from else b""
+        mark = b""
+        if outputs_from is not None and (i + 1) * block_size > outputs_from:
+            # where in the block the outputs begin (0 past the first such block): two requests whose
+            # prompts end at different offsets of one block computed its positions on different paths
+            mark = OUTPUT_MARK + max(outputs_from - i * block_size, 0).to_bytes(8, "little")
         parent = block_key(parent, token_ids[i * block_size:(i + 1) * block_size], mark)
         keys.append(parent)
 
@@ -129,6 +133,8 @@ class BlockPool:
         return True
 
     def _outputs_from(self, prompt_len: int | None) -> int | None:
+        if self.outputs_apart and prompt_len is None:
+            raise ValueError("a pool that keeps output blocks apart needs each sequence's prompt length")
         return prompt_len if self.outputs_apart else None
 
     def match_prefix(self, token_ids: list[int], keys: list[BlockKey], prompt_len: int | None = None) -> list[int]:

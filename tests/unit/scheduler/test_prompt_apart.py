@@ -74,3 +74,21 @@ def test_output_blocks_never_match_a_prompt():
     blocks = plain.allocate(3)
     plain.register_full_blocks(tokens, blocks, len(tokens), [], 0, prompt_len=len(prompt))
     assert plain.match_prefix(tokens + [12], [], prompt_len=len(tokens) + 1) == blocks[:2]
+
+
+def test_output_mark_holds_where_the_prompt_ends():
+    """A 5-token prompt and a 6-token prompt that repeats the first request's first output: block 1
+    (positions 4-7) holds output positions from 5 for one and from 6 for the other, so its KV was
+    computed on different paths for position 5: no match across them."""
+    pool = BlockPool(32, 4, True, outputs_apart=True)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    blocks = pool.allocate(2)
+    pool.register_full_blocks(tokens, blocks, 8, [], 0, prompt_len=5)
+    hits = pool.match_prefix(tokens, [], prompt_len=6)
+    assert hits == blocks[:1]
+    pool.release(hits)
+    hits = pool.match_prefix(tokens, [], prompt_len=5)
+    assert hits == blocks
+    pool.release(hits)
+    with pytest.raises(ValueError, match="prompt length"):
+        pool.match_prefix(tokens, [])
