@@ -147,7 +147,7 @@ def _extend_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        # the workspace row of key position kpos is k0 + kpos - k_start
+        # the workspace row of key position kpos is k_base + kpos
         ka_base = KA + h * stride_kah + offs_a[None, :]
         kb_base = KB + h * stride_kbh + offs_b[None, :]
         v_base = V + h * stride_vh + offs_v[None, :]
@@ -192,9 +192,10 @@ def _extend_kernel(
             out = (o_p * w_p[:, None] + out * w_c[:, None]) / tl.where(den > 0, den, 1.0)[:, None]
             lse = tl.where(den > 0, m + tl.log2(tl.where(den > 0, den, 1.0)), float("-inf"))
         if PIECES:
-            # a row that sees no key of the piece keeps its stored partial untouched (a no-op
-            # merge could still turn a -0.0 into +0.0, and rows see such pieces in some chunkings only)
-            mm = mm & has
+            # a row that sees no key of the piece (its position below lo) keeps its stored partial
+            # untouched (a no-op merge could still turn a -0.0 into +0.0, and rows see such pieces in
+            # some chunkings only); by position, so a NaN in the scores is never hidden
+            mm = mm & (qpos >= lo)
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mm[:, None] & mv[None, :])
         if WRITE_LSE:
             tl.store(l_ptr, lse, mask=mm)
