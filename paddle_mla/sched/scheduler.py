@@ -58,10 +58,8 @@ class Scheduler:
         head-wise pool (cache/head_pool.py); the scheduler sees either through SeqBlocks.
         ``absorbed_max_new``: extend rows of at most this many new tokens run absorbed (from the
         attention backend; 0: none): their cost counts against max_num_batched_absorbed_context.
-        ``prompt_apart``: the backend computes prompt and output tokens on different paths
-        (``triton_mla`` under ``deterministic: true``): a row never crosses its prompt's end (a
-        preempted request recomputes its prompt, then its outputs), and rows of output tokens come
-        before the prompt rows."""
+        ``prompt_apart``: the backend computes prompt and output tokens on different paths (``triton_mla``
+        under the mode): no row crosses its prompt's end, and rows of output tokens come first."""
         self.cfg = cfg
         self.prompt_apart = prompt_apart
         self.pool = pool
@@ -82,9 +80,11 @@ class Scheduler:
         self._num_ids = 0            # sequences given an id (Sequence.seq_id)
         self._gone: list[int] = []   # ids the runner holds and must drop (StepInput.gone)
 
-    def _absorbed_cost(self, n: int, num_cached: int) -> int:
-        """New tokens x context tokens of an extend row that the backend runs absorbed, else 0."""
-        return n * (num_cached + n) if self.cfg.max_num_batched_absorbed_context and n <= self.absorbed_max_new else 0
+    def _absorbed_cost(self, seq: Sequence, n: int, num_cached: int) -> int:
+        """New tokens x context tokens of an extend row that the backend runs absorbed (under
+        ``prompt_apart``: rows of output tokens), else 0."""
+        absorbed = num_cached >= seq.prompt_len if self.prompt_apart else n <= self.absorbed_max_new
+        return n * (num_cached + n) if self.cfg.max_num_batched_absorbed_context and absorbed else 0
 
     def add(self, *seqs: Sequence, front: bool = False) -> None:
         """Queue ``seqs`` in order, behind the waiting ones or (``front``) ahead of them."""
@@ -178,7 +178,7 @@ class Scheduler:
             n = self._cut(seq, seq.num_computed_tokens, min(need, budget) if chunked else need)
             if n > budget:
                 continue
-            cost = self._absorbed_cost(n, seq.num_computed_tokens)
+            cost = self._absorbed_cost(seq, n, seq.num_computed_tokens)
             if cost and absorbed and absorbed + cost > absorbed_cap:
                 continue
             if not self._grow(seq, seq.num_computed_tokens + n, out):
@@ -214,7 +214,7 @@ class Scheduler:
                 self.kv.give_up(seq, len(tokens))
                 self._blocked = (seq, self.kv.version, budget)
                 break
-            cost = self._absorbed_cost(n, num_cached)
+            cost = self._absorbed_cost(seq, n, num_cached)
             if cost and absorbed and absorbed + cost > absorbed_cap:
                 self.kv.give_up(seq, len(tokens))   # next step (the cap is per step: not "blocked")
                 break

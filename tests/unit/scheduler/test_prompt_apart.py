@@ -92,3 +92,14 @@ def test_output_mark_holds_where_the_prompt_ends():
     pool.release(hits)
     with pytest.raises(ValueError, match="prompt length"):
         pool.match_prefix(tokens, [])
+
+
+def test_absorbed_cap_counts_rows_of_output_tokens():
+    """Under prompt_apart the backend runs rows of output tokens absorbed whatever their length, and
+    prompt rows expanded: the per-step absorbed-context cap counts the former only."""
+    pool = BlockPool(64, 4, False, outputs_apart=True)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_batched_absorbed_context=1),
+                      pool, max_model_len=1000, absorbed_max_new=0, prompt_apart=True)
+    seq = _seq(0, [1] * 10, 4)
+    assert sched._absorbed_cost(seq, 10, 0) == 0                 # a prompt row
+    assert sched._absorbed_cost(seq, 3, 10) == 3 * 13            # recomputed outputs
