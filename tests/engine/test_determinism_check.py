@@ -33,6 +33,28 @@ def test_deterministic_mode_matches_batch1_on_every_configuration(tmp_path, monk
     assert not batch_invariant.enabled(), "a closed deterministic engine left the process switch on"
 
 
+@pytest.mark.triton
+def test_deterministic_prompts_across_key_segments_match_batch1(tmp_path, monkeypatch):
+    """Prompts of 46 tokens over segments of 16 keys, chunked at 12 tokens (chunk edges inside
+    segments and query blocks), prefix-cached and preempted: prompt tokens keep their bits through
+    the segmented extend in every configuration run in this process (DP=2's processes would not see
+    the smaller segment)."""
+    from benchmarks.e2e import determinism
+    from paddle_mla.attention.triton_mla import extend_segments
+
+    monkeypatch.setattr(determinism.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(extend_segments, "SEGMENT_TOKENS", 16)
+    res = determinism.main(["--smoke", "--layers", "2", "--requests", "8", "--prompt", "46", "--output", "4",
+                            "--chunk", "12", "--modes", "deterministic", "--no-time",
+                            "--variants", "batch1,batch256,chunked,prefix,preempt"])
+    rows = res["deterministic"]["rows"]
+    assert set(rows) == {"batch256", "chunked", "prefix", "preempt"}
+    for name, r in rows.items():
+        assert "error" not in r and r["of"] == 8 and r["differ"] == 0 and r["bits_differ"] == 0, (name, r)
+    assert rows["preempt"]["preemptions"] > 0
+
+
 def test_deterministic_gqa_append_attn_matches_batch1_on_every_configuration(tmp_path, monkeypatch):
     from benchmarks.e2e import determinism
     from paddle_mla.ops import append_attention

@@ -43,7 +43,8 @@ from paddle_mla.attention.triton_mla.decode import (
 )
 from paddle_mla.attention.triton_mla.decode_plan import fixed_split_tiles, fixed_split_workspace
 from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
-from paddle_mla.attention.triton_mla.extend_segments import SEGMENT_TOKENS, SegmentedExtend, plan_segments
+from paddle_mla.attention.triton_mla import extend_segments
+from paddle_mla.attention.triton_mla.extend_segments import SegmentedExtend, plan_segments
 from paddle_mla.attention.triton_mla.prefill import extend_config
 from paddle_mla.platform.triton_host import next_pow2
 from paddle_mla.attention.triton_mla.short_extend import (
@@ -55,17 +56,18 @@ class TritonMLABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
                  max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0, short_extend_tokens: int = -1,
                  cuda_decode: bool = False, deterministic: bool = False,
-                 split_tokens: int = 0, segment_tokens: int = SEGMENT_TOKENS):
+                 split_tokens: int = 0, segment_tokens: int = 0):
         """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``).
         ``short_extend_tokens``: extend rows of at most this many new tokens run absorbed (-1: the FLOP
         crossover from the dims, ``short_extend.crossover_tokens``; 0: never). ``cuda_decode``: decode
         rows take the CUDA op where it can run (``cuda_decode.unavailable_reason``); False: Triton.
         ``deterministic``: every output token, decoded or recomputed, runs one absorbed decode kernel
-        (the CUDA op where ``cuda_decode`` can run and H >= 64, else the Triton one) with one launch
-        config over splits of ``split_tokens`` keys from its row's start (0: from max_model_len,
+        (the CUDA op where ``cuda_decode`` can run, else the Triton one) with one launch config over
+        splits of ``split_tokens`` keys from its row's start (0: from max_model_len,
         ``deterministic_split_tokens``), and every prompt token the expanded extend over segments of
-        ``segment_tokens`` keys from key 0, so a token's bits depend on its query, its context and
-        whether it is a prompt or an output token, never on the batch (docs/determinism.md).
+        ``segment_tokens`` keys from key 0 (0: ``extend_segments.SEGMENT_TOKENS``), so a token's bits
+        depend on its query, its context and whether it is a prompt or an output token, never on the
+        batch (docs/determinism.md).
         """
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
@@ -122,6 +124,7 @@ class TritonMLABackend(MLABackend):
         if deterministic:
             from paddle_mla.platform.staging import Uploader
 
+            segment_tokens = segment_tokens or extend_segments.SEGMENT_TOKENS
             tile = extend_config(next_pow2(dims.qk_nope_head_dim), next_pow2(dims.qk_rope_head_dim),
                                  next_pow2(dims.v_head_dim), elem).block_n
             if segment_tokens > chunk or segment_tokens % tile:
