@@ -64,24 +64,25 @@ def plan_segments(seq_lens_q: np.ndarray, seq_lens_k: np.ndarray, rows: np.ndarr
     rows = np.asarray(rows, dtype=np.int64)
     rows = rows[q[rows] > 0]
     k = seq_lens_k.astype(np.int64)
-    recs, launches = [], []
+    parts, launches, first = [], [], 0
     rounds = int(-(-k[rows].max(initial=0) // segment))
     for s in range(rounds):
         lo = s * segment
         # a row's first query sits at k - q: rounds wholly before it still hold keys it sees
         sel = rows[k[rows] > lo]
         hi = np.minimum(k[sel], lo + segment)
-        first, used = len(recs), 0
-        for r, h in zip(sel.tolist(), hi.tolist()):
-            n = h - lo
-            if used + n > capacity:
-                launches.append(Launch(first, len(recs) - first, used, s > 0))
-                first, used = len(recs), 0
-            recs.append((q0[r], q[r], k[r], lo, h, used, r, 0))
-            used += n
-        if len(recs) > first:
-            launches.append(Launch(first, len(recs) - first, used, s > 0))
-    records = np.array(recs, dtype=np.int32).reshape(-1, PIECE_FIELDS)
+        cum = np.concatenate([[0], np.cumsum(hi - lo)])     # the round's pieces end to end
+        row0 = np.empty_like(hi)
+        a = 0
+        while a < len(sel):     # greedy: each launch takes the most pieces that fit (one a step)
+            b = int(np.searchsorted(cum, cum[a] + capacity, side="right")) - 1
+            row0[a:b] = cum[a:b] - cum[a]
+            launches.append(Launch(first + a, b - a, int(cum[b] - cum[a]), s > 0))
+            a = b
+        parts.append(np.stack([q0[sel], q[sel], k[sel], np.full_like(sel, lo), hi, row0, sel,
+                               np.zeros_like(sel)], axis=1))
+        first += len(sel)
+    records = np.concatenate(parts).astype(np.int32) if parts else np.zeros((0, PIECE_FIELDS), np.int32)
     return SegmentPlan(records, tuple(launches), int(q[rows].max(initial=0)), rounds)
 
 
