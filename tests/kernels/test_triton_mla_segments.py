@@ -49,8 +49,7 @@ class _Requests:
 
         from paddle_mla.attention.backend import MLADims
         from paddle_mla.attention.triton_mla.extend import ExtendWorkspace
-        from paddle_mla.attention.triton_mla.extend_segments import SegmentedExtend, plan_segments
-        from paddle_mla.platform.staging import Uploader
+        from paddle_mla.attention.triton_mla.extend_segments import SegmentedExtend
 
         k = self.k
         dims = MLADims(H, C, NOPE, ROPE, DV, (NOPE + ROPE) ** -0.5)
@@ -60,13 +59,13 @@ class _Requests:
         q_nope = cat([self.q_nope[r] for r, _, _ in rows])
         q_pe = cat([self.q_pe[r] for r, _, _ in rows])
         latent = cat([self.latent[r] for r, _, _ in rows])
-        meta = SimpleNamespace(block_tables=upload(k, self.tables[[r for r, _, _ in rows]]))
+        meta = SimpleNamespace(block_tables=upload(k, self.tables[[r for r, _, _ in rows]]), seq_lens_q=q_lens,
+                               seq_lens_k=k_lens)
         T = int(q_lens.sum())
         ws = ExtendWorkspace(dims, T, capacity, DEV, self.dtype)
         ws.out.fill_(float("nan"))
-        plan = plan_segments(q_lens, k_lens, np.arange(len(rows)), SEGMENT, capacity)
-        seg = SegmentedExtend(ws, Uploader(DEV))
-        seg.prepare(plan)
+        seg = SegmentedExtend(ws, DEV, SEGMENT)
+        plan = seg.plan(meta, np.arange(len(rows)))
         seg.run(plan, q_nope, q_pe, latent, self.w_kc, self.w_vc, self.cache, meta)
         out, ends = ws.out[:T].clone(), np.cumsum(q_lens)
         return [out[e - n:e] for e, n in zip(ends, q_lens)], plan

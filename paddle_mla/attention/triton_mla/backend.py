@@ -43,10 +43,7 @@ from paddle_mla.attention.triton_mla.decode import (
 )
 from paddle_mla.attention.triton_mla.decode_plan import fixed_split_tiles, fixed_split_workspace
 from paddle_mla.attention.triton_mla.extend import ExtendWorkspace, default_chunk_tokens, plan_extend
-from paddle_mla.attention.triton_mla import extend_segments
-from paddle_mla.attention.triton_mla.extend_segments import SegmentedExtend, plan_segments
-from paddle_mla.attention.triton_mla.prefill import extend_config
-from paddle_mla.platform.triton_host import next_pow2
+from paddle_mla.attention.triton_mla.extend_segments import SegmentedExtend
 from paddle_mla.attention.triton_mla.short_extend import (
     PseudoRows, crossover_tokens, max_pseudo_rows, query_group, split_short_rows,
 )
@@ -120,18 +117,7 @@ class TritonMLABackend(MLABackend):
         self.pseudo = PseudoRows(dims, rows, -(-max_model_len // block_size), device, dtype,
                                  max_seqs=max_num_seqs, cuda=self.cuda if deterministic else None,
                                  **fixed) if self.short_max_q or deterministic else None
-        self.segmented = None
-        if deterministic:
-            from paddle_mla.platform.staging import Uploader
-
-            segment_tokens = segment_tokens or extend_segments.SEGMENT_TOKENS
-            tile = extend_config(next_pow2(dims.qk_nope_head_dim), next_pow2(dims.qk_rope_head_dim),
-                                 next_pow2(dims.v_head_dim), elem).block_n
-            if segment_tokens > chunk or segment_tokens % tile:
-                raise ValueError(f"segment_tokens {segment_tokens}: must be a multiple of the extend kernel's key "
-                                 f"tile and at most its workspace ({chunk} rows)")
-            self.segment_tokens = segment_tokens
-            self.segmented = SegmentedExtend(self.extend, Uploader(device, 1 << 12))
+        self.segmented = SegmentedExtend(self.extend, device, segment_tokens) if deterministic else None
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
             print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
                   f"partial rows x {H} heads x {L}; config {self.cuda.launch if self.cuda else self.cfg}; CUDA decode: "
@@ -154,11 +140,7 @@ class TritonMLABackend(MLABackend):
         if self.deterministic and not meta.is_decode_only:
             return self._prepare_mode(meta, plan)
         nd = self._num_decode_rows(meta)
-        if nd and self.cuda:
-            self.cuda.plan(meta.seq_lens_k_dev, nd)
-        elif nd:
-            build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
-                              self.cfg.min_tiles, self.fixed_tiles)
+        self._plan_decode(meta, nd)
         if not meta.is_decode_only:
             p = self.pseudo
             split = split_short_rows(meta.seq_lens_q, nd, self.short_max_q, p.max_rows, p.qg, p.max_groups) \
@@ -176,21 +158,23 @@ class TritonMLABackend(MLABackend):
         """A step with extend rows under the mode: decode rows, then the rows of output tokens
         through the pseudo rows, and the prompt rows through the segmented extend."""
         nd, gen = self._output_rows(meta)
-        if nd and self.cuda:
-            self.cuda.plan(meta.seq_lens_k_dev, nd)
-        elif nd:
-            build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
-                              self.cfg.min_tiles, self.fixed_tiles)
+        self._plan_decode(meta, nd)
         p = self.pseudo
         split = split_short_rows(meta.seq_lens_q, nd, 0, p.max_rows, p.qg, p.max_groups, short=gen)
         if gen[split.lead_end:split.tail_begin].any():
             raise RuntimeError("deterministic: a row of output tokens sits between prompt rows or past the "
                                "absorbed path's buffers (the scheduler puts them first)")
         plan.short_split = split
-        plan.segments = plan_segments(meta.seq_lens_q, meta.seq_lens_k, np.arange(split.lead_end, split.tail_begin),
-                                      self.segment_tokens, self.extend.chunk_tokens)
-        self.segmented.prepare(plan.segments)
+        plan.segments = self.segmented.plan(meta, np.arange(split.lead_end, split.tail_begin))
         self._prepare_short(meta, split)
+
+    def _plan_decode(self, meta, nd: int) -> None:
+        """The split plan of the leading ``nd`` decode rows (on the GPU, once per step)."""
+        if nd and self.cuda:
+            self.cuda.plan(meta.seq_lens_k_dev, nd)
+        elif nd:
+            build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
+                              self.cfg.min_tiles, self.fixed_tiles)
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)

@@ -90,20 +90,30 @@ class ExtendWorkspace:
         self.lse = torch.empty(max_tokens, H, dtype=torch.float32, device=device)
         self.out = torch.empty(max_tokens, H, dims.v_head_dim, dtype=dtype, device=device)
 
+    def check_step(self, num_tokens: int) -> None:
+        if num_tokens > self.max_tokens:
+            raise ValueError(f"a step of {num_tokens} tokens exceeds the extend workspace ({self.max_tokens} "
+                             "tokens, sized from scheduler.max_num_batched_tokens)")
+
+    def expansion_weights(self, w_kc, w_vc):
+        """kv_b_proj's halves laid out for the expansion GEMMs: returns W_K [C, H*nope] (a view of
+        ``w_kc``) and fills ``self.w_v`` [C, H*v] from ``w_vc``."""
+        d = self.dims
+        H, C = d.num_heads, d.kv_lora_rank
+        self.w_v.view(C, H, d.v_head_dim).copy_(w_vc.permute(1, 0, 2))
+        return w_kc.reshape(H * d.qk_nope_head_dim, C).transpose(0, 1)
+
     def run(self, plan: ExtendPlan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         """Attention of the extend tokens into ``self.out[plan.first_token:T]`` (the latent of the
         step is already in ``kv_cache``; the new rows are read from ``latent`` all the same)."""
         d = self.dims
         H, C, T = d.num_heads, d.kv_lora_rank, q_nope.shape[0]
-        if T > self.max_tokens:
-            raise ValueError(f"a step of {T} tokens exceeds the extend workspace ({self.max_tokens} tokens, "
-                             "sized from scheduler.max_num_batched_tokens)")
+        self.check_step(T)
         if plan.empty:
             return
         r0, r1 = plan.first_row, (meta.num_reqs if plan.last_row < 0 else plan.last_row)
         cu_q, cu_k, tables = meta.cu_seqlens_q[r0:r1 + 1], meta.cu_seqlens_k[r0:r1 + 1], meta.block_tables[r0:r1]
-        w_k = w_kc.reshape(H * d.qk_nope_head_dim, C).transpose(0, 1)                  # [C, H*nope], a view
-        self.w_v.view(C, H, d.v_head_dim).copy_(w_vc.permute(1, 0, 2))                  # [C, H*v]
+        w_k = self.expansion_weights(w_kc, w_vc)
         out = self.out[:T]
         lse = self.lse[:T] if plan.k_end - plan.k_begin > self.chunk_tokens else None
         for start in range(plan.k_begin, plan.k_end, self.chunk_tokens):

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from paddle_mla.attention.triton_mla.interleave import read_pieces
-from paddle_mla.attention.triton_mla.prefill import PIECE_FIELDS, extend_pieces
+from paddle_mla.attention.triton_mla.prefill import PIECE_FIELDS, extend_config, extend_pieces
 from paddle_mla.ops import batch_invariant
+from paddle_mla.platform.triton_host import next_pow2
 
 SEGMENT_TOKENS = 2048   # = extend.CHUNK_TOKENS_MIN: a piece always fits the workspace
 
@@ -87,30 +88,40 @@ def plan_segments(seq_lens_q: np.ndarray, seq_lens_k: np.ndarray, rows: np.ndarr
 
 
 class SegmentedExtend:
-    """Runs a ``SegmentPlan`` with an ``extend.ExtendWorkspace``'s buffers. ``uploader``: a
-    ``platform.staging.Uploader`` of the backend's own, for the step's one copy of the records."""
+    """Runs ``SegmentPlan``s of segments of ``segment_tokens`` keys (0: ``SEGMENT_TOKENS``) with an
+    ``extend.ExtendWorkspace``'s buffers; its own ``platform.staging.Uploader`` carries the step's
+    one copy of the records."""
 
-    def __init__(self, workspace, uploader):
+    def __init__(self, workspace, device: str, segment_tokens: int = 0):
+        from paddle_mla.platform.staging import Uploader
+
+        d = workspace.dims
+        self.segment_tokens = segment_tokens or SEGMENT_TOKENS
+        tile = extend_config(next_pow2(d.qk_nope_head_dim), next_pow2(d.qk_rope_head_dim), next_pow2(d.v_head_dim),
+                             workspace.latent.element_size()).block_n
+        if self.segment_tokens > workspace.chunk_tokens or self.segment_tokens % tile:
+            raise ValueError(f"segment_tokens {self.segment_tokens}: must be a multiple of the extend kernel's key "
+                             f"tile ({tile}) and at most its workspace ({workspace.chunk_tokens} rows)")
         self.ws = workspace
-        self.uploader = uploader
+        self.uploader = Uploader(device, 1 << 12)
         self.records = None
 
-    def prepare(self, plan: SegmentPlan) -> None:
-        """Send the step's records up (once per step, before the layers run)."""
+    def plan(self, meta, rows) -> SegmentPlan:
+        """The step's plan for batch rows ``rows`` (host arrays of ``meta``), its records sent up
+        (once per step, before the layers run)."""
+        plan = plan_segments(meta.seq_lens_q, meta.seq_lens_k, rows, self.segment_tokens, self.ws.chunk_tokens)
         self.records = None if plan.empty else self.uploader.commit([self.uploader.add(plan.records)])[0]
+        return plan
 
     def run(self, plan: SegmentPlan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         """Attention of the plan's query rows into ``workspace.out`` (the step's latent is already
         in ``kv_cache``; its new rows are read from ``latent``)."""
         ws, d = self.ws, self.ws.dims
         H, C, T = d.num_heads, d.kv_lora_rank, q_nope.shape[0]
-        if T > ws.max_tokens:
-            raise ValueError(f"a step of {T} tokens exceeds the extend workspace ({ws.max_tokens} tokens)")
+        ws.check_step(T)
         if plan.empty:
             return
-        w_k = w_kc.reshape(H * d.qk_nope_head_dim, C).transpose(0, 1)[None]           # [1, C, H*nope], a view
-        ws.w_v.view(C, H, d.v_head_dim).copy_(w_vc.permute(1, 0, 2))
-        w_v = ws.w_v[None]
+        w_k, w_v = ws.expansion_weights(w_kc, w_vc)[None], ws.w_v[None]
         out = ws.out[:T]
         lse = ws.lse[:T] if plan.rounds > 1 else None
         for launch in plan.launches:
