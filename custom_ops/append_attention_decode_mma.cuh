@@ -189,8 +189,7 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
     for (int kk = 0; kk < KD; ++kk) {  // S = Q K^T over this warp's 16 keys
       uint32_t kb[4];
       ldsm_x4(kb, kt + kk * 16 * E);
-      mma16816<T>(s[0], qf[kk], kb[0], kb[1]);
-      mma16816<T>(s[1], qf[kk], kb[2], kb[3]);
+      mma16816_x2<T>(s[0], s[1], qf[kk], kb);
     }
     if (bits != 0xffffu) {  // masked keys: -inf (their K/V rows are zeros, never garbage)
 #pragma unroll
@@ -242,8 +241,7 @@ __global__ void __launch_bounds__(32 * kDmWarps, 3) decode_mma_kernel(AppendAtte
     for (int dp = 0; dp < KD; ++dp) {  // O += P V
       uint32_t vb[4];
       ldsm_x4_trans(vb, vt + dp * 16 * E);
-      mma16816<T>(o[2 * dp], pa, vb[0], vb[1]);
-      mma16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+      mma16816_x2<T>(o[2 * dp], o[2 * dp + 1], pa, vb);
     }
   }
   __pipeline_wait_prior(0);

@@ -51,6 +51,14 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
   }
 }
 
+// c0 += a b[0..1], c1 += a b[2..3]: the two 8-column halves of one ldmatrix.x4 B fragment.
+template <typename T>
+__device__ __forceinline__ void mma16816_x2(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                            const uint32_t (&b)[4]) {
+  mma16816<T>(c0, a, b[0], b[1]);
+  mma16816<T>(c1, a, b[2], b[3]);
+}
+
 // Two floats as one register of two T (lo in the low half: the lower column of a fragment).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

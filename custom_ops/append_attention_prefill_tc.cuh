@@ -282,8 +282,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
         ldsm_x4(kb, kt + (np * 16 * P + kk * 16) * E);
 #pragma unroll
         for (int f = 0; f < MF; ++f) {
-          mma16816<T>(s[f][2 * np], qa[f], kb[0], kb[1]);
-          mma16816<T>(s[f][2 * np + 1], qa[f], kb[2], kb[3]);
+          mma16816_x2<T>(s[f][2 * np], s[f][2 * np + 1], qa[f], kb);
         }
       }
     }
@@ -353,8 +352,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
         ldsm_x4_trans(vb, vt + (kk * 16 * P + (nd0 / 2 + dp) * 16) * E);
 #pragma unroll
         for (int f = 0; f < MF; ++f) {
-          mma16816<T>(o[f][2 * dp], pa[f], vb[0], vb[1]);
-          mma16816<T>(o[f][2 * dp + 1], pa[f], vb[2], vb[3]);
+          mma16816_x2<T>(o[f][2 * dp], o[f][2 * dp + 1], pa[f], vb);
         }
       }
     }

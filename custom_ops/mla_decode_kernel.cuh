@@ -285,8 +285,7 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
         for (int n2 = 0; n2 < NB / 2; ++n2) {
           uint32_t kb[4];
           attn::ldsm_x4(kb, kt + k_lane + (n2 * 16 * kPitch + ks * 16) * E);
-          attn::mma16816<T>(s[2 * n2], qa, kb[0], kb[1]);
-          attn::mma16816<T>(s[2 * n2 + 1], qa, kb[2], kb[3]);
+          attn::mma16816_x2<T>(s[2 * n2], s[2 * n2 + 1], qa, kb);
         }
       }
       if constexpr (CS > 1) {  // sum the CS partial scores, in warp order, in every warp of the row block
@@ -335,8 +334,7 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
         for (int dp = 0; dp < NV / 16; ++dp) {
           uint32_t vb[4];
           attn::ldsm_x4_trans(vb, kt + v_lane + (kk * 16 * kPitch + dp * 16) * E);
-          attn::mma16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
-          attn::mma16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+          attn::mma16816_x2<T>(acc[2 * dp], acc[2 * dp + 1], pa, vb);
         }
       }
     }
