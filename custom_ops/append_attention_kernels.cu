@@ -206,7 +206,7 @@ template <typename T, int D, int W, int MF, bool DSPLIT = false, bool SEG = fals
 const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream, float* seg_ws = nullptr,
                               int segs = 1) {
   constexpr int rows = 16 * MF * (DSPLIT ? 1 : W);
-  const attn::PtcLayout layout(D, static_cast<int>(sizeof(T)), rows);
+  const attn::PtcLayout layout(D, static_cast<int>(sizeof(T)), rows, attn::ptc_exchange_bytes<DSPLIT, MF>());
   auto kernel = attn::prefill_tc_kernel<T, D, W, MF, DSPLIT, SEG>;
   if (const char* err = allow_smem(kernel, layout.total)) return err;
   const int64_t queries = rows / (a.num_q_heads / a.num_kv_heads);

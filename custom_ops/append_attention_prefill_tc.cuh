@@ -42,14 +42,16 @@ constexpr int kPtcKeys = 64;  // keys per tile
 // tiles (rows of D + 8 elements: the 8 rows of an ldmatrix fall in distinct banks), and three slots of
 // per-key plans (offset, position, hole flags): while tile it is computed, slot it % 3 holds its mask,
 // (it + 1) % 3 the plan being copied and (it + 2) % 3 the one being written.
+// `exchange`: bytes the Q region must also hold once Q is in registers (the dims-split form's S tiles).
 struct PtcLayout {
   int pitch;
   size_t q, kv, stage, offs, kpos, dense, total;
   PMLA_HD static size_t up(size_t x) { return (x + 127) / 128 * 128; }
-  PMLA_HD PtcLayout(int D, int elem, int rows) {
+  PMLA_HD PtcLayout(int D, int elem, int rows, size_t exchange = 0) {
     pitch = D + 8;
     q = 0;
-    kv = up(static_cast<size_t>(rows) * pitch * elem);
+    const size_t q_bytes = static_cast<size_t>(rows) * pitch * elem;
+    kv = up(q_bytes > exchange ? q_bytes : exchange);
     stage = up(static_cast<size_t>(kPtcKeys) * pitch * elem);
     offs = kv + 4 * stage;
     kpos = up(offs + 3 * kPtcKeys * sizeof(int64_t));
@@ -58,14 +60,22 @@ struct PtcLayout {
   }
 };
 
+// Bytes of the dims-split form's S exchange: a tile's MF x kPtcKeys / 8 fp32 C fragments, 16 bytes a lane.
+template <bool DSPLIT, int MF>
+PMLA_HD constexpr size_t ptc_exchange_bytes() {
+  return DSPLIT ? static_cast<size_t>(MF) * (kPtcKeys / 8) * 32 * 16 : 0;
+}
+
 // D: head_dim (compile time: the fragment loops unroll into one basic block); W warps of MF 16-row M
 // fragments each (MF = 2: FA2's split, each K / V fragment read from shared memory feeds two MMAs; Q is
 // then re-read by ldmatrix per tile instead of held in registers, for the register budget).
-// DSPLIT: the W warps share one set of 16 MF rows and split O's head dims instead; each warp computes
-// the rows' whole S and softmax (the same instructions as one warp of the row-split form) and O += P V
-// for its D / W columns. A row's bits are therefore those of the row-split kernel; what changes is
-// that a block of few real rows (decode under batch_invariant: one query, `group` rows) keeps W warps
-// busy instead of one (docs/determinism.md).
+// DSPLIT: the W warps share one set of 16 MF rows (MF = 1: Q in registers) and split the work instead:
+// warp w computes S = Q K^T for the w-th W-th of the tile's keys with the row-split form's MMA chains,
+// the C fragments meet in the Q region (free once Q is in registers; one barrier a tile), and every
+// warp then runs the rows' softmax on the whole S (the row-split warp's instructions) and O += P V for
+// its D / W columns. A row's bits are therefore those of the row-split kernel; what changes is that a
+// block of few real rows (decode under batch_invariant: one query, `group` rows) keeps W warps busy
+// instead of one, without W copies of Q K^T (docs/determinism.md).
 // SEG (batch_invariant with a.invariant_split > 0, append_attention_segments.cuh): the keys fall in fixed
 // segments, each with a fresh online softmax, folded left to right. Row-split: folded here, at each
 // boundary, into a second set of O registers. DSPLIT: block z of the grid's third axis walks segment z
@@ -80,6 +90,8 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   static_assert(W >= TK / 32, "the planning threads are whole warps");
   static_assert(D % 16 == 0, "head_dim is a whole number of MMA k-steps");
   static_assert(!DSPLIT || KD % W == 0, "DSPLIT: the warps split O's dims evenly");
+  static_assert(!DSPLIT || (MF == 1 && (NK / 2) % W == 0), "DSPLIT: Q in registers, S's key pairs split evenly");
+  constexpr int NPW = DSPLIT ? NK / 2 / W : NK / 2;  // S's 16-key pairs this warp computes
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int group = static_cast<int>(a.num_q_heads / a.num_kv_heads);
   const int queries = ROWS / group;
@@ -129,7 +141,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     s_pmax[warp] = wmax;
   }
   extern __shared__ __align__(128) uint8_t ptc_smem[];
-  const PtcLayout L(D, static_cast<int>(sizeof(T)), ROWS);
+  const PtcLayout L(D, static_cast<int>(sizeof(T)), ROWS, ptc_exchange_bytes<DSPLIT, MF>());
   T* qs = reinterpret_cast<T*>(ptc_smem + L.q);
   __syncthreads();
   int64_t pmin = INT_MAX, pmax = -1;
@@ -264,8 +276,11 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
 #pragma unroll
       for (int nk = 0; nk < NK; ++nk) s[f][nk][0] = s[f][nk][1] = s[f][nk][2] = s[f][nk][3] = 0.0f;
     }
+    // S = Q K^T: K rows are the B operand's columns (no transpose). DSPLIT: this warp's key pairs
+    // np0 .. np0 + NPW - 1 into s[.][0 .. 2 NPW), then through shared memory into every warp's s.
+    const int np0 = DSPLIT ? warp * NPW : 0;
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {  // S = Q K^T: K rows are the B operand's columns (no transpose)
+    for (int kk = 0; kk < KD; ++kk) {
       uint32_t qa[MF][4];
 #pragma unroll
       for (int f = 0; f < MF; ++f) {
@@ -277,13 +292,25 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
         }
       }
 #pragma unroll
-      for (int np = 0; np < NK / 2; ++np) {
+      for (int np = 0; np < NPW; ++np) {
         uint32_t kb[4];
-        ldsm_x4(kb, kt + (np * 16 * P + kk * 16) * E);
+        ldsm_x4(kb, kt + ((np0 + np) * 16 * P + kk * 16) * E);
 #pragma unroll
         for (int f = 0; f < MF; ++f) {
           mma16816_x2<T>(s[f][2 * np], s[f][2 * np + 1], qa[f], kb);
         }
+      }
+    }
+    if constexpr (DSPLIT) {  // fragment-ordered, 16 bytes a lane: conflict-free stores and loads
+      float4* sx = reinterpret_cast<float4*>(qs);
+#pragma unroll
+      for (int j = 0; j < 2 * NPW; ++j)
+        sx[(2 * np0 + j) * 32 + lane] = make_float4(s[0][j][0], s[0][j][1], s[0][j][2], s[0][j][3]);
+      __syncthreads();  // the next write is after the next tile's top barrier, past every warp's reads
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk) {
+        const float4 v = sx[nk * 32 + lane];
+        s[0][nk][0] = v.x, s[0][nk][1] = v.y, s[0][nk][2] = v.z, s[0][nk][3] = v.w;
       }
     }
     // Masking is needed on SWA heads, on tiles with holes or past the end, and on the causal diagonal;

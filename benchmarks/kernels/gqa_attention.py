@@ -7,7 +7,9 @@ CUDA-core kernel in the last columns), and time against SGLang's Triton GQA deco
 ``decode_attention_fwd`` (grouped) on
 the same values in its token-major layout, at its best over split counts. SGLang's file comes only
 from the git-ignored ./third_party/sglang_decode (scripts/fetch_sglang_kernel.sh). Our time includes
-the op's RoPE and cache write of the step's token; SGLang's does not.
+the op's RoPE and cache write of the step's token; SGLang's does not. The "deterministic" column is
+the same step under ``deterministic: true`` (``batch_invariant``, keys in the engine's fixed segments:
+``deterministic_split_tokens(s)``), and its ratio to the default decode: the mode's attention cost.
 Prefill: one request of S new tokens, causal, against ``scaled_dot_product_attention`` with the
 flash backend on the same (non-paged) data, K/V expanded to the query heads outside the timing.
 
@@ -36,6 +38,7 @@ import triton  # noqa: E402
 from benchmarks.harness import anchors  # noqa: E402
 from benchmarks.harness.errors import rel_err  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth, median_us  # noqa: E402
+from paddle_mla.attention.backend import deterministic_split_tokens  # noqa: E402
 from paddle_mla.ops import append_attention as op  # noqa: E402
 
 HKV, D, PAGE = 8, 128, 64
@@ -85,6 +88,15 @@ def decode_case(b, s, group, sg_fwd, ncu=False):
     row = {"b": b, "s": s, "group": group, "us": t, "graph_us": t_graph, "gbs": nbytes / (t_graph * 1e-6) / 1e9}
     # The other decode kernels on the same data (the op reads these variables per call): the register-O
     # kernel with 3 stages, the WMMA tensor-core kernel, and the CUDA-core kernel.
+    # The deterministic mode on the same data: fixed key segments, the dims-split block, then the merge.
+    inv = lambda: op.append_attention(q, k, v, kc, vc, tables, cu, lens, ids, pos, cs, out,  # noqa: E731
+                                      softmax_scale=scale, neox=True, rot_dim=D, workspace=ws, decode_only=True,
+                                      batch_invariant=True, invariant_split=deterministic_split_tokens(s))
+    inv()
+    inv_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(inv_graph):
+        inv()
+    row["invariant_graph_us"] = median_us(inv_graph.replay)
     for key, env in VARIANTS:
         name, value = env.split("=")
         os.environ[name] = value
@@ -196,8 +208,8 @@ def main():
           f"SGLang: {sg_src}")
     print("\n## decode (bf16, 8 KV heads, head_dim 128, 64-token pages)\n")
     print("| b | s | group | µs | graph µs | GB/s | % copy | SGLang µs (splits) | speedup | rel err "
-          "| graph µs: 3 stages | WMMA | CUDA-core |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| graph µs: 3 stages | WMMA | CUDA-core | deterministic µs (x default) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     decode_rows = []
     for b in ints(args.b):
         for s in ints(args.s):
@@ -208,7 +220,8 @@ def main():
                     if "sglang_us" in r else "- | - | -"
                 print(f"| {b} | {s} | {group} | {r['us']:.0f} | {r['graph_us']:.0f} | {r['gbs']:.0f} | "
                       f"{100 * r['gbs'] / copy_gbs:.0f}% | {sg} | {r['mma3_graph_us']:.0f} | "
-                      f"{r['wmma_graph_us']:.0f} | {r['cudacore_graph_us']:.0f} |", flush=True)
+                      f"{r['wmma_graph_us']:.0f} | {r['cudacore_graph_us']:.0f} | {r['invariant_graph_us']:.0f} "
+                      f"({r['invariant_graph_us'] / r['graph_us']:.2f}x) |", flush=True)
     print("\n## prefill (bf16, causal, one request)\n")
     print("| s | group | µs | TFLOPS | SDPA flash µs | SDPA TFLOPS | ours / SDPA speed | rel err |")
     print("|---|---|---|---|---|---|---|---|")
