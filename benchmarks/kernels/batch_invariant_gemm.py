@@ -23,7 +23,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.harness.timing import graph_median_us  # noqa: E402
-from paddle_mla.ops.batch_invariant_kernels import NARROW, WIDE, gemm_nt_pointers, gemm_nt_tma  # noqa: E402
+from paddle_mla.ops.batch_invariant_kernels import (NARROW, WIDE, gemm_nt, gemm_nt_pointers, gemm_nt_tma,  # noqa: E402
+                                                   gemm_swap_tma)
 
 # (name, K, N) of each dense product of a layer (TP = 1) and the LM head
 SHAPES = {
@@ -35,12 +36,16 @@ SHAPES = {
 # (kernel, (BLOCK_M, BLOCK_N, BLOCK_K, GROUP, warps, stages))
 FIRST = (64, 128, 64, 8, 4, 3)    # one fixed tile for every launch: the baseline tile_for is measured against
 CANDIDATES = [("ptr", FIRST), ("ptr", NARROW), ("ptr", WIDE), ("tma", NARROW), ("tma", WIDE),
-              ("tma", (64, 64, 64, 8, 4, 6)), ("tma", (128, 128, 128, 8, 4, 3)), ("tma", (64, 32, 128, 8, 4, 4))]
-KERNELS = {"ptr": gemm_nt_pointers, "tma": gemm_nt_tma}
+              ("tma", (64, 64, 64, 8, 4, 6)), ("tma", (128, 128, 128, 8, 4, 3)), ("tma", (64, 32, 128, 8, 4, 4)),
+              ("tma", (64, 64, 128, 8, 4, 4)), ("tma", (64, 32, 64, 8, 4, 8)), ("tma", (64, 64, 64, 8, 4, 8)),
+              ("swap", (16, 64, 128, 1, 4, 6)), ("swap", (16, 128, 128, 1, 4, 4)), ("swap", (16, 64, 128, 1, 4, 8)),
+              ("swap", (32, 64, 128, 1, 4, 5)), ("swap", (64, 64, 128, 1, 4, 4)), ("swap", (64, 128, 64, 1, 4, 4))]
+CANDIDATES.append(("auto", None))   # gemm_nt's own choice: what the mode runs
+KERNELS = {"ptr": gemm_nt_pointers, "tma": gemm_nt_tma, "swap": gemm_swap_tma, "auto": lambda x, w, _: gemm_nt(x, w)}
 
 
 def label(c) -> str:
-    return c[0] + " " + "x".join(map(str, c[1]))
+    return "gemm_nt (the mode's pick)" if c[1] is None else c[0] + " " + "x".join(map(str, c[1]))
 
 
 def main(argv=None) -> None:

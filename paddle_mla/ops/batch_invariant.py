@@ -10,7 +10,8 @@ bits change with the batch it is in. Under the mode every dense product of the m
   change it, which a GPU test checks bit for bit;
 - elsewhere (CPU; the paddle runtime): one framework matmul per row (M = 1), which is the same
   call for a row whatever the batch.
-``logsumexp`` is the sampler's row reduction (logprobs, top-p's softmax), one program per row.
+``logsumexp`` is the sampler's row reduction (logprobs, top-p's softmax), over column chunks fixed
+by the vocabulary size.
 
 The mode itself is process state (``set_enabled``): the model runner sets it from the config
 before each forward (and clears it when closed), so modules below the worker need no extra argument. Default mode never

@@ -9,7 +9,9 @@ places the chain on the GPU and does not change it: every config of
 ``tests/kernels/test_determinism_gpu.py`` checks the two tiles used here on every GPU run. So the
 tile may follow the launch (``tile_for``): a small launch takes narrow tiles (more programs to
 stream the weight), a large one wide tiles (more reuse). BLOCK_M stays >= 64 (one warpgroup's
-wgmma M); below that Triton would lower to another MMA instruction.
+wgmma M); below that Triton would lower to another MMA instruction. A launch of few rows (decode)
+takes the swapped kernel instead: the weight rows on the wgmma's M side, the activation rows on its
+N side (16 and up), the same chain per element (the GPU test compares its bits with the others').
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ NARROW = (64, 128, 64, 8, 4, 6)
 # (the GPU test checks), so the tile can be narrow enough that a router's few columns (V2-Lite: 64
 # experts) still give the GPU tens of programs, where WIDE / NARROW would give it 4 at decode.
 FP32 = (32, 32, 32, 8, 4, 3)
+# Launches of at most SWAP_MAX_ROWS rows (decode) take the swapped kernel (_gemm_swap_tma_kernel):
+# (BLOCK_M activation rows, BLOCK_N weight rows, BLOCK_K, GROUP unused, warps, stages), BLOCK_M the
+# smallest of 16 / 32 / 64 holding the rows; BLOCK_N 64 where 128 would leave SMs without a program.
+SWAP_MAX_ROWS = 64
+SWAP_STAGES = {16: 6, 32: 5, 64: 4}
 
 
 def tile_for(M: int, N: int, device, groups: int = 1, dtype=None) -> tuple:
@@ -98,6 +105,54 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLO
     c_desc.store([off_m, off_n], acc.to(OUT))
 
 
+@triton.jit(do_not_specialize=["M"])
+def _gemm_swap_tma_kernel(w_desc, x_desc, c_ptr, M, N, K, stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    """x [M, K] @ w [N, K]^T computed as (w @ x^T)^T: the weight rows are the tensor-core product's M
+    side and the few activation rows its N side (16 or more), so a decode step's rows do not pad a
+    64-row A tile that would take shared memory from the weight's pipeline. Each output element is
+    the same K-ordered chain of k16 products as in the kernels above (the GPU test checks the bits)."""
+    off_n = tl.program_id(0) * BLOCK_N
+    off_m = tl.program_id(1) * BLOCK_M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w = w_desc.load([off_n, k0])
+        x = x_desc.load([off_m, k0])
+        acc = tl.dot(w, x.T, acc)
+    rows = off_m + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    c = c_ptr + rows.to(tl.int64)[None, :] * stride_cm + cols[:, None]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rows[None, :] < M) & (cols[:, None] < N))
+
+
+def swap_tile_for(M: int, N: int, device):
+    """The swapped kernel's tile for a launch of M rows, or None above SWAP_MAX_ROWS."""
+    if M > SWAP_MAX_ROWS:
+        return None
+    bm = 16 if M <= 16 else 32 if M <= 32 else 64
+    sms = num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    bn = 128 if triton.cdiv(N, 128) >= sms else 64
+    return (bm, bn, 128, 1, 4, SWAP_STAGES[bm])
+
+
+def gemm_swap_tma(x, w, tile):
+    """gemm_nt through the swapped kernel (``_tma_ok`` inputs)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk, _, warps, stages = tile
+    M, K = x.shape
+    N = w.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    a = TensorDescriptor.from_tensor(w, [bn, bk])
+    b = TensorDescriptor.from_tensor(x, [bm, bk])
+    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
+    _gemm_swap_tma_kernel[grid](a, b, out, M, N, K, out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                num_warps=warps, num_stages=stages)
+    return out
+
+
 def gemm_nt_tma(x, w, tile):
     """gemm_nt through TMA descriptors (``_tma_ok`` inputs)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -144,10 +199,10 @@ def gemm_nt(x, w, tile=None):
     (the same chain either way). ``tile``: ``tile_for``'s unless given (the benchmark's candidates)."""
     M, K = x.shape
     N = w.shape[0]
-    tile = tile or tile_for(M, N, x.device, dtype=x.dtype)
     if _tma_ok(x, w):
-        return gemm_nt_tma(x, w, tile)
-    return gemm_nt_pointers(x, w, tile)
+        swap = swap_tile_for(M, N, x.device) if tile is None else None
+        return gemm_swap_tma(x, w, swap) if swap else gemm_nt_tma(x, w, tile or tile_for(M, N, x.device))
+    return gemm_nt_pointers(x, w, tile or tile_for(M, N, x.device, dtype=x.dtype))
 
 
 def gemm_nt_pointers(x, w, tile):
@@ -170,23 +225,49 @@ def bmm_nn(a, b, out=None):
     return out
 
 
+# The row log-sum-exp in two passes over fixed column chunks: (max, sum of exp) of each LSE_CHUNK
+# columns of a row, then one program a row folds its chunks. Chunks follow N alone, so a row's
+# order of additions does not depend on the batch, and a few decode rows still give the GPU
+# rows x N / LSE_CHUNK programs (one program a row streamed a 152k vocabulary on one SM).
+LSE_CHUNK = 4096
+
+
 @triton.jit(do_not_specialize=["N"])
-def _row_logsumexp_kernel(x_ptr, out_ptr, N, stride, BLOCK: tl.constexpr):
-    """One program per row: the max, then the sum of exp over BLOCK-wide chunks in column order."""
+def _chunk_logsumexp_kernel(x_ptr, part_ptr, N, stride, chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, c): the max of chunk c, then the sum of exp over its BLOCK-wide slices in
+    column order, into part[row, c] = (max, sum)."""
     row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
     base = x_ptr + row * stride
     cols = tl.arange(0, BLOCK)
     run_max = tl.full([BLOCK], float("-inf"), tl.float32)
-    for n0 in range(0, N, BLOCK):
+    for n0 in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
         v = tl.load(base + n0 + cols, mask=n0 + cols < N, other=float("-inf")).to(tl.float32)
         run_max = tl.maximum(run_max, v)
     m = tl.max(run_max, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)   # an all -inf row: log(0) = -inf, not NaN
+    m_safe = tl.where(m == float("-inf"), 0.0, m)   # an all -inf chunk sums to 0, not NaN
     acc = tl.zeros([BLOCK], tl.float32)
-    for n0 in range(0, N, BLOCK):
+    for n0 in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
         v = tl.load(base + n0 + cols, mask=n0 + cols < N, other=float("-inf")).to(tl.float32)
         acc += tl.exp(v - m_safe)
-    tl.store(out_ptr + row, m_safe + tl.log(tl.sum(acc, 0)))
+    out = part_ptr + (row * chunks + c) * 2
+    tl.store(out, m)
+    tl.store(out + 1, tl.sum(acc, 0))
+
+
+@triton.jit
+def _fold_logsumexp_kernel(part_ptr, out_ptr, chunks, CB: tl.constexpr):
+    """One program a row: top + log(sum over its chunks of sum_c * exp(max_c - top)), top the largest
+    max_c; the chunks' count follows N alone, so the reduction tree does too."""
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, CB)
+    base = part_ptr + row * chunks * 2
+    m = tl.load(base + idx * 2, mask=idx < chunks, other=float("-inf"))
+    s = tl.load(base + idx * 2 + 1, mask=idx < chunks, other=0.0)
+    top = tl.max(m, 0)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)   # an all -inf row: log(0) = -inf, not NaN
+    total = tl.sum(tl.where(s > 0.0, s * tl.exp(m - top_safe), 0.0), 0)
+    tl.store(out_ptr + row, top_safe + tl.log(total))
 
 
 def row_logsumexp(x):
@@ -194,5 +275,9 @@ def row_logsumexp(x):
     B, N = x.shape
     out = torch.empty((B, 1), dtype=torch.float32, device=x.device)
     if B:
-        _row_logsumexp_kernel[(B,)](x, out, N, x.stride(0), BLOCK=1024, num_warps=4)
+        chunks = triton.cdiv(N, LSE_CHUNK)
+        part = torch.empty((B, chunks, 2), dtype=torch.float32, device=x.device)
+        _chunk_logsumexp_kernel[(B, chunks)](x, part, N, x.stride(0), chunks, CHUNK=LSE_CHUNK, BLOCK=1024,
+                                             num_warps=4)
+        _fold_logsumexp_kernel[(B,)](part, out, chunks, CB=max(16, triton.next_power_of_2(chunks)), num_warps=1)
     return out

@@ -143,3 +143,20 @@ def test_row_logsumexp_kernel_alone_and_in_a_batch():
     np.testing.assert_allclose(_np(got)[finite], _np(torch.logsumexp(x[finite], dim=-1, keepdim=True)), rtol=1e-6)
     assert float(got[5, 0]) == float("-inf")
     assert bool((row_logsumexp(x[2:3])[0] == got[2]).all())
+
+
+@pytest.mark.triton
+def test_row_logsumexp_over_several_chunks():
+    """Rows longer than one chunk (a vocabulary's width): the folded chunks match the framework's
+    reduction, an all -inf chunk folds in as nothing, and a row's bits do not follow the batch."""
+    from paddle_mla.ops.batch_invariant_kernels import LSE_CHUNK, row_logsumexp
+
+    rng = np.random.default_rng(5)
+    n = 2 * LSE_CHUNK + 123
+    x = _t(rng.standard_normal((3, n)) * 4)
+    x[1, :LSE_CHUNK] = float("-inf")            # the first chunk of row 1 is empty
+    x[2, : n - 5] = float("-inf")               # row 2 lives in the tail of its last chunk
+    got = row_logsumexp(x)
+    np.testing.assert_allclose(_np(got), _np(torch.logsumexp(x, dim=-1, keepdim=True)), rtol=1e-6)
+    for i in range(3):
+        assert bool((row_logsumexp(x[i:i + 1])[0] == got[i]).all()), i

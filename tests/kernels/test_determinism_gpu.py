@@ -57,9 +57,10 @@ def test_linear_bf16_row_invariant(mode, K, N):
 
 @pytest.mark.parametrize("K,N", [(4096, 1024), (2048, 3072), (12288, 4096), (4096, 151936), (2048, 576)])
 def test_gemm_tiles_and_loads_give_the_same_bits(K, N):
-    """tile_for's two tiles, each through TMA and pointer loads, give one row the same bits: the
-    property that lets the mode's tile follow the launch (ops/batch_invariant_kernels.py). The
-    row count crosses tile_for's switch, so linear() itself takes both tiles here."""
+    """tile_for's two tiles, each through TMA and pointer loads, and the swapped kernel's tiles give one
+    row the same bits: the property that lets the mode's kernel and tile follow the launch
+    (ops/batch_invariant_kernels.py). The row counts cross both switches, so gemm_nt itself takes
+    every kernel here."""
     from paddle_mla.ops import batch_invariant_kernels as bik
 
     g = torch.Generator(device=DEV).manual_seed(N)
@@ -69,8 +70,15 @@ def test_gemm_tiles_and_loads_give_the_same_bits(K, N):
     for fn in (bik.gemm_nt_pointers, bik.gemm_nt_tma):
         for tile in (bik.NARROW, bik.WIDE):
             assert torch.equal(fn(x, w, tile), want), (fn.__name__, tile)
+    # the swapped kernel at every tile swap_tile_for picks, over all 4096 rows and over few
+    for bm, stages in bik.SWAP_STAGES.items():
+        for bn in (64, 128):
+            tile = (bm, bn, 128, 1, 4, stages)
+            assert torch.equal(bik.gemm_swap_tma(x, w, tile), want), tile
+            assert torch.equal(bik.gemm_swap_tma(x[:bm - 3], w, tile), want[:bm - 3]), tile
     assert bik.tile_for(4096, 151936, x.device) == bik.WIDE and bik.tile_for(64, 1024, x.device) == bik.NARROW
-    for rows in (1, 8, 64, 256, 1000, 4096):
+    assert bik.swap_tile_for(1, N, x.device)[0] == 16 and bik.swap_tile_for(65, N, x.device) is None
+    for rows in (1, 8, 17, 33, 64, 65, 256, 1000, 4096):   # the swapped kernel up to 64 rows, then the others
         assert torch.equal(bik.gemm_nt(x[:rows], w), want[:rows]), rows
 
 
