@@ -135,11 +135,14 @@ def timing(llm, work, output: int, repeats: int) -> dict:
 
 def phase_profile(llm, work, output: int) -> dict:
     """Device ms per kernel category of the prefill and of one decode step (harness.kernel_profile)."""
-    from benchmarks.harness.kernel_profile import category_ms, phase_split, profiled
+    from benchmarks.harness.kernel_profile import category_ms, kernel_ms, phase_split, profiled
 
-    prefill = category_ms(profiled(lambda: generate(llm, work, 1), 1, 0))
-    whole = category_ms(profiled(lambda: generate(llm, work), 1, 0))
-    return phase_split(prefill, whole, output - 1)
+    prefill = profiled(lambda: generate(llm, work, 1), 1, 0)
+    whole = profiled(lambda: generate(llm, work), 1, 0)
+    res = phase_split(category_ms(prefill), category_ms(whole), output - 1)
+    step = phase_split(kernel_ms(prefill), kernel_ms(whole), output - 1)["decode_step"]
+    res["decode_kernels"] = dict(sorted(step.items(), key=lambda kv: -kv[1])[:10])   # the costliest kernels
+    return res
 
 
 def print_profile(results: dict) -> None:
@@ -153,6 +156,10 @@ def print_profile(results: dict) -> None:
         print("| --- |" + " ---: |" * len(modes))
         for c in cats:
             print(f"| {c} | " + " | ".join(f"{results[m]['profile'][phase].get(c, 0.0):.3f}" for m in modes) + " |")
+    for m in modes:
+        print(f"\n| {m}: costliest kernels of a decode step | device ms |\n| --- | ---: |")
+        for name, ms in results[m]["profile"].get("decode_kernels", {}).items():
+            print(f"| `{name}` | {ms:.3f} |")
 
 
 def run_mode(mode: str, args, base: dict, work, variants) -> dict:

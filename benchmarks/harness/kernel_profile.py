@@ -59,6 +59,15 @@ def _device_us(ev) -> float:
     return getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
 
 
+def kernel_ms(prof) -> dict[str, float]:
+    """Device ms per kernel name (its first 90 characters) over everything ``prof`` recorded."""
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if _device_us(ev):
+            out[ev.key[:90]] = out.get(ev.key[:90], 0.0) + _device_us(ev) / 1e3
+    return out
+
+
 def category_ms(prof) -> dict[str, float]:
     """Device ms per kernel category over everything ``prof`` recorded (CUDA activity)."""
     cats: dict[str, float] = {}
