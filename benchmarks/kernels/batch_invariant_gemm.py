@@ -1,5 +1,7 @@
 """The batch-invariant GEMM (``ops/batch_invariant_kernels``) against cuBLAS (``F.linear``), per
-kernel and tile config, at a model's projection shapes: decode (M = 256 rows) and prefill (M = 16384).
+kernel and tile config, at a model's projection shapes and the row counts of ``--m`` (decode: 4-256
+rows; prefill: 16384): pointer loads, TMA loads, the swapped kernel of few-row launches, and
+``gemm_nt``'s own pick (the column the mode runs).
 
 ``deterministic: true`` needs each output element to be the same K-ordered sum whatever M is. This
 program times each candidate at every shape (bf16, replays of a CUDA graph of one call, as the
@@ -39,7 +41,8 @@ CANDIDATES = [("ptr", FIRST), ("ptr", NARROW), ("ptr", WIDE), ("tma", NARROW), (
               ("tma", (64, 64, 64, 8, 4, 6)), ("tma", (128, 128, 128, 8, 4, 3)), ("tma", (64, 32, 128, 8, 4, 4)),
               ("tma", (64, 64, 128, 8, 4, 4)), ("tma", (64, 32, 64, 8, 4, 8)), ("tma", (64, 64, 64, 8, 4, 8)),
               ("swap", (16, 64, 128, 1, 4, 6)), ("swap", (16, 128, 128, 1, 4, 4)), ("swap", (16, 64, 128, 1, 4, 8)),
-              ("swap", (32, 64, 128, 1, 4, 5)), ("swap", (64, 64, 128, 1, 4, 4)), ("swap", (64, 128, 64, 1, 4, 4))]
+              ("swap", (32, 64, 128, 1, 4, 5)), ("swap", (64, 64, 128, 1, 4, 4)), ("swap", (64, 128, 64, 1, 4, 4)),
+              ("tma", (128, 256, 64, 8, 8, 3)), ("tma", (128, 128, 64, 8, 8, 4)), ("tma", (256, 128, 64, 8, 8, 3))]
 CANDIDATES.append(("auto", None))   # gemm_nt's own choice: what the mode runs
 KERNELS = {"ptr": gemm_nt_pointers, "tma": gemm_nt_tma, "swap": gemm_swap_tma, "auto": lambda x, w, _: gemm_nt(x, w)}
 
