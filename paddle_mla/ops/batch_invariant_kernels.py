@@ -135,26 +135,8 @@ def swap_tile_for(M: int, N: int, device):
     return (bm, bn, 128, 1, 4, SWAP_STAGES[bm])
 
 
-def gemm_swap_tma(x, w, tile):
-    """gemm_nt through the swapped kernel (``_tma_ok`` inputs)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    bm, bn, bk, _, warps, stages = tile
-    M, K = x.shape
-    N = w.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0 or N == 0:
-        return out
-    a = TensorDescriptor.from_tensor(w, [bn, bk])
-    b = TensorDescriptor.from_tensor(x, [bm, bk])
-    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
-    _gemm_swap_tma_kernel[grid](a, b, out, M, N, K, out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                num_warps=warps, num_stages=stages)
-    return out
-
-
-def gemm_nt_tma(x, w, tile):
-    """gemm_nt through TMA descriptors (``_tma_ok`` inputs)."""
+def _tma_gemm(x, w, tile, swapped: bool):
+    """gemm_nt through TMA descriptors (``_tma_ok`` inputs): the swapped kernel, or the tile kernel."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bm, bn, bk, group, warps, stages = tile
@@ -163,14 +145,29 @@ def gemm_nt_tma(x, w, tile):
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out
-    a = TensorDescriptor.from_tensor(x, [bm, bk])
-    b = TensorDescriptor.from_tensor(w, [bn, bk])
-    c = TensorDescriptor.from_tensor(out, [bm, bn])
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _gemm_tma_kernel[grid](a, b, c, M, N, K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=group,
-                           OUT=tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16, num_warps=warps,
-                           num_stages=stages)
+    xd = TensorDescriptor.from_tensor(x, [bm, bk])
+    wd = TensorDescriptor.from_tensor(w, [bn, bk])
+    if swapped:
+        grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
+        _gemm_swap_tma_kernel[grid](wd, xd, out, M, N, K, out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                    num_warps=warps, num_stages=stages)
+    else:
+        c = TensorDescriptor.from_tensor(out, [bm, bn])
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+        _gemm_tma_kernel[grid](xd, wd, c, M, N, K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=group,
+                               OUT=tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16, num_warps=warps,
+                               num_stages=stages)
     return out
+
+
+def gemm_swap_tma(x, w, tile):
+    """gemm_nt through the swapped kernel (``swap_tile_for``'s tiles; GROUP unused)."""
+    return _tma_gemm(x, w, tile, True)
+
+
+def gemm_nt_tma(x, w, tile):
+    """gemm_nt through TMA descriptors and the tile kernel."""
+    return _tma_gemm(x, w, tile, False)
 
 
 def _launch(a, b, out, G: int, M: int, N: int, K: int, sa, sb, sc, tile) -> None:
