@@ -10,7 +10,7 @@ medians, L2 flushed) as a ratio to cuBLAS, and checks bits: every candidate's ro
 ``same bits`` row). Where all agree, the tile shape does not enter a row's arithmetic, so a config
 may follow M without breaking the mode; where one differs, it may not.
 
-    python -m benchmarks.kernels.batch_invariant_gemm [--dims qwen3|v2-lite] [--m 256,16384]
+    python -m benchmarks.kernels.batch_invariant_gemm [--dims qwen3|v2-lite] [--m 4,16,256,16384]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def label(c) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dims", choices=sorted(SHAPES), default="qwen3")
-    ap.add_argument("--m", default="256,16384")
+    ap.add_argument("--m", default="4,16,256,16384")
     args = ap.parse_args(argv)
     ms = sorted(int(x) for x in args.m.split(","))
     print(f"### batch-invariant GEMM vs cuBLAS: {args.dims} shapes, bf16, {torch.cuda.get_device_name()}\n")

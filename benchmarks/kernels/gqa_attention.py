@@ -86,17 +86,19 @@ def decode_case(b, s, group, sg_fwd, ncu=False):
     t_graph = median_us(graph.replay)
     nbytes = 2 * b * s * HKV * D * 2 + 2 * b * hq * D * 2 + 2 * b * HKV * D * 2
     row = {"b": b, "s": s, "group": group, "us": t, "graph_us": t_graph, "gbs": nbytes / (t_graph * 1e-6) / 1e9}
-    # The other decode kernels on the same data (the op reads these variables per call): the register-O
-    # kernel with 3 stages, the WMMA tensor-core kernel, and the CUDA-core kernel.
-    # The deterministic mode on the same data: fixed key segments, the dims-split block, then the merge.
+    # The deterministic mode on the same data, as the engine runs it with max_model_len s: fixed key
+    # segments (none when one holds the row), the dims-split block, then the merge.
+    split = deterministic_split_tokens(s)
     inv = lambda: op.append_attention(q, k, v, kc, vc, tables, cu, lens, ids, pos, cs, out,  # noqa: E731
                                       softmax_scale=scale, neox=True, rot_dim=D, workspace=ws, decode_only=True,
-                                      batch_invariant=True, invariant_split=deterministic_split_tokens(s))
+                                      batch_invariant=True, invariant_split=split if s > split else 0)
     inv()
     inv_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(inv_graph):
         inv()
     row["invariant_graph_us"] = median_us(inv_graph.replay)
+    # The other decode kernels on the same data (the op reads these variables per call): the register-O
+    # kernel with 3 stages, the WMMA tensor-core kernel, and the CUDA-core kernel.
     for key, env in VARIANTS:
         name, value = env.split("=")
         os.environ[name] = value

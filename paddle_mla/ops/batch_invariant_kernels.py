@@ -263,7 +263,8 @@ def _fold_logsumexp_kernel(part_ptr, out_ptr, chunks, CB: tl.constexpr):
     s = tl.load(base + idx * 2 + 1, mask=idx < chunks, other=0.0)
     top = tl.max(m, 0)
     top_safe = tl.where(top == float("-inf"), 0.0, top)   # an all -inf row: log(0) = -inf, not NaN
-    total = tl.sum(tl.where(s > 0.0, s * tl.exp(m - top_safe), 0.0), 0)
+    # an empty chunk (max -inf, sum 0) adds 0 * 0; a NaN in a chunk reaches the total, as in the framework's
+    total = tl.sum(s * tl.exp(m - top_safe), 0)
     tl.store(out_ptr + row, top_safe + tl.log(total))
 
 

@@ -148,7 +148,8 @@ def test_row_logsumexp_kernel_alone_and_in_a_batch():
 @pytest.mark.triton
 def test_row_logsumexp_over_several_chunks():
     """Rows longer than one chunk (a vocabulary's width): the folded chunks match the framework's
-    reduction, an all -inf chunk folds in as nothing, and a row's bits do not follow the batch."""
+    reduction, an all -inf chunk folds in as nothing, a row's bits do not follow the batch, and a NaN
+    is not hidden."""
     from paddle_mla.ops.batch_invariant_kernels import LSE_CHUNK, row_logsumexp
 
     rng = np.random.default_rng(5)
@@ -160,3 +161,5 @@ def test_row_logsumexp_over_several_chunks():
     np.testing.assert_allclose(_np(got), _np(torch.logsumexp(x, dim=-1, keepdim=True)), rtol=1e-6)
     for i in range(3):
         assert bool((row_logsumexp(x[i:i + 1])[0] == got[i]).all()), i
+    x[0, LSE_CHUNK + 7] = float("nan")           # a NaN anywhere in a row makes it NaN, as torch's does
+    assert bool(torch.isnan(row_logsumexp(x)[0]).all()) and bool(torch.isfinite(row_logsumexp(x)[1]).all())

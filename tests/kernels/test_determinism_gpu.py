@@ -66,6 +66,7 @@ def test_gemm_tiles_and_loads_give_the_same_bits(K, N):
     g = torch.Generator(device=DEV).manual_seed(N)
     x = torch.randn(4096, K, device=DEV, generator=g).to(torch.bfloat16)
     w = (torch.randn(N, K, device=DEV, generator=g) * K ** -0.5).to(torch.bfloat16)
+    assert bik._tma_ok(x[:1], w)   # so gemm_nt below takes the TMA kernels, not only pointer loads
     want = bik.gemm_nt_pointers(x, w, bik.NARROW)
     for fn in (bik.gemm_nt_pointers, bik.gemm_nt_tma):
         for tile in (bik.NARROW, bik.WIDE):
