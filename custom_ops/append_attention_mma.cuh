@@ -59,6 +59,22 @@ __device__ __forceinline__ void mma16816_x2(float (&c0)[4], float (&c1)[4], cons
   mma16816<T>(c1, a, b[2], b[3]);
 }
 
+// Warps that each computed some 8-column blocks of one 16-row C tile (`mine` of them, from block `first`,
+// in c[0 .. mine)) hand them to each other through `x` (NB x 32 float4, fragment-ordered: 16 bytes a
+// lane, so stores and loads are conflict-free); every warp then holds all NB blocks in c. The caller
+// keeps `x` free between calls with its own barrier.
+template <int NB, int MINE>
+__device__ __forceinline__ void share_fragments(float (&c)[NB][4], float4* x, int first, int lane) {
+#pragma unroll
+  for (int j = 0; j < MINE; ++j) x[(first + j) * 32 + lane] = make_float4(c[j][0], c[j][1], c[j][2], c[j][3]);
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    const float4 v = x[j * 32 + lane];
+    c[j][0] = v.x, c[j][1] = v.y, c[j][2] = v.z, c[j][3] = v.w;
+  }
+}
+
 // Two floats as one register of two T (lo in the low half: the lower column of a fragment).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

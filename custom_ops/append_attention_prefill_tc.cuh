@@ -301,18 +301,8 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
         }
       }
     }
-    if constexpr (DSPLIT) {  // fragment-ordered, 16 bytes a lane: conflict-free stores and loads
-      float4* sx = reinterpret_cast<float4*>(qs);
-#pragma unroll
-      for (int j = 0; j < 2 * NPW; ++j)
-        sx[(2 * np0 + j) * 32 + lane] = make_float4(s[0][j][0], s[0][j][1], s[0][j][2], s[0][j][3]);
-      __syncthreads();  // the next write is after the next tile's top barrier, past every warp's reads
-#pragma unroll
-      for (int nk = 0; nk < NK; ++nk) {
-        const float4 v = sx[nk * 32 + lane];
-        s[0][nk][0] = v.x, s[0][nk][1] = v.y, s[0][nk][2] = v.z, s[0][nk][3] = v.w;
-      }
-    }
+    // the next write is after the next tile's top barrier, past every warp's reads
+    if constexpr (DSPLIT) share_fragments<NK, 2 * NPW>(s[0], reinterpret_cast<float4*>(qs), 2 * np0, lane);
     // Masking is needed on SWA heads, on tiles with holes or past the end, and on the causal diagonal;
     // masked scores become -inf, the others stay unscaled (the scale is folded into the exponent).
     const int32_t* kp = kpos + slot * TK;
@@ -385,7 +375,6 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     }
   }
   __pipeline_wait_prior(0);
-  T* out = static_cast<T*>(a.out);
   if constexpr (SEG) {
     if constexpr (DSPLIT) {
       segment_store_block<T, MF, NDW>(a, s_tok, b, g, group, pmax, warp, lane, nd0 * 8 + col0, o, m, l, seg_ws, segs);
@@ -394,23 +383,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
       segment_store_rows<T, MF, NDW>(a, s_tok, r0, g, group, lane, nd0 * 8 + col0, A, Lsum);
     }
   } else {
-#pragma unroll
-  for (int f = 0; f < MF; ++f) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = l[f][h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int r = r0 + 16 * f + lane / 4 + 8 * h;
-      const int64_t t = s_tok[r];
-      if (t < 0) continue;
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      T* dst = out + (t * a.num_q_heads + g * group + r % group) * a.head_dim + nd0 * 8 + col0;
-#pragma unroll
-      for (int nd = 0; nd < NDW; ++nd)
-        *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(o[f][nd][2 * h] * inv, o[f][nd][2 * h + 1] * inv);
-    }
-  }
+    store_row_outputs<T, MF, NDW>(a, s_tok, r0, g, group, lane, nd0 * 8 + col0, o, l);
   }
 #endif
 }

@@ -85,6 +85,28 @@ __device__ __forceinline__ void segment_fold_rows(float (&o)[MF][NDW][4], float 
   }
 }
 
+// Row-split block without segments: the rows' outputs from (o, l).
+template <typename T, int MF, int NDW>
+__device__ __forceinline__ void store_row_outputs(const AppendAttentionArgs& a, const int64_t* s_tok, int r0,
+                                                  int64_t g, int group, int lane, int col,
+                                                  const float (&o)[MF][NDW][4], const float (&l)[MF][2]) {
+#pragma unroll
+  for (int f = 0; f < MF; ++f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = row_sum(l[f][h]);
+      const int r = r0 + 16 * f + lane / 4 + 8 * h;
+      const int64_t t = s_tok[r];
+      if (t < 0) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      T* dst = static_cast<T*>(a.out) + (t * a.num_q_heads + g * group + r % group) * a.head_dim + col;
+#pragma unroll
+      for (int nd = 0; nd < NDW; ++nd)
+        *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(o[f][nd][2 * h] * inv, o[f][nd][2 * h + 1] * inv);
+    }
+  }
+}
+
 // Row-split block: the rows' outputs from the folded state.
 template <typename T, int MF, int NDW>
 __device__ __forceinline__ void segment_store_rows(const AppendAttentionArgs& a, const int64_t* s_tok, int r0,
