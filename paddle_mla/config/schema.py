@@ -101,7 +101,7 @@ class EngineConfig:
     # FP8 kernels (an error where they cannot run).
     quantization: Literal["auto", "none", "fp8"] = AUTO
     # auto: read the checkpoint; dummy (for benchmarks, vLLM's name): random weights of the
-    # checkpoint's layout made on each rank's device from config.json alone (DeepSeek families;
+    # checkpoint's layout made on each rank's device from config.json alone (DeepSeek and GQA families;
     # FP8 as published when config.json has an FP8 quantization_config). Outputs are noise.
     load_format: Literal["auto", "dummy"] = AUTO
     seed: int = 0
