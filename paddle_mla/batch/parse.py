@@ -12,7 +12,9 @@ Exactly one of prompt / messages / prompt_token_ids. Sampling fields: see ``SAMP
 JSON null means "use the config default". ``logprobs``: on plain lines true/false or an integer k
 (logprobs with k alternatives, as OpenAI completions), with ``top_logprobs: k`` beside true; in an
 OpenAI body, as OpenAI has it: chat ``logprobs: true`` + ``top_logprobs: k``, completions
-``logprobs: k``. Length policy (as vLLM): a prompt of max_model_len tokens or more is an error; a
+``logprobs: k``. An OpenAI line needs its ``custom_id``; chat bodies may spell the limit
+``max_completion_tokens`` (OpenAI's current name; not with ``max_tokens``); ``user`` is accepted and
+ignored, ``stream`` must be false (a batch answers whole responses). Length policy (as vLLM): a prompt of max_model_len tokens or more is an error; a
 longer max_tokens is cut by the engine, which says so in the output's warnings. A request without
 a seed gets one derived from the config seed and its line number, so reruns and resumed runs
 sample the same tokens. A model without a tokenizer runs only ``prompt_token_ids`` lines without
@@ -54,10 +56,12 @@ PLAIN_FIELDS = ("id", *PROMPT_FIELDS, *SAMPLING_FIELDS)
 OPENAI_FIELDS = ("custom_id", "method", "url", "body")
 COMPLETIONS_URL, CHAT_URL = "/v1/completions", "/v1/chat/completions"
 # OpenAI's own spelling per endpoint: completions take ``logprobs: k``, chat ``logprobs: bool`` + ``top_logprobs``
+# and may name the limit ``max_completion_tokens``; ``user`` and ``stream`` are request metadata
 BODY_FIELDS = {
-    COMPLETIONS_URL: tuple(f for f in ("model", *PROMPT_FIELDS, *SAMPLING_FIELDS)
+    COMPLETIONS_URL: tuple(f for f in ("model", "user", "stream", *PROMPT_FIELDS, *SAMPLING_FIELDS)
                            if f not in ("messages", "top_logprobs")),
-    CHAT_URL: tuple(f for f in ("model", *PROMPT_FIELDS, *SAMPLING_FIELDS) if f not in ("prompt", "prompt_token_ids")),
+    CHAT_URL: tuple(f for f in ("model", "user", "stream", *PROMPT_FIELDS, *SAMPLING_FIELDS, "max_completion_tokens")
+                    if f not in ("prompt", "prompt_token_ids")),
 }
 MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_TOP_LOGPROBS = 20                 # as engine.request.MAX_TOP_LOGPROBS (this module imports no engine code)
@@ -120,7 +124,7 @@ def _unknown(name: str, valid: tuple[str, ...], where: str) -> LineError:
 def split_line(raw: bytes) -> Parsed:
     """Decode and parse one line and pick out its id. Raises LineError (id unknown)."""
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix("\ufeff")   # a byte-order mark (editors add one to a file)
     except UnicodeDecodeError as exc:
         raise LineError("invalid_json", f"line is not valid UTF-8: {exc}") from None
     try:
@@ -145,6 +149,8 @@ def _body(parsed: Parsed) -> tuple[dict[str, Any], tuple[str, ...]]:
     for name in parsed.fields:
         if name not in OPENAI_FIELDS:
             raise _unknown(str(name), OPENAI_FIELDS, " in an OpenAI batch line")
+    if parsed.id is None:
+        raise LineError("invalid_request", "an OpenAI batch line needs a 'custom_id' (a string) to match its answer")
     body = parsed.fields.get("body")
     if not isinstance(body, dict):
         raise LineError("invalid_request", "'body' must be a JSON object holding the request")
@@ -159,6 +165,16 @@ def _body(parsed: Parsed) -> tuple[dict[str, Any], tuple[str, ...]]:
         raise LineError("invalid_request", f"'messages' go to {CHAT_URL!r}; {COMPLETIONS_URL!r} takes 'prompt'")
     if url == CHAT_URL and body.get("messages") is None and any(body.get(f) is not None for f in PROMPT_FIELDS):
         raise LineError("invalid_request", f"{CHAT_URL!r} takes 'messages'; prompts go to {COMPLETIONS_URL!r}")
+    if body.get("stream") not in (None, False):
+        raise LineError("invalid_request", f"'stream' must be false in a batch (each answer is written whole), "
+                        f"got {json.dumps(body['stream'])}")
+    limit = body.get("max_completion_tokens") if url == CHAT_URL else None
+    if limit is not None:
+        if not _INT[0](limit):
+            raise LineError("invalid_request", f"'max_completion_tokens' must be an integer, got {json.dumps(limit)}")
+        if body.get("max_tokens") is not None:
+            raise LineError("invalid_request", "give 'max_completion_tokens' or 'max_tokens', not both")
+        body = {**{k: v for k, v in body.items() if k != "max_completion_tokens"}, "max_tokens": limit}
     return body, BODY_FIELDS[url]
 
 

@@ -179,7 +179,9 @@ def generate(config_path: str | None, input_path: str, output_path: str, model: 
     min_tokens n presence_penalty frequency_penalty repetition_penalty logprobs top_logprobs
     (defaults from the config's sampling section). logprobs: true, or an integer k = true with k
     alternatives per token (0..20); top_logprobs: k beside logprobs: true. OpenAI bodies spell
-    them as OpenAI does (chat: logprobs true + top_logprobs; completions: logprobs k).
+    them as OpenAI does (chat: logprobs true + top_logprobs, max_tokens or max_completion_tokens;
+    completions: logprobs k); model and user are not used, stream must be false, custom_id is
+    required.
 
     \b
     Output lines:

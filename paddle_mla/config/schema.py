@@ -171,7 +171,9 @@ def _coerce(value: Any, tp: Any) -> Any:
     raise TypeError
 
 
-def _apply(obj: Any, data: dict[str, Any], source: str, prefix: str, errors: list[str]) -> None:
+def _apply(obj: Any, data: dict[str, Any], source: str, prefix: str, errors: list[str],
+           origins: dict[str, str] | None = None) -> None:
+    """Set ``data`` onto ``obj``; ``origins`` records which source set each key (for range errors)."""
     hints = typing.get_type_hints(type(obj))
     names = [f.name for f in dataclasses.fields(obj)]
     for key, value in data.items():
@@ -186,10 +188,12 @@ def _apply(obj: Any, data: dict[str, Any], source: str, prefix: str, errors: lis
             if not isinstance(value, dict):
                 errors.append(f"{source}: '{path}' must be a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}")
                 continue
-            _apply(getattr(obj, key), value, source, f"{path}.", errors)
+            _apply(getattr(obj, key), value, source, f"{path}.", errors, origins)
             continue
         try:
             setattr(obj, key, _coerce(value, tp))
+            if origins is not None:
+                origins[path] = source
         except TypeError:
             errors.append(f"{source}: '{path}' is {value!r}; allowed: {_describe(tp)}")
 
@@ -282,6 +286,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     """Defaults, then the YAML file, then ``--set`` overrides; raise ConfigError listing all errors."""
     cfg = EngineConfig()
     errors: list[str] = []
+    origins: dict[str, str] = {}
     if path is not None:
         p = Path(path)
         try:
@@ -289,17 +294,30 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except FileNotFoundError:
             raise ConfigError([f"{p}: config file not found"]) from None
         except yaml.YAMLError as exc:
-            raise ConfigError([f"{p}: not valid YAML: {exc}"]) from None
+            raise ConfigError([yaml_error_text(p, exc)]) from None
         if not isinstance(data, dict):
             raise ConfigError([f"{p}: the top level must be a mapping of config keys"])
-        _apply(cfg, data, str(p), "", errors)
+        _apply(cfg, data, str(p), "", errors, origins)
     for text in overrides:
         keys, value = parse_override(text)
-        _apply(cfg, _nest(keys, value), f"--set {text}", "", errors)
-    _check_ranges(cfg, errors)
+        _apply(cfg, _nest(keys, value), f"--set {text}", "", errors, origins)
+    ranges: list[str] = []
+    _check_ranges(cfg, ranges)
+    for msg in ranges:   # name the file or --set that gave the value, where the message leads with its key
+        key = msg[1:msg.find("'", 1)] if msg.startswith("'") else ""
+        errors.append(f"{origins[key]}: {msg}" if key in origins else msg)
     if errors:
         raise ConfigError(errors)
     return cfg
+
+
+def yaml_error_text(path: Path, exc: Exception) -> str:
+    """``path:line:column: not valid YAML: problem`` (PyYAML's own text names its input '<unicode string>')."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> EngineConfig:

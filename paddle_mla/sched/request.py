@@ -55,7 +55,7 @@ class SamplingParams:
             bad(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not 0 <= self.seed < 2**63):
-            bad(f"seed must be a non-negative integer, got {self.seed!r}")
+            bad(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             bad(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if not isinstance(self.stop_token_ids, list) or not all(

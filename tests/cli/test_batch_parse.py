@@ -175,3 +175,30 @@ def test_tokenizer_failure_is_a_line_error_not_a_crash():
 
     items = list(_items([(1, b'{"id": 1, "prompt": "x"}')], ctx(tokenizer=Broken()), set(), BatchSummary()))
     assert items[0].error == ("invalid_request", "RuntimeError: boom")
+
+
+def test_a_byte_order_mark_does_not_cost_the_line():
+    req = build(b'\xef\xbb\xbf{"id": "bom", "prompt": "hi"}')
+    assert req.prompt == "hi"
+
+
+def test_openai_line_needs_its_custom_id():
+    err = error_of({"method": "POST", "url": "/v1/completions", "body": {"prompt": "a"}})
+    assert err.kind == "invalid_request" and "custom_id" in err.message
+
+
+def test_openai_chat_max_completion_tokens_stream_and_user():
+    """OpenAI's chat spelling of the limit reaches max_tokens; 'user' is metadata; a batch never streams."""
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = "/v1/chat/completions"
+    tok = ByteTokenizer(chat_template=True)
+    assert build(_openai({"messages": msgs, "max_completion_tokens": 3, "user": "u", "stream": False},
+                         url=chat), tokenizer=tok).params.max_tokens == 3
+    assert build(_openai({"prompt": "a", "user": "u", "stream": False})).params.max_tokens == 8
+    for body, needle in (({"messages": msgs, "max_completion_tokens": 3, "max_tokens": 4}, "not both"),
+                         ({"messages": msgs, "max_completion_tokens": "3"}, "must be an integer"),
+                         ({"messages": msgs, "stream": True}, "'stream' must be false")):
+        err = error_of(_openai(body, url=chat), tokenizer=tok)
+        assert err.kind == "invalid_request" and needle in err.message, (body, err.message)
+    # completions has no max_completion_tokens in OpenAI's API
+    assert error_of(_openai({"prompt": "a", "max_completion_tokens": 3})).kind == "unknown_field"

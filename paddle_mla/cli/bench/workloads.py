@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from paddle_mla.config.schema import yaml_error_text
+
 KINDS: dict[str, dict[str, float | int]] = {
     "random": {"num_prompts": 64, "input_len": 128, "output_len": 32, "range_ratio": 0.0, "seed": 0},
     "shared-prefix": {"num_prompts": 64, "prefix_len": 256, "suffix_len": 32, "output_len": 32,
@@ -98,7 +100,7 @@ def _read_yaml(path: Path) -> Any:
     except FileNotFoundError:
         raise WorkloadError(f"{path}: workload file not found") from None
     except yaml.YAMLError as exc:
-        raise WorkloadError(f"{path}: not valid YAML: {exc}") from None
+        raise WorkloadError(yaml_error_text(path, exc)) from None
 
 
 def _entry(path: Path, name: str, data: Any) -> Workload:
