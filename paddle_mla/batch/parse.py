@@ -14,8 +14,9 @@ JSON null means "use the config default". ``logprobs``: on plain lines true/fals
 OpenAI body, as OpenAI has it: chat ``logprobs: true`` + ``top_logprobs: k``, completions
 ``logprobs: k``. An OpenAI line needs its ``custom_id``; chat bodies may spell the limit
 ``max_completion_tokens`` (OpenAI's current name; not with ``max_tokens``); ``user`` is accepted and
-ignored, ``stream`` must be false (a batch answers whole responses). Length policy (as vLLM): a prompt of max_model_len tokens or more is an error; a
-longer max_tokens is cut by the engine, which says so in the output's warnings. A request without
+ignored, ``stream`` must be false (a batch answers whole responses). A key repeated in one object is
+an error. Length policy (as vLLM): a prompt of max_model_len tokens or more is an error; a longer
+max_tokens is cut by the engine, which says so in the output's warnings. A request without
 a seed gets one derived from the config seed and its line number, so reruns and resumed runs
 sample the same tokens. A model without a tokenizer runs only ``prompt_token_ids`` lines without
 stop strings (the others get a ``no_tokenizer`` error).
@@ -121,6 +122,17 @@ def _unknown(name: str, valid: tuple[str, ...], where: str) -> LineError:
     return LineError("unknown_field", f"unknown field '{name}'{where}{hint}")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's keys, each once: JSON parsers differ on a repeated key (the last wins in
+    Python's), so a line that repeats one is refused rather than read one way silently."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise LineError("invalid_json", f"key '{key}' appears twice in one object")
+        obj[key] = value
+    return obj
+
+
 def split_line(raw: bytes) -> Parsed:
     """Decode and parse one line and pick out its id. Raises LineError (id unknown)."""
     try:
@@ -128,7 +140,7 @@ def split_line(raw: bytes) -> Parsed:
     except UnicodeDecodeError as exc:
         raise LineError("invalid_json", f"line is not valid UTF-8: {exc}") from None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise LineError("invalid_json", f"line is not valid JSON: {exc}") from None
     except RecursionError:

@@ -202,3 +202,11 @@ def test_openai_chat_max_completion_tokens_stream_and_user():
         assert err.kind == "invalid_request" and needle in err.message, (body, err.message)
     # completions has no max_completion_tokens in OpenAI's API
     assert error_of(_openai({"prompt": "a", "max_completion_tokens": 3})).kind == "unknown_field"
+
+
+def test_a_repeated_key_is_refused_not_read_one_way():
+    err = error_of(b'{"id": "d", "prompt": "a", "prompt": "b"}')
+    assert err.kind == "invalid_json" and "'prompt' appears twice" in err.message
+    err = error_of(b'{"custom_id": "r", "url": "/v1/completions", '
+                   b'"body": {"prompt": "a", "max_tokens": 1, "max_tokens": 2}}')
+    assert err.kind == "invalid_json" and "'max_tokens'" in err.message
