@@ -41,8 +41,18 @@ def validate_files(configs: tuple[str, ...], overrides: tuple[str, ...]) -> int:
     from paddle_mla.engine.run_info import model_problem
 
     failed = 0
+    workloads = [p for p in configs if is_workload_file(p)]
+    if overrides and len(workloads) == len(configs):
+        # no config file takes them: still check the --set keys and values, so a typo shows
+        try:
+            load_config(None, overrides)
+        except ConfigError as exc:
+            failed += 1
+            echo_file_errors("--set", exc.errors)
     for i, path in enumerate(configs):
-        if is_workload_file(path):
+        if path in workloads:
+            if overrides:
+                click.echo(f"note: --set applies to config files, not to the workload file {path}", err=True)
             failed += not validate_workload_file(path, separator=i > 0)
             continue
         try:

@@ -102,6 +102,10 @@ def test_a_workload_file_is_told_from_a_config(tmp_path):
     res = invoke(["validate", str(bad), str(one)])
     assert res.exit_code == 2 and f"{bad}: 2 errors" in res.stderr
     assert "'num_prompt'" in res.stderr and "'zipf'" in res.stderr and "# " + str(one) in res.stdout
+    # --set does not apply to a workload file: said, and its keys are still checked
+    res = invoke(["validate", str(one), "--set", "scheduler.max_num_seq=4"])
+    assert res.exit_code == 2 and "--set: 1 error" in res.stderr and "did you mean" in res.stderr
+    assert f"--set applies to config files, not to the workload file {one}" in res.stderr
 
 
 def test_the_generate_help_says_what_happens_to_blank_lines(tmp_path, monkeypatch):
