@@ -85,47 +85,52 @@ __device__ __forceinline__ void segment_fold_rows(float (&o)[MF][NDW][4], float 
   }
 }
 
-// Row-split block without segments: the rows' outputs from (o, l).
+// Row-split block: each real row's outputs, `value(f, h, nd)` packing the thread's two columns of 8-dim
+// block nd of row lane / 4 + 8 h of fragment f.
+template <typename T, int MF, int NDW, typename Value>
+__device__ __forceinline__ void store_rows_by(const AppendAttentionArgs& a, const int64_t* s_tok, int r0, int64_t g,
+                                              int group, int lane, int col, Value value) {
+#pragma unroll
+  for (int f = 0; f < MF; ++f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 16 * f + lane / 4 + 8 * h;
+      const int64_t t = s_tok[r];
+      if (t < 0) continue;
+      T* dst = static_cast<T*>(a.out) + (t * a.num_q_heads + g * group + r % group) * a.head_dim + col;
+#pragma unroll
+      for (int nd = 0; nd < NDW; ++nd) *reinterpret_cast<uint32_t*>(dst + nd * 8) = value(f, h, nd);
+    }
+  }
+}
+
+// Without segments: O times 1 / the row sum (summed by every lane first: the shuffles need the warp).
 template <typename T, int MF, int NDW>
 __device__ __forceinline__ void store_row_outputs(const AppendAttentionArgs& a, const int64_t* s_tok, int r0,
                                                   int64_t g, int group, int lane, int col,
                                                   const float (&o)[MF][NDW][4], const float (&l)[MF][2]) {
+  float inv[MF][2];
 #pragma unroll
   for (int f = 0; f < MF; ++f) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float sum = row_sum(l[f][h]);
-      const int r = r0 + 16 * f + lane / 4 + 8 * h;
-      const int64_t t = s_tok[r];
-      if (t < 0) continue;
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      T* dst = static_cast<T*>(a.out) + (t * a.num_q_heads + g * group + r % group) * a.head_dim + col;
-#pragma unroll
-      for (int nd = 0; nd < NDW; ++nd)
-        *reinterpret_cast<uint32_t*>(dst + nd * 8) = pack2<T>(o[f][nd][2 * h] * inv, o[f][nd][2 * h + 1] * inv);
+      inv[f][h] = sum > 0.0f ? 1.0f / sum : 0.0f;
     }
   }
+  store_rows_by<T, MF, NDW>(a, s_tok, r0, g, group, lane, col, [&](int f, int h, int nd) {
+    return pack2<T>(o[f][nd][2 * h] * inv[f][h], o[f][nd][2 * h + 1] * inv[f][h]);
+  });
 }
 
-// Row-split block: the rows' outputs from the folded state.
+// From the folded segments' state.
 template <typename T, int MF, int NDW>
 __device__ __forceinline__ void segment_store_rows(const AppendAttentionArgs& a, const int64_t* s_tok, int r0,
                                                    int64_t g, int group, int lane, int col,
                                                    const float (&A)[MF][NDW][4], const float (&L)[MF][2]) {
-#pragma unroll
-  for (int f = 0; f < MF; ++f) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = r0 + 16 * f + lane / 4 + 8 * h;
-      const int64_t t = s_tok[r];
-      if (t < 0) continue;
-      T* dst = static_cast<T*>(a.out) + (t * a.num_q_heads + g * group + r % group) * a.head_dim + col;
-#pragma unroll
-      for (int nd = 0; nd < NDW; ++nd)
-        *reinterpret_cast<uint32_t*>(dst + nd * 8) =
-            pack2<T>(seg_output(A[f][nd][2 * h], L[f][h]), seg_output(A[f][nd][2 * h + 1], L[f][h]));
-    }
-  }
+  store_rows_by<T, MF, NDW>(a, s_tok, r0, g, group, lane, col, [&](int f, int h, int nd) {
+    return pack2<T>(seg_output(A[f][nd][2 * h], L[f][h]), seg_output(A[f][nd][2 * h + 1], L[f][h]));
+  });
 }
 
 // Dims-split block of segment blockIdx.z (one query, decode-only steps): its (m, l, O) into the
