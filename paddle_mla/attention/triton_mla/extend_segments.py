@@ -28,9 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from paddle_mla.attention.triton_mla.interleave import read_pieces
-from paddle_mla.attention.triton_mla.prefill import PIECE_FIELDS, extend_config, extend_pieces
+from paddle_mla.attention.triton_mla.prefill import PIECE_FIELDS, config_for_dims, extend_pieces
 from paddle_mla.ops import batch_invariant
-from paddle_mla.platform.triton_host import next_pow2
 
 SEGMENT_TOKENS = 2048   # = extend.CHUNK_TOKENS_MIN: a piece always fits the workspace
 
@@ -97,8 +96,8 @@ class SegmentedExtend:
 
         d = workspace.dims
         self.segment_tokens = segment_tokens or SEGMENT_TOKENS
-        tile = extend_config(next_pow2(d.qk_nope_head_dim), next_pow2(d.qk_rope_head_dim), next_pow2(d.v_head_dim),
-                             workspace.latent.element_size()).block_n
+        tile = config_for_dims(d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim,
+                               workspace.latent.element_size()).block_n
         if self.segment_tokens > workspace.chunk_tokens or self.segment_tokens % tile:
             raise ValueError(f"segment_tokens {self.segment_tokens}: must be a multiple of the extend kernel's key "
                              f"tile ({tile}) and at most its workspace ({workspace.chunk_tokens} rows)")

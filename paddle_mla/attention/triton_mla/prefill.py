@@ -272,10 +272,18 @@ def extend_pieces(q_a, q_b, k_a, k_b, v, out, lse, pieces, num_pieces: int, max_
     return out
 
 
+def _block_dim(d: int) -> int:
+    """The kernel's block over a head dim of d (at least one 16-wide MMA step)."""
+    return max(16, next_pow2(d))
+
+
+def config_for_dims(da: int, db: int, dv: int, elem_bytes: int) -> ExtendConfig:
+    """The extend kernel's config for head dims (da, db, dv): the one ``_launch`` runs with."""
+    return extend_config(_block_dim(da), _block_dim(db) if db else 0, _block_dim(dv), elem_bytes)
+
+
 def _config_for(q_a, q_b, k_a, v) -> ExtendConfig:
-    db = q_b.shape[-1]
-    return extend_config(max(16, next_pow2(q_a.shape[-1])), max(16, next_pow2(db)) if db else 0,
-                         max(16, next_pow2(v.shape[-1])), k_a.element_size())
+    return config_for_dims(q_a.shape[-1], q_b.shape[-1], v.shape[-1], k_a.element_size())
 
 
 def _launch(grid, q_a, q_b, k_a, k_b, v, out, lse, cu_q, cu_k, piece, sm_scale, k_start, k_rows, merge, k_b_shared,
@@ -285,7 +293,7 @@ def _launch(grid, q_a, q_b, k_a, k_b, v, out, lse, cu_q, cu_k, piece, sm_scale, 
     assert v.stride(2) == 1 and out.stride(2) == 1 and (lse is not None or not merge)
     kb_t, kb_h = (k_b.stride(0), 0) if k_b_shared else (k_b.stride(0), k_b.stride(1))
     lse_t, lse_h = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
-    block_da, block_db, block_dv = max(16, next_pow2(da)), max(16, next_pow2(db)), max(16, next_pow2(dv))
+    block_da, block_db, block_dv = _block_dim(da), _block_dim(db), _block_dim(dv)
     _extend_kernel[grid](
         q_a, q_b, k_a, k_b, v, out, out if lse is None else lse, cu_q, cu_k, piece,
         sm_scale * LOG2E, k_start, k_rows,
