@@ -218,11 +218,9 @@ class ModelRunner:
         if self.tp_driver is not None:   # tensor parallel: every rank applies the same changes
             self.tp_driver.send(msg)
         host = self.inputs.apply(msg)    # head-wise: [B, Hkv, width], rows by deltas
-        prompt_lens = np.fromiter((r.prompt_len for r in host.requests), np.int32, len(host.requests)) \
-            if self.prompt_apart else None
         batch = StepBatch(token_ids=host.token_ids, num_new=host.num_new, num_cached=host.num_cached,
                           block_tables=host.block_tables, is_prefill=host.is_prefill, sample_mask=host.sample_mask,
-                          prompt_lens=prompt_lens)
+                          prompt_lens=host.prompt_lens if self.prompt_apart else None)
         return batch, host
 
     def run_model(self, batch: StepBatch, side: SideArrays | None = None, kv_caches=None,
