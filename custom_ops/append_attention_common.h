@@ -30,6 +30,7 @@
 namespace paddle_mla {
 
 enum class AttnDtype : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+enum class RequestRows : int { kAll = 0, kOneToken = 1, kSeveral = 2 };
 
 struct AppendAttentionArgs {
   const void* q;  // [T, Hq, D], token stride q_stride (elements); heads and dims contiguous
@@ -62,6 +63,10 @@ struct AppendAttentionArgs {
   // key 0, folded in a fixed order (append_attention_segments.cuh), so a decode row splits over blocks;
   // 0: one walk a row. The CPU op ignores it (one loop per token is batch-invariant already).
   int64_t invariant_split;
+  // Which requests the prefill kernels' tiles cover (the launcher's, under batch_invariant): all of them,
+  // only those with one new token, or only those with more; a step can then run its one-token rows on
+  // the segment-split form and the rest on the row-split one.
+  RequestRows rows;
   AttnDtype dtype;
 };
 

@@ -210,7 +210,7 @@ const char* launch_prefill_tc(const AppendAttentionArgs& a, cudaStream_t stream,
   auto kernel = attn::prefill_tc_kernel<T, D, W, MF, DSPLIT, SEG>;
   if (const char* err = allow_smem(kernel, layout.total)) return err;
   const int64_t queries = rows / (a.num_q_heads / a.num_kv_heads);
-  const int64_t tiles = (a.num_tokens + queries - 1) / queries + a.batch;
+  const int64_t tiles = a.rows == RequestRows::kOneToken ? a.batch : (a.num_tokens + queries - 1) / queries + a.batch;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(DSPLIT && SEG ? segs : 1));
   kernel<<<grid, 32 * W, layout.total, stream>>>(a, seg_ws, segs);
@@ -252,23 +252,43 @@ const char* launch_dsplit(const AppendAttentionArgs& a, cudaStream_t stream, flo
   }
 }
 
+// The row-split block with segments: 128 rows (MF = 2, the fold's state in local memory), or 64 (MF = 1)
+// where requests average fewer rows than a 128-row block (a one-token request among a few prompt chunks
+// leaves the rest of its block empty). The two give a row the same bits.
 template <typename T>
-const char* launch_segments(const AppendAttentionArgs& a, bool dsplit, float* ws, int64_t ws_floats,
-                            cudaStream_t stream) {
+const char* launch_segment_rows(const AppendAttentionArgs& a, bool wide, cudaStream_t stream) {
+  switch (a.head_dim) {
+    case 64: return wide ? launch_prefill_tc<T, 64, 4, 2, false, true>(a, stream)
+                         : launch_prefill_tc<T, 64, 4, 1, false, true>(a, stream);
+    case 80: return wide ? launch_prefill_tc<T, 80, 4, 2, false, true>(a, stream)
+                         : launch_prefill_tc<T, 80, 4, 1, false, true>(a, stream);
+    case 96: return wide ? launch_prefill_tc<T, 96, 4, 2, false, true>(a, stream)
+                         : launch_prefill_tc<T, 96, 4, 1, false, true>(a, stream);
+    default: return wide ? launch_prefill_tc<T, 128, 4, 2, false, true>(a, stream)
+                         : launch_prefill_tc<T, 128, 4, 1, false, true>(a, stream);
+  }
+}
+
+// dsplit: the one-token requests (every request of a decode-only step) split over blocks by segment,
+// merged by segment_merge_kernel; the other requests then take 128-row blocks, as default mode's
+// prefill. Without it (or without workspace for the partials) every row takes the row-split block.
+template <typename T>
+const char* launch_segments(const AppendAttentionArgs& a, bool dsplit, bool decode_only, float* ws,
+                            int64_t ws_floats, cudaStream_t stream) {
   const int64_t width = a.max_blocks * a.block_size;  // the longest row's keys, at most
   const int segs = static_cast<int>(attn::row_segments(a, width - 1));
-  if (dsplit && attn::segment_ws_floats(a, segs) <= ws_floats) {
-    if (const char* err = launch_dsplit<T, true>(a, stream, ws, segs)) return err;
-    attn::segment_merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)),
-                                    128, 0, stream>>>(a, segs, ws);
-    return launched();
-  }
-  switch (a.head_dim) {
-    case 64: return launch_prefill_tc<T, 64, 4, 1, false, true>(a, stream);
-    case 80: return launch_prefill_tc<T, 80, 4, 1, false, true>(a, stream);
-    case 96: return launch_prefill_tc<T, 96, 4, 1, false, true>(a, stream);
-    default: return launch_prefill_tc<T, 128, 4, 1, false, true>(a, stream);
-  }
+  if (!dsplit || attn::segment_ws_floats(a, segs) > ws_floats)
+    return launch_segment_rows<T>(a, a.num_tokens * (a.num_q_heads / a.num_kv_heads) >= 128 * a.batch, stream);
+  AppendAttentionArgs one = a;
+  one.rows = RequestRows::kOneToken;
+  if (const char* err = launch_dsplit<T, true>(one, stream, ws, segs)) return err;
+  attn::segment_merge_kernel<T><<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_q_heads)),
+                                  128, 0, stream>>>(one, segs, ws);
+  if (const char* err = launched()) return err;
+  if (decode_only) return nullptr;
+  AppendAttentionArgs several = a;
+  several.rows = RequestRows::kSeveral;
+  return launch_segment_rows<T>(several, true, stream);
 }
 
 // batch_invariant: every token through the prefill kernels (decode rows too; SWA heads walk the whole
@@ -277,9 +297,9 @@ const char* launch_segments(const AppendAttentionArgs& a, bool dsplit, float* ws
 // bits (tests/kernels/test_append_attention_deterministic_gpu.py): its four warps all compute, where
 // the row-split form's 128-row block has one warp with real rows. PADDLE_MLA_GQA_DSPLIT=0: off (A/B).
 // With a.invariant_split > 0 the tensor-core forms cut every row into fixed key segments
-// (append_attention_segments.cuh): a decode-only step then splits each row over blocks by segment
-// (split-KV with a batch-invariant split) and folds them in segment_merge_kernel; other steps fold in
-// the row-split block (MF = 1: room for the second O). Both give a row the same bits.
+// (append_attention_segments.cuh): the one-token rows of any step then split over blocks by segment
+// (split-KV with a batch-invariant split) and segment_merge_kernel folds them; the other rows fold in
+// the row-split block (a second O, in registers or local memory). Both give a row the same bits.
 template <typename T, int VB, int DPL>
 const char* launch_invariant(const AppendAttentionArgs& a, bool decode_only, float* ws, int64_t ws_floats,
                              cudaStream_t stream) {
@@ -287,11 +307,11 @@ const char* launch_invariant(const AppendAttentionArgs& a, bool decode_only, flo
   walk_all.swa_mask = true;
   if constexpr (sizeof(T) == 2) {
     if (tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_PREFILL_TC")) {
-      const bool dsplit = decode_only && a.num_q_heads / a.num_kv_heads <= 16 && dsplit_head_dim(a.head_dim) &&
+      const bool dsplit = a.num_q_heads / a.num_kv_heads <= 16 && dsplit_head_dim(a.head_dim) &&
                           tensor_cores_ok<T>(a, 128, "PADDLE_MLA_GQA_DSPLIT");
       if (a.invariant_split > 0 && prefill_tc_head_dim(a.head_dim))  // else no segments, on every path
-        return launch_segments<T>(walk_all, dsplit, ws, ws_floats, stream);
-      if (dsplit) return launch_dsplit<T, false>(walk_all, stream);
+        return launch_segments<T>(walk_all, dsplit, decode_only, ws, ws_floats, stream);
+      if (dsplit && decode_only) return launch_dsplit<T, false>(walk_all, stream);
     }
   }
   return launch_prefill_any<T, VB, DPL>(walk_all, stream);

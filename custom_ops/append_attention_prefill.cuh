@@ -21,20 +21,24 @@ struct PrefillGeometry {
   size_t smem;
 };
 
-// The (request, first query) of tile `x` among the requests it takes (>= 2 new tokens; all under
-// batch_invariant), by a warp-wide scan of cu_seqlens_q; request -1 when x is past the last tile.
+// The (request, first query) of tile `x` among the requests it takes (>= 2 new tokens; under
+// batch_invariant those a.rows names), by a warp-wide scan of cu_seqlens_q; request -1 when x is past
+// the last tile.
 // Called by one whole warp.
 __device__ __forceinline__ void find_tile(const AppendAttentionArgs& a, int64_t x, int queries, int64_t& req,
                                           int64_t& q0) {
   const unsigned full = 0xffffffffu;
   const int lane = threadIdx.x % 32;
+  // requests with n new tokens, min_n <= n <= max_n (default mode: one-token rows are the decode kernel's)
+  const int64_t min_n = a.batch_invariant && a.rows != RequestRows::kSeveral ? 1 : 2;
+  const int64_t max_n = a.rows == RequestRows::kOneToken ? 1 : INT64_MAX;
   int64_t base = 0;
   req = -1;
   q0 = 0;
   for (int64_t start = 0; start < a.batch; start += 32) {
     const int64_t bb = start + lane;
     const int64_t n = bb < a.batch ? a.cu_seqlens_q[bb + 1] - a.cu_seqlens_q[bb] : 0;
-    const int64_t tiles = n >= (a.batch_invariant ? 1 : 2) ? (n + queries - 1) / queries : 0;
+    const int64_t tiles = n >= min_n && n <= max_n ? (n + queries - 1) / queries : 0;
     int64_t incl = tiles;
     for (int o = 1; o < 32; o *= 2) {
       const int64_t y = __shfl_up_sync(full, incl, o);

@@ -78,9 +78,9 @@ PMLA_HD constexpr size_t ptc_exchange_bytes() {
 // instead of one, without W copies of Q K^T (docs/determinism.md).
 // SEG (batch_invariant with a.invariant_split > 0, append_attention_segments.cuh): the keys fall in fixed
 // segments, each with a fresh online softmax, folded left to right. Row-split: folded here, at each
-// boundary, into a second set of O registers. DSPLIT: block z of the grid's third axis walks segment z
-// alone and writes its (m, l, O) to `seg_ws` (`segs` a row at most) for segment_merge_kernel, or the
-// output itself when the row has one segment.
+// boundary, into a second O (FoldedSegments: registers at MF = 1, local memory at MF = 2). DSPLIT:
+// block z of the grid's third axis walks segment z alone and writes its (m, l, O) to `seg_ws` (`segs`
+// a row at most) for segment_merge_kernel, or the output itself when the row has one segment.
 template <typename T, int D, int W, int MF, bool DSPLIT = false, bool SEG = false>
 __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionArgs a, float* seg_ws, int segs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -252,9 +252,9 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
   for (int f = 0; f < MF; ++f) m[f][0] = m[f][1] = -INFINITY, l[f][0] = l[f][1] = 0.0f;
   const float qk_scale = a.softmax_scale * kLog2e;
   const int col0 = (lane % 4) * 2;  // first key (S) / dim (O) column of this thread in an 8-wide block
-  // SEG: (M, L, A) of the segments folded so far (row-split: segment_fold_rows at each boundary)
-  float A[MF][NDW][4], M[MF][2], Lsum[MF][2];
-  if constexpr (SEG && !DSPLIT) segment_state_init<MF, NDW>(A, M, Lsum);
+  // SEG: (M, L, A) of the segments folded so far (row-split: folded at each boundary; MF = 2: kept in local memory)
+  FoldedSegments<MF, NDW, (SEG && !DSPLIT && MF > 1)> folded;
+  if constexpr (SEG && !DSPLIT) folded.init();
 
   // The pipeline described above the prologue: one barrier a tile, plan slots it % 3.
   int it = 0;
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     if (first + 2 * TK < hi) plan(first + 2 * TK, (it + 2) % 3, raw_next);
     raw_next = fetch(first + 3 * TK);
     if constexpr (SEG && !DSPLIT) {
-      if (first > 0 && first % a.invariant_split == 0) segment_fold_rows<MF, NDW>(o, m, l, A, M, Lsum);
+      if (first > 0 && first % a.invariant_split == 0) folded.fold(o, m, l);
     }
     if (wmax < 0 || keys.position(first) > wmax) continue;  // causal: nothing here for this warp's rows
     const uint32_t kt = smem_u32(k_stage(cur)) + k_off, vt = smem_u32(v_stage(cur)) + v_off;
@@ -379,8 +379,8 @@ __global__ void __launch_bounds__(32 * W, 1) prefill_tc_kernel(AppendAttentionAr
     if constexpr (DSPLIT) {
       segment_store_block<T, MF, NDW>(a, s_tok, b, g, group, pmax, warp, lane, nd0 * 8 + col0, o, m, l, seg_ws, segs);
     } else {
-      segment_fold_rows<MF, NDW>(o, m, l, A, M, Lsum);
-      segment_store_rows<T, MF, NDW>(a, s_tok, r0, g, group, lane, nd0 * 8 + col0, A, Lsum);
+      folded.fold(o, m, l);
+      segment_store_rows<T>(a, s_tok, r0, g, group, lane, nd0 * 8 + col0, folded);
     }
   } else {
     store_row_outputs<T, MF, NDW>(a, s_tok, r0, g, group, lane, nd0 * 8 + col0, o, l);

@@ -10,6 +10,8 @@
 // mode's; docs/determinism.md). Included by append_attention_kernels.cu.
 #pragma once
 
+#include <type_traits>
+
 #include "append_attention_common.h"
 #include "append_attention_device.cuh"
 #include "append_attention_mma.cuh"
@@ -17,17 +19,30 @@
 namespace paddle_mla {
 namespace attn {
 
-// (M, L, A[0..n)) += (m, l, o[0..n)): the running max (log2 units), row sum and unnormalised output
-// of the segments so far, and one more segment's. A segment that saw no key (m = -inf, l = 0, o = 0)
-// leaves them exactly as they were.
+// Folding a segment's (m, l, o) into the running (M, L, A) of the segments before it (M, m: maxima in
+// log2 units; L, l: row sums; A, o: unnormalised outputs). seg_scales gives the two weights and the new
+// maximum, or false when neither side saw a key (then nothing changes); seg_fold_elem folds one value.
+// The roundings are spelled out (no contraction left to the compiler), so every fold site agrees.
+__device__ __forceinline__ bool seg_scales(float M, float m, float& wa, float& wb, float& mn) {
+  mn = fmaxf(M, m);
+  if (mn == -INFINITY) return false;
+  wa = fast_exp2(M - mn), wb = fast_exp2(m - mn);
+  return true;
+}
+
+__device__ __forceinline__ float seg_fold_elem(float A, float wa, float o, float wb) {
+  return __fmaf_rn(A, wa, __fmul_rn(o, wb));
+}
+
+// (M, L, A[0..n)) += (m, l, o[0..n)). A segment that saw no key (m = -inf, l = 0, o = 0) leaves them
+// exactly as they were.
 template <int N>
 __device__ __forceinline__ void seg_fold(float& M, float& L, float* A, float m, float l, const float* o) {
-  const float mn = fmaxf(M, m);
-  if (mn == -INFINITY) return;
-  const float a = fast_exp2(M - mn), b = fast_exp2(m - mn);
-  L = __fmaf_rn(L, a, __fmul_rn(l, b));
+  float wa, wb, mn;
+  if (!seg_scales(M, m, wa, wb, mn)) return;
+  L = seg_fold_elem(L, wa, l, wb);
 #pragma unroll
-  for (int i = 0; i < N; ++i) A[i] = __fmaf_rn(A[i], a, __fmul_rn(o[i], b));
+  for (int i = 0; i < N; ++i) A[i] = seg_fold_elem(A[i], wa, o[i], wb);
   M = mn;
 }
 
@@ -50,40 +65,58 @@ __device__ __forceinline__ float row_sum(float x) {  // over a row's 4 lanes, as
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <int MF, int NDW>
-__device__ __forceinline__ void segment_state_init(float (&A)[MF][NDW][4], float (&M)[MF][2], float (&L)[MF][2]) {
-#pragma unroll
-  for (int f = 0; f < MF; ++f) {
-    M[f][0] = M[f][1] = -INFINITY, L[f][0] = L[f][1] = 0.0f;
-#pragma unroll
-    for (int nd = 0; nd < NDW; ++nd) A[f][nd][0] = A[f][nd][1] = A[f][nd][2] = A[f][nd][3] = 0.0f;
-  }
-}
+// The folded segments' running max, row sum and unnormalised output of a row-split thread (its rows
+// lane / 4 + 8 h of fragment f, its O columns). SPILL keeps them out of registers (volatile: local
+// memory, per thread and coalesced, in L1 / L2): at MF = 2 the warp's O already fills half the
+// register file, and the state is touched once a segment (every 32 tiles at 2048 keys).
+template <int MF, int NDW, bool SPILL>
+struct FoldedSegments {
+  using F = std::conditional_t<SPILL, volatile float, float>;
+  F A[MF][NDW][4], M[MF][2], L[MF][2];
 
-// Ends the current segment: folds its (m, l, o) into (M, L, A) and starts the next one fresh. Every
-// lane of the warp calls it (the row sums shuffle).
-template <int MF, int NDW>
-__device__ __forceinline__ void segment_fold_rows(float (&o)[MF][NDW][4], float (&m)[MF][2], float (&l)[MF][2],
-                                                  float (&A)[MF][NDW][4], float (&M)[MF][2], float (&L)[MF][2]) {
+  __device__ __forceinline__ void init() {
 #pragma unroll
-  for (int f = 0; f < MF; ++f) {
+    for (int f = 0; f < MF; ++f) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float ov[2 * NDW], av[2 * NDW];
+      for (int h = 0; h < 2; ++h) {  // one store a statement: C++20 deprecates chained volatile stores
+        M[f][h] = -INFINITY;
+        L[f][h] = 0.0f;
+      }
 #pragma unroll
       for (int nd = 0; nd < NDW; ++nd) {
-        ov[2 * nd] = o[f][nd][2 * h], ov[2 * nd + 1] = o[f][nd][2 * h + 1];
-        av[2 * nd] = A[f][nd][2 * h], av[2 * nd + 1] = A[f][nd][2 * h + 1];
-        o[f][nd][2 * h] = o[f][nd][2 * h + 1] = 0.0f;
-      }
-      seg_fold<2 * NDW>(M[f][h], L[f][h], av, m[f][h], row_sum(l[f][h]), ov);
 #pragma unroll
-      for (int nd = 0; nd < NDW; ++nd) A[f][nd][2 * h] = av[2 * nd], A[f][nd][2 * h + 1] = av[2 * nd + 1];
-      m[f][h] = -INFINITY;
-      l[f][h] = 0.0f;
+        for (int x = 0; x < 4; ++x) A[f][nd][x] = 0.0f;
+      }
     }
   }
-}
+
+  // Ends the current segment: folds its (m, l, o) in (seg_fold's arithmetic, a value at a time: no
+  // second copy of O in registers) and starts the next one fresh. Every lane of the warp calls it (the
+  // row sums shuffle).
+  __device__ __forceinline__ void fold(float (&o)[MF][NDW][4], float (&m)[MF][2], float (&l)[MF][2]) {
+#pragma unroll
+    for (int f = 0; f < MF; ++f) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float lsum = row_sum(l[f][h]);
+        float wa, wb, mn;
+        if (seg_scales(M[f][h], m[f][h], wa, wb, mn)) {
+          L[f][h] = seg_fold_elem(L[f][h], wa, lsum, wb);
+#pragma unroll
+          for (int nd = 0; nd < NDW; ++nd) {
+#pragma unroll
+            for (int x = 2 * h; x < 2 * h + 2; ++x) A[f][nd][x] = seg_fold_elem(A[f][nd][x], wa, o[f][nd][x], wb);
+          }
+          M[f][h] = mn;
+        }
+#pragma unroll
+        for (int nd = 0; nd < NDW; ++nd) o[f][nd][2 * h] = o[f][nd][2 * h + 1] = 0.0f;
+        m[f][h] = -INFINITY;
+        l[f][h] = 0.0f;
+      }
+    }
+  }
+};
 
 // Row-split block: each real row's outputs, `value(f, h, nd)` packing the thread's two columns of 8-dim
 // block nd of row lane / 4 + 8 h of fragment f.
@@ -124,12 +157,13 @@ __device__ __forceinline__ void store_row_outputs(const AppendAttentionArgs& a, 
 }
 
 // From the folded segments' state.
-template <typename T, int MF, int NDW>
+template <typename T, int MF, int NDW, bool SPILL>
 __device__ __forceinline__ void segment_store_rows(const AppendAttentionArgs& a, const int64_t* s_tok, int r0,
                                                    int64_t g, int group, int lane, int col,
-                                                   const float (&A)[MF][NDW][4], const float (&L)[MF][2]) {
+                                                   const FoldedSegments<MF, NDW, SPILL>& st) {
   store_rows_by<T, MF, NDW>(a, s_tok, r0, g, group, lane, col, [&](int f, int h, int nd) {
-    return pack2<T>(seg_output(A[f][nd][2 * h], L[f][h]), seg_output(A[f][nd][2 * h + 1], L[f][h]));
+    const float sum = st.L[f][h];
+    return pack2<T>(seg_output(st.A[f][nd][2 * h], sum), seg_output(st.A[f][nd][2 * h + 1], sum));
   });
 }
 

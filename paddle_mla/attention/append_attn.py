@@ -27,8 +27,8 @@ class AppendAttnBackend(GQABackend):
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, num_swa_heads, window, sink,
                          max_num_batched_tokens, swa_mask)
         self.deterministic = deterministic   # every token through the prefill kernel (ops.append_attention)
-        # ... in fixed key segments, so a decode row splits over blocks (the split follows max_model_len;
-        # none when one segment holds every row: the segmented form's prefill block is the slower MF = 1)
+        # ... in fixed key segments, so a one-token row splits over blocks (the split follows max_model_len;
+        # none when one segment holds every row: there is nothing to split)
         split = deterministic_split_tokens(max_model_len)
         self.invariant_split = split if deterministic and max_model_len > split else 0
         on_gpu = not str(device).startswith("cpu")

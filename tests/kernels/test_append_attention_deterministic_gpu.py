@@ -5,8 +5,11 @@ uniform and head-wise tables and SWA heads, in bf16 (tensor-core prefill kernel)
 CUDA-core one). Decode-only steps (``decode_only``) take the dims-split form of the bf16 kernel
 (head_dim 64, 96, 128); its rows must carry the row-split form's bits. With ``invariant_split`` the
 rows' keys fall in fixed segments: a decode-only step splits a row over blocks by segment and merges
-them, other steps fold in the row-split block; the probe's bits must not depend on which (the probe's
-1500 keys span three segments of 512). The mode's outputs also match the C++ op. Run by
+them. In other steps the one-token requests still split by segment (``decode_in_mixed_step``) and the
+rest fold in the row-split block, 128 rows wide; with the split off (``PADDLE_MLA_GQA_DSPLIT=0``, or
+head_dim 80) every row folds in the row-split block, 64 rows wide where the requests average fewer
+than a block of rows (``chunk_end``, the decode contexts). The probe's bits must not depend on which
+(its 1500 keys span three segments of 512). The mode's outputs also match the C++ op. Run by
 scripts/gpu_tests.sh; skipped on CPU.
 """
 
@@ -31,6 +34,7 @@ CONTEXTS = {
     "chunk_end": ([(PROBE_LEN - 10, 11)], 0),
     "whole_prefill": ([(0, PROBE_LEN + 1), (20, 3)], 0),   # (the first call appends the other's prefix)
     "mixed_step": ([(5, 40), (0, 300), (PROBE_LEN - 63, 64), (900, 1)], 2),
+    "decode_in_mixed_step": ([(5, 40), (PROBE_LEN, 1), (0, 300), (900, 1)], 1),
 }
 GEOMETRIES = {   # (hq, hkv, head_dim, block_size, head_wise, (num_swa_heads, window, sink))
     "h32x8d128": (32, 8, 128, 64, False, (0, 0, 0)),
@@ -80,6 +84,17 @@ def test_probe_token_bits_do_not_depend_on_the_step(geom, dtype, split):
         if all(n == 1 for _, n in reqs):   # a decode-only step: the dims-split form where it applies
             got = probe_out(name, geom, dt, decode_only=True, split=split)
             assert np.array_equal(got, alone), f"{name}, decode_only: max diff {np.abs(got - alone).max()}"
+
+
+@pytest.mark.parametrize("geom", sorted(GEOMETRIES))
+def test_row_split_fold_has_the_split_rows_bits(geom, monkeypatch):
+    """Every context with the segment split off (each row folds its segments in the row-split block, 64
+    or 128 rows wide) against the probe decoded alone through the split and the merge kernel."""
+    alone = probe_out("decode_alone", geom, torch.bfloat16, decode_only=True, split=512)
+    monkeypatch.setenv("PADDLE_MLA_GQA_DSPLIT", "0")
+    for name in CONTEXTS:
+        got = probe_out(name, geom, torch.bfloat16, split=512)
+        assert np.array_equal(got, alone), f"{name}: max diff {np.abs(got - alone).max()}"
 
 
 @pytest.mark.parametrize("geom", sorted(GEOMETRIES))
