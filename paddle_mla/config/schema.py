@@ -237,9 +237,6 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     par = cfg.parallel
     need(par.tensor_parallel_size >= 1, f"'parallel.tensor_parallel_size' is {par.tensor_parallel_size}; allowed: >= 1")
     need(par.data_parallel_size >= 1, f"'parallel.data_parallel_size' is {par.data_parallel_size}; allowed: >= 1")
-    need(not (par.tensor_parallel_size > 1 and cfg.scheduler.overlap is True),
-         "'scheduler.overlap' is true with 'parallel.tensor_parallel_size' > 1; overlapped scheduling runs "
-         "on one rank only (rank 0 would plan step n+1 while workers still run step n): set scheduler.overlap: auto (off with TP) or false")
     need(not (par.tensor_parallel_size > 1 and cfg.runtime == "paddle"),
          "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only: "
          "it runs on torch.distributed; the paddle runtime has no paddle.distributed path)")

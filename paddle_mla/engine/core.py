@@ -194,11 +194,6 @@ def build_core(config: EngineConfig, runner, tokenizer) -> EngineCore:
     scheduler = Scheduler(config.scheduler, pool, lim.max_model_len,
                           absorbed_max_new=getattr(runner.backend, "short_max_q", 0),   # GQA backends: none
                           prompt_apart=runner.prompt_apart)
-    ov = config.scheduler.overlap
-    # tensor parallel: the workers take every input token from rank 0's batch, so no overlap
-    # (it feeds decode rows from the device's last sampled ids, which only rank 0 has)
-    single_rank = config.parallel.tensor_parallel_size == 1
-    overlap = runner.device_kind == "gpu" and single_rank if ov == "auto" else bool(ov)
     limits = CoreLimits(lim.max_model_len, runner.arch.vocab_size, config.cache.enable_prefix_caching)
     return EngineCore(scheduler, runner, OutputProcessor(tokenizer, pool.num_blocks), limits,
-                      set(runner.eos_token_ids), overlap, config.seed)
+                      set(runner.eos_token_ids), runner.overlap, config.seed)

@@ -129,6 +129,12 @@ class TPGroup:
         dist.all_reduce(x)
         return x
 
+    def share_sampled(self, ids):
+        """Rank 0's ``last_sampled`` into every rank's, in stream order: under overlapped scheduling a
+        worker's decode rows take their input tokens from it on the device, as rank 0's do."""
+        dist.broadcast(ids, src=0)
+        return ids
+
     def vocab_range(self, vocab_size: int) -> tuple[int, int]:
         return split_range(vocab_size, self.rank, self.size)
 

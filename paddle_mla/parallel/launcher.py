@@ -110,7 +110,7 @@ class TPDriver:
         atexit.register(self.close)
         threading.Thread(target=self._watch, name="paddle-mla-tp-watchdog", daemon=True).start()
         try:
-            with self._guard():
+            with self.guard():
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "joining")
                 self.group = TPGroup.join(0, rdzv, store, self.config.parallel.expert_parallel)
@@ -120,10 +120,8 @@ class TPDriver:
         except BaseException:
             self.close()
             raise
-        runner.tp_driver = self
+        runner.tp_driver = self     # its launch and read run in guard(): a dead worker -> TensorParallelError
         self._runner = weakref.ref(runner)
-        step = runner.execute
-        runner.execute = lambda out: self._guarded(step, out)   # a dead worker -> TensorParallelError
         return runner
 
     def _wait_for(self, rank: int, conn, what: str) -> None:
@@ -144,12 +142,11 @@ class TPDriver:
         for conn in self.conns:
             conn.send(msg)
 
-    def _guarded(self, fn, *args):
-        with self._guard():
-            return fn(*args)
-
     @contextmanager
-    def _guard(self):
+    def guard(self):
+        """Around rank 0's work with the workers (a step's launch, its read): a worker found dead
+        before or after raises TensorParallelError with its traceback, and an interrupted or failed
+        call marks the group cut (close aborts instead of draining)."""
         self._busy += 1
         finished = False
         try:

@@ -2,8 +2,10 @@
 
 A worker loads its shards, builds its own ModelRunner (KV caches, backend, CUDA graphs), says
 "ready", then runs every step rank 0 sends: the scheduler's plain-data changes (``StepInput``)
-applied to its own persistent input batch, then the same ``forward_step`` as rank 0 (its
-collectives pair with rank 0's; the logits are dropped: rank 0 samples). ``None`` ends the loop:
+applied to its own persistent input batch, then the same model call as rank 0 (``worker_step``: its
+collectives pair with rank 0's; the logits are dropped, rank 0 samples; under overlapped scheduling
+rank 0's sampled ids arrive by a broadcast after the step, for the next step's decode rows on the
+device). ``None`` ends the loop:
 the worker leaves the group (its graphs dropped, then its communicator aborted: nothing waits on
 rank 0) and exits at once. A failure is sent to rank 0 as text before the worker exits; a worker
 whose rank 0 is gone (its pipe closes or its parent changes) exits at once.
@@ -141,8 +143,10 @@ def worker_main(spec: WorkerSpec, conn) -> None:
             if isinstance(msg, ProfileControl):
                 profiler.handle(msg, runner)
                 continue
-            # the scheduler's changes (engine steps), or a whole StepBatch (benchmarks, tests)
-            runner.forward_step(msg if isinstance(msg, StepBatch) else runner.step_batch(msg))
+            if isinstance(msg, StepBatch):   # a whole batch (benchmarks, tests)
+                runner.forward_step(msg)
+            else:                            # the scheduler's changes (engine steps)
+                runner.worker_step(msg)
             steps += 1
             if kill_after is not None and steps >= kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -13,7 +13,9 @@ can overlap the next one.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -209,10 +211,23 @@ class ModelRunner:
     def use_cuda_graph(self) -> bool:
         return self.plan.use_cuda_graph
 
-    def step_batch(self, msg: StepInput) -> StepBatch:
-        """The step's host arrays, ``msg`` (the scheduler's changes) applied to the persistent input
-        batch (block-table rows by deltas). PENDING tokens are filled on the device."""
-        return self._gather(msg)[0]
+    @property
+    def overlap(self) -> bool:
+        """Overlapped scheduling (docs/overlap.md): ``scheduler.overlap``, auto on for a GPU. Every rank
+        of a tensor-parallel group resolves it from the same config, so they agree on sharing the
+        sampled ids."""
+        ov = self.cfg.scheduler.overlap
+        return self.device_kind == "gpu" if ov == "auto" else bool(ov)
+
+    def worker_step(self, msg: StepInput) -> None:
+        """A tensor-parallel worker's step: rank 0's changes applied to this rank's input batch, the
+        model (its collectives meet rank 0's), and under overlapped scheduling rank 0's sampled ids
+        into ``last_sampled``, where the next step's PENDING tokens are read. The logits stay here:
+        rank 0 samples."""
+        batch, host = self._gather(msg)
+        self.run_model(batch, self._side_arrays(host))
+        if self.overlap and batch.sample_mask.any():
+            self.tp.share_sampled(self.last_sampled)
 
     def _gather(self, msg: StepInput):
         if self.tp_driver is not None:   # tensor parallel: every rank applies the same changes
@@ -261,12 +276,29 @@ class ModelRunner:
             self.tp_driver.send(batch)
         return self.run_model(batch)[0]
 
+    @staticmethod
+    def _side_arrays(host) -> SideArrays:
+        """The step's side arrays every rank uploads: overlapped scheduling's PENDING input tokens."""
+        side = SideArrays()
+        if len(host.pending_pos):
+            side.pending_pos, side.pending_slot = host.pending_pos, host.pending_slot
+        return side
+
     def launch(self, msg: StepInput) -> "LaunchedStep":
-        """Enqueue one step (inputs, model, sampler, and the start of the one read) without waiting."""
+        """Enqueue one step (inputs, model, sampler, and the start of the one read) without waiting.
+        Under tensor parallelism the launch and the read run in the driver's guard: a dead worker
+        becomes a TensorParallelError, not a wait on a collective."""
+        guard = self.tp_driver.guard if self.tp_driver is not None else contextlib.nullcontext
+        with guard():
+            step = self._launch(msg)
+        step.guard = guard
+        return step
+
+    def _launch(self, msg: StepInput) -> "LaunchedStep":
         batch, host = self._gather(msg)
         rows = np.flatnonzero(batch.sample_mask)
         sb = None
-        side = SideArrays()
+        side = self._side_arrays(host)
         num_rows = len(msg.scheduled)
         if len(rows):
             reqs = host.requests
@@ -276,13 +308,13 @@ class ModelRunner:
                                              self.penalties.ledger)
             side.sampler = sampler.device_arrays(sb)
             side.sample_slots = host.slots[rows]
-        if len(host.pending_pos):
-            side.pending_pos, side.pending_slot = host.pending_pos, host.pending_slot
         logits, _, dev = self.run_model(batch, side)
         if sb is None:
             return LaunchedStep(num_rows, rows, None, None)
         packed, ids = sampler.sample_step_ids(logits, sb, dev.sampler, self.penalties)
         self.last_sampled.scatter_(0, dev.sample_slots, ids)
+        if self.tp is not None and self.overlap:
+            self.tp.share_sampled(self.last_sampled)
         return LaunchedStep(num_rows, rows, sb, self.reader.start(packed))
 
     def close(self) -> None:
@@ -307,12 +339,14 @@ class LaunchedStep:
     rows: np.ndarray
     sampling: SamplingBatch | None
     read: PendingRead | None
+    guard: Callable = contextlib.nullcontext   # the launch's (tensor parallel: the driver's)
 
     def result(self) -> StepResult:
         result = StepResult(np.full(self.num_rows, -1, dtype=np.int64), [None] * self.num_rows)
         if self.sampling is None:
             return result
-        host = sampler.read_to_host(self.read)   # the one read of the step
+        with self.guard():
+            host = sampler.read_to_host(self.read)   # the one read of the step
         token_ids, logprobs = unpack(host, self.sampling)
         result.token_ids[self.rows] = token_ids
         # host numpy indices (the sampling batch's and the scheduler's): no device read here

@@ -36,12 +36,16 @@ def _generate(tp: int, prompts, max_tokens: int, **cfg):
         llm.close()
 
 
-def test_tiny_model_tp2_matches_tp1():
-    """Chunked prefill (prompt chunks mixed with decodes) and prefix caching (shared prefixes)."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_tiny_model_tp2_matches_tp1(overlap):
+    """Chunked prefill (prompt chunks mixed with decodes) and prefix caching (shared prefixes). With
+    overlapped scheduling the workers take their decode rows' input tokens from rank 0's broadcast
+    sampled ids (a wrong or missing broadcast feeds them other tokens, and the logits part)."""
     shared = [7, 99, 123, 45, 300, 12, 8, 64]
     prompts = PROMPTS + [shared + [1, 2, 3], shared + [4, 5], shared + [6, 7, 8, 9, 10]]
     cfg = {"cache": {"block_size": 4, "enable_prefix_caching": True},
-           "scheduler": {"enable_chunked_prefill": True, "max_num_batched_tokens": 16, "max_num_seqs": 4}}
+           "scheduler": {"enable_chunked_prefill": True, "max_num_batched_tokens": 16, "max_num_seqs": 4,
+                         "overlap": overlap}}
     one = _generate(1, prompts, 10, **cfg)
     two = _generate(2, prompts, 10, **cfg)
     assert two == one

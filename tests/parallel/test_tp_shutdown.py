@@ -252,7 +252,7 @@ def test_a_step_that_returns_after_a_worker_died_raises():
     (proc,) = driver.procs
     try:
         with pytest.raises(TensorParallelError, match=r"worker rank 1 .* died \(killed by SIGKILL\)"):
-            with driver._guard():          # the step itself "succeeds"; the worker dies meanwhile
+            with driver.guard():          # the step itself "succeeds"; the worker dies meanwhile
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.join(10)
     finally:
