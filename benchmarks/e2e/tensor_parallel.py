@@ -139,7 +139,8 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
         "cuda_graph": gpu and not args.no_graphs, "max_model_len": args.context + PAGE,
         "cache": {**cache, "enable_prefix_caching": True},   # time_engine_step's runs reuse their prompts
         # 2048-token chunks: the profile run's prefill (its activations) stays small beside the weights
-        "scheduler": {"max_num_seqs": args.batch, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True},
+        "scheduler": {"max_num_seqs": args.batch, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True,
+                      "overlap": False if args.no_overlap else "auto"},
         "parallel": {"tensor_parallel_size": tp, "expert_parallel": ep}})
     t = time.perf_counter()
     try:
@@ -238,6 +239,7 @@ def main() -> None:
     ap.add_argument("--dir", default="", help="with --checkpoint: its folder (default /tmp/bench_v2lite_<L>L)")
     ap.add_argument("--json", default="")
     ap.add_argument("--no-graphs", action="store_true", help="run the engines without CUDA graphs (eager steps)")
+    ap.add_argument("--no-overlap", action="store_true", help="scheduler.overlap: false (the engine step's A/B)")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps, profile --profile-steps decode steps on every rank (tp_profile)")
     ap.add_argument("--profile-steps", type=int, default=5)
@@ -283,6 +285,7 @@ def main() -> None:
     print(f"# TP decode step: V2-Lite dims, {args.layers} layers, batch {args.batch}, context {args.context}, "
           + ("SMOKE (tiny dims, CPU fp32, native)" if args.smoke else
              f"bf16, triton_mla + {'eager steps' if args.no_graphs else 'CUDA graphs'}, {runtime.device_name()}")
+          + (", scheduler.overlap: false" if args.no_overlap else "")
           + (f", gpu_memory_utilization {args.gpu_memory_utilization} (KV cache: auto)\n"
              if args.gpu_memory_utilization else "\n"))
     print(f"weights: {'checkpoint ' + str(path) if args.checkpoint else 'load_format: dummy (made on each GPU)'}\n")
