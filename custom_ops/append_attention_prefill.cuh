@@ -1,5 +1,5 @@
-// append_attention, CUDA prefill / extend kernel (requests with >= 2 new tokens this step; every
-// request under batch_invariant).
+// append_attention, CUDA prefill / extend kernel (requests with >= 2 new tokens this step; under
+// batch_invariant the requests a.rows names, every one by default).
 // One block per (query tile, KV head): 4 warps x 8 rows, a row being one (query, query head) of the
 // KV head's group, so the group's heads share every K/V tile in shared memory. Keys stream in
 // 32-key tiles (cp.async, double buffered) over the union of the tile's visible ranges: [0, last]

@@ -1,9 +1,10 @@
 // append_attention, the fixed key segments of batch_invariant (deterministic: true) with
 // invariant_split > 0: every row's keys are cut at multiples of invariant_split (from key 0), each
 // segment's online softmax starts fresh, and the segments are folded left to right with seg_fold. The
-// tensor-core prefill kernel folds in registers at each boundary (SEG); a decode-only step runs one
-// block a (request, KV head, segment) instead (DSPLIT + SEG), writes each segment's (m, l, O) and
-// segment_merge_kernel folds them. The two give a row the same bits: each segment is the same chain of
+// tensor-core prefill kernel's row-split block folds at each boundary (SEG; the folded state in registers
+// or local memory: FoldedSegments); the one-token requests of any step run one block a (request, KV
+// head, segment) instead (DSPLIT + SEG), write each segment's (m, l, O), and segment_merge_kernel
+// folds them. The two give a row the same bits: each segment is the same chain of
 // tiles in both, and the fold is one function with its roundings spelled out (no contraction left to
 // the compiler). Why segments: without them a decode row's keys stream through one block, so few long
 // rows leave most SMs idle (4 rows of 16k at Qwen3-8B dims: 32 blocks, the decode step 2.05x default
@@ -167,7 +168,7 @@ __device__ __forceinline__ void segment_store_rows(const AppendAttentionArgs& a,
   });
 }
 
-// Dims-split block of segment blockIdx.z (one query, decode-only steps): its (m, l, O) into the
+// Dims-split block of segment blockIdx.z (a one-token request, in any step): its (m, l, O) into the
 // workspace for segment_merge_kernel, or, when the row has one segment, the output (the fold from
 // nothing, as the row-split block's).
 template <typename T, int MF, int NDW>

@@ -15,7 +15,9 @@ prefill (``--prefill-requests`` prompts of 1024 tokens, one output token each: p
 1k/1k run (``--e2e`` requests of 1024 in / 1024 out: output tok/s). Before them, the engine's own decode
 step (``time_engine_step``: ``--batch`` prompts near ``--context`` through ``generate`` twice, to 16 and
 to 16 + ``--engine-steps`` tokens, the prompts cached by a first run), which unlike the step above
-overlaps each step's host work with the step before (``scheduler.overlap``).
+overlaps each step's host work with the step before (``scheduler.overlap``). Prefix caching is on
+for every run (the engine step needs it; each other run has its own prompts, so it only adds the
+block hashing).
 
 Memory target (a model that does not fit one GPU's budget runs under TP=2):
 ``--gpu-memory-utilization U`` sizes the KV cache by the profile run (``cache.num_blocks: auto``)

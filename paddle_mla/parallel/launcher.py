@@ -267,8 +267,11 @@ class TPDriver:
             if proc.exitcode is None:
                 proc.kill()            # SIGKILL: a worker blocked inside a collective cannot delay it
                 proc.join(timeout=LEAVE_S)
+                clean = False
         for conn in self.conns:
             conn.close()
         if self.group is not None:
             runner = self._runner() if self._runner is not None else None
-            self.group.leave(runner)
+            # clean: the workers drained every collective rank 0 queued (an overlapped step may still
+            # be unread), so rank 0's own queue ends too and its graphs are freed idle
+            self.group.leave(runner, drain=clean)
