@@ -60,7 +60,11 @@ class HostStep:
     pending_pos: np.ndarray   # int64 [P]: token indices whose id is the slot's last sampled token
     pending_slot: np.ndarray  # int64 [P]
     requests: list[RequestState] = field(default_factory=list)   # per row
-    prompt_lens: np.ndarray | None = None   # int32 [B]: where each row's outputs begin
+
+    @property
+    def prompt_lens(self) -> np.ndarray:
+        """int32 [B]: where each row's outputs begin (read only where prompts are kept apart)."""
+        return np.fromiter((r.prompt_len for r in self.requests), np.int32, len(self.requests))
 
 
 class InputState:
@@ -142,5 +146,4 @@ class InputState:
             block_tables=tables[slots, ..., :width],
             is_prefill=np.array([row.is_prefill for row in rows], dtype=bool),
             sample_mask=np.array([row.samples for row in rows], dtype=bool), slots=slots,
-            pending_pos=pending_pos.astype(np.int64, copy=False), pending_slot=slots[pending_rows], requests=reqs,
-            prompt_lens=np.array([r.prompt_len for r in reqs], dtype=np.int32))
+            pending_pos=pending_pos.astype(np.int64, copy=False), pending_slot=slots[pending_rows], requests=reqs)
