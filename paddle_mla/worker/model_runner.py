@@ -226,7 +226,13 @@ class ModelRunner:
         rank 0 samples."""
         batch, host = self._gather(msg)
         self.run_model(batch, self._side_arrays(host))
-        if self.overlap and batch.sample_mask.any():
+        if batch.sample_mask.any():     # rank 0 sampled: it shares its ids
+            self._share_sampled()
+
+    def _share_sampled(self) -> None:
+        """After a step that samples, under tensor parallelism with overlap: rank 0's ``last_sampled``
+        into every rank's (every rank calls it at the same steps: the same rows sample on all)."""
+        if self.tp is not None and self.overlap:
             self.tp.share_sampled(self.last_sampled)
 
     def _gather(self, msg: StepInput):
@@ -313,8 +319,7 @@ class ModelRunner:
             return LaunchedStep(num_rows, rows, None, None)
         packed, ids = sampler.sample_step_ids(logits, sb, dev.sampler, self.penalties)
         self.last_sampled.scatter_(0, dev.sample_slots, ids)
-        if self.tp is not None and self.overlap:
-            self.tp.share_sampled(self.last_sampled)
+        self._share_sampled()
         return LaunchedStep(num_rows, rows, sb, self.reader.start(packed))
 
     def close(self) -> None:
