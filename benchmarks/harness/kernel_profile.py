@@ -59,22 +59,25 @@ def _device_us(ev) -> float:
     return getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
 
 
-def kernel_ms(prof) -> dict[str, float]:
-    """Device ms per kernel name (its first 90 characters) over everything ``prof`` recorded."""
+def _device_ms_by(prof, key) -> dict[str, float]:
+    """Device ms over everything ``prof`` recorded (CUDA activity), summed by ``key(kernel name)``."""
     out: dict[str, float] = {}
     for ev in prof.key_averages():
-        if _device_us(ev):
-            out[ev.key[:90]] = out.get(ev.key[:90], 0.0) + _device_us(ev) / 1e3
+        us = _device_us(ev)
+        if us:
+            k = key(ev.key)
+            out[k] = out.get(k, 0.0) + us / 1e3
     return out
 
 
+def kernel_ms(prof) -> dict[str, float]:
+    """Device ms per kernel name (its first 90 characters)."""
+    return _device_ms_by(prof, lambda name: name[:90])
+
+
 def category_ms(prof) -> dict[str, float]:
-    """Device ms per kernel category over everything ``prof`` recorded (CUDA activity)."""
-    cats: dict[str, float] = {}
-    for ev in prof.key_averages():
-        if _device_us(ev):
-            cats[categorize(ev.key)] = cats.get(categorize(ev.key), 0.0) + _device_us(ev) / 1e3
-    return cats
+    """Device ms per kernel category."""
+    return _device_ms_by(prof, categorize)
 
 
 def phase_split(prefill: dict[str, float], whole: dict[str, float], decode_steps: int) -> dict:
