@@ -252,21 +252,23 @@ const char* launch_dsplit(const AppendAttentionArgs& a, cudaStream_t stream, flo
   }
 }
 
-// The row-split block with segments: 128 rows (MF = 2, the fold's state in local memory), or 64 (MF = 1)
-// where requests average fewer rows than a 128-row block (a one-token request among a few prompt chunks
+// The row-split block with segments, MF 16-row fragments a warp.
+template <typename T, int MF>
+const char* launch_segment_rows(const AppendAttentionArgs& a, cudaStream_t stream) {
+  switch (a.head_dim) {
+    case 64: return launch_prefill_tc<T, 64, 4, MF, false, true>(a, stream);
+    case 80: return launch_prefill_tc<T, 80, 4, MF, false, true>(a, stream);
+    case 96: return launch_prefill_tc<T, 96, 4, MF, false, true>(a, stream);
+    default: return launch_prefill_tc<T, 128, 4, MF, false, true>(a, stream);
+  }
+}
+
+// 128 rows a block (MF = 2, the fold's state in local memory), or 64 (MF = 1) where `wide` is false:
+// requests averaging fewer rows than a 128-row block (a one-token request among a few prompt chunks
 // leaves the rest of its block empty). The two give a row the same bits.
 template <typename T>
 const char* launch_segment_rows(const AppendAttentionArgs& a, bool wide, cudaStream_t stream) {
-  switch (a.head_dim) {
-    case 64: return wide ? launch_prefill_tc<T, 64, 4, 2, false, true>(a, stream)
-                         : launch_prefill_tc<T, 64, 4, 1, false, true>(a, stream);
-    case 80: return wide ? launch_prefill_tc<T, 80, 4, 2, false, true>(a, stream)
-                         : launch_prefill_tc<T, 80, 4, 1, false, true>(a, stream);
-    case 96: return wide ? launch_prefill_tc<T, 96, 4, 2, false, true>(a, stream)
-                         : launch_prefill_tc<T, 96, 4, 1, false, true>(a, stream);
-    default: return wide ? launch_prefill_tc<T, 128, 4, 2, false, true>(a, stream)
-                         : launch_prefill_tc<T, 128, 4, 1, false, true>(a, stream);
-  }
+  return wide ? launch_segment_rows<T, 2>(a, stream) : launch_segment_rows<T, 1>(a, stream);
 }
 
 // dsplit: the one-token requests (every request of a decode-only step) split over blocks by segment,
