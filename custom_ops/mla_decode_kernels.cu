@@ -14,41 +14,103 @@ namespace paddle_mla {
 namespace {
 
 constexpr int kCombineThreads = kMlaLatentDim / 4;  // 4 value columns a thread (one float4)
+constexpr int kCombineClasses = 4;                  // splits summed apart by s % 4, then in class order
 
-// One program per (row, head): rows with several splits merge their partials by log2-sum-exp, in
-// split order (run-to-run identical); zero-length rows get zeros; single-split rows were written by
-// the split kernel.
-__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(MlaDecodeArgs a) {
+// One program per (row, head): rows with several splits merge their partials by log2-sum-exp; zero-
+// length rows get zeros; single-split rows were written by the split kernel.
+//
+// G groups of kCombineThreads threads share a program. The splits are summed in 4 classes (s % 4),
+// each in split order, and the classes' sums are added in class order: group g sums classes
+// g * 4 / G .. (g + 1) * 4 / G - 1, so every G gives the same bits (the launcher picks G by the grid's
+// size, and a row's bits must not follow its batch). At b=1 a program merges up to 65 splits and
+// the merge is latency-bound: 4 groups walk a quarter each, with 8 loads in flight a thread.
+// Launched by PDL behind the split kernel: its blocks may wait on free SMs for the split grid to end.
+template <int G>
+__global__ void __launch_bounds__(kCombineThreads * G) mla_combine_kernel(MlaDecodeArgs a) {
+  constexpr int R = kCombineClasses / G, kWarps = kCombineThreads * G / 32;
+  static_assert(kCombineClasses % G == 0, "G must divide the class count");
+  __shared__ float warp_max[kWarps];
+  __shared__ float4 class_acc[G > 1 ? kCombineClasses - R : 1][kCombineThreads];
+  __shared__ float class_den[G > 1 ? kCombineClasses - R : 1][kCombineThreads];
   const int64_t b = blockIdx.x, h = blockIdx.y;
-  const int col = static_cast<int>(threadIdx.x) * 4;
+  const int tid = static_cast<int>(threadIdx.x), g = tid / kCombineThreads, t = tid % kCombineThreads;
+  const int col = t * 4;
   __nv_bfloat16* o = static_cast<__nv_bfloat16*>(a.out) + b * a.out_stride_b + h * a.out_stride_h + col;
-  const __nv_bfloat162 zero = __floats2bfloat162_rn(0.0f, 0.0f);
-  if (a.seq_lens[b] <= 0) {
-    reinterpret_cast<__nv_bfloat162*>(o)[0] = zero;
-    reinterpret_cast<__nv_bfloat162*>(o)[1] = zero;
+  grid_dependency_wait();
+  const int seq_len = a.seq_lens[b], n = a.num_splits[b];
+  const int64_t r0 = a.split_start[b];
+  if (seq_len <= 0) {
+    if (g == 0) {
+      const __nv_bfloat162 zero = __floats2bfloat162_rn(0.0f, 0.0f);
+      reinterpret_cast<__nv_bfloat162*>(o)[0] = zero;
+      reinterpret_cast<__nv_bfloat162*>(o)[1] = zero;
+    }
     return;
   }
-  const int n = a.num_splits[b];
   if (n <= 1) return;
-  const int64_t r0 = a.split_start[b];
   const float* lse = a.partial_lse + r0 * a.lse_stride_row + h * a.lse_stride_head;
-  float mx = -INFINITY;
-  for (int s = 0; s < n; ++s) mx = fmaxf(mx, lse[s * a.lse_stride_row]);
-  float den = 0.0f;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float mx = -INFINITY;  // the block's maximum over the splits' LSEs (max is exact in any order)
+  for (int s = tid; s < n; s += kCombineThreads * G) mx = fmaxf(mx, lse[s * a.lse_stride_row]);
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  if (tid % 32 == 0) warp_max[tid / 32] = mx;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, warp_max[w]);
+  float den[R];
+  float4 acc[R];
   const float* po = a.partial_out + r0 * a.po_stride_row + h * a.po_stride_head + col;
-  for (int s = 0; s < n; ++s) {
-    const float w = exp2f(lse[s * a.lse_stride_row] - mx);
-    const float4 p = *reinterpret_cast<const float4*>(po + s * a.po_stride_row);
-    den += w;
-    acc.x += w * p.x;
-    acc.y += w * p.y;
-    acc.z += w * p.z;
-    acc.w += w * p.w;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    den[r] = 0.0f;
+    acc[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = g * R + r; s < n; s += kCombineClasses) {
+      const float w = exp2f(lse[s * a.lse_stride_row] - mx);
+      const float4 p = *reinterpret_cast<const float4*>(po + s * a.po_stride_row);
+      den[r] += w;
+      acc[r].x += w * p.x;
+      acc[r].y += w * p.y;
+      acc[r].z += w * p.z;
+      acc[r].w += w * p.w;
+    }
   }
-  const float inv = 1.0f / den;
-  reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-  reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+  if constexpr (G > 1) {  // groups 1.. hand their classes to group 0
+    if (g > 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        class_acc[(g - 1) * R + r][t] = acc[r];
+        class_den[(g - 1) * R + r][t] = den[r];
+      }
+    }
+    __syncthreads();
+    if (g > 0) return;
+  }
+  float d = den[0];
+  float4 sum = acc[0];
+#pragma unroll
+  for (int c = 1; c < kCombineClasses; ++c) {  // class order, whoever summed each class
+    const float dc = c < R ? den[c % R] : class_den[G > 1 ? c - R : 0][t];
+    const float4 ac = c < R ? acc[c % R] : class_acc[G > 1 ? c - R : 0][t];
+    d += dc;
+    sum.x += ac.x;
+    sum.y += ac.y;
+    sum.z += ac.z;
+    sum.w += ac.w;
+  }
+  const float inv = 1.0f / d;
+  reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(sum.x * inv, sum.y * inv);
+  reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
+}
+
+// The combine's group count: programs of 4 groups where the grid leaves most SMs idle (few rows), 1
+// where it fills the GPU several times over. The bits are the same for every count.
+const char* launch_combine(const MlaDecodeArgs& a, cudaStream_t stream) {
+  const int64_t programs = a.batch * a.num_heads, sms = sm_count();
+  const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_heads));
+  if (programs <= sms) return launch_pdl(mla_combine_kernel<4>, grid, dim3(kCombineThreads * 4), 0, stream, a);
+  if (programs <= 4 * sms) return launch_pdl(mla_combine_kernel<2>, grid, dim3(kCombineThreads * 2), 0, stream, a);
+  return launch_pdl(mla_combine_kernel<1>, grid, dim3(kCombineThreads), 0, stream, a);
 }
 
 template <int RB, int CS, int BN, int NST>
@@ -116,8 +178,8 @@ const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
   auto kernel = mla::mla_decode_wgmma_kernel;
   if (const char* err = allow_smem(kernel, smem)) return err;
   const int head_groups = static_cast<int>((a.num_heads + mla::kWgHeads - 1) / mla::kWgHeads);
-  kernel<<<dim3(head_groups, static_cast<unsigned>(a.programs)), mla::kWgThreads, smem, stream>>>(a, kv_map, q_map);
-  return launched();
+  return launch_pdl(kernel, dim3(head_groups, static_cast<unsigned>(a.programs)), dim3(mla::kWgThreads), smem, stream,
+                    a, kv_map, q_map);
 }
 
 }  // namespace
@@ -140,9 +202,7 @@ const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
     default: return "unsupported launch config (row_blocks, col_splits, block_n, stages)";
   }
   if (err != nullptr) return err;
-  mla_combine_kernel<<<dim3(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_heads)), kCombineThreads, 0,
-                       stream>>>(a);
-  return launched();
+  return launch_combine(a, stream);
 }
 
 }  // namespace paddle_mla

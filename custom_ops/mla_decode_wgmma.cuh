@@ -14,7 +14,8 @@
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle, wgmma.cuh): Q (64 x 576 bf16, 72 KB), 2 key
 // stages of 64 x 576 (144 KB), P (8 KB), row scalars (1 KB), 3 mbarriers: 225 KB, one program an SM.
-// Tile i + 1 streams in while tile i is computed, by TMA: one thread issues, per 64-column chunk, a
+// Tile i + 1 streams in while tile i is computed (the first two tiles of a split are issued together
+// with Q, so a short split waits for one load, not two in a row), by TMA: one thread issues, per 64-column chunk, a
 // box of R = gcd(page, 64) token rows per page run (tensor maps over the cache and Q, built by the
 // launcher), completing on the stage's mbarrier. Why TMA: with 16-byte cp.async from every thread a
 // 72 KB tile took about 5 µs to land (ncu: 30% tensor-pipe use, 21% of DRAM bandwidth, H200), the
@@ -29,6 +30,7 @@
 #include <cstdint>
 
 #include "append_attention_mma.cuh"
+#include "cuda_launch.cuh"
 #include "mla_decode_cuda.h"
 #include "mla_decode_kernel.cuh"
 #include "wgmma.cuh"
@@ -78,6 +80,17 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int tid = static_cast<int>(threadIdx.x), wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int hg = static_cast<int>(blockIdx.x), pid = static_cast<int>(blockIdx.y);
   const int bs = static_cast<int>(a.batch);
+  const uint32_t full0 = base + WgLayout::bars, qbar = full0 + 16;  // stage s's barrier: full0 + 8 s
+  if (tid == 0) {  // before the wait: nothing here reads what earlier kernels write
+    wg::mbar_init(full0, 1);
+    wg::mbar_init(full0 + 8, 1);
+    wg::mbar_init(qbar, 1);
+    wg::mbar_init_fence();
+    wg::prefetch_tensor_map(&kv_map);
+    wg::prefetch_tensor_map(&q_map);
+  }
+  grid_dependency_wait();  // q, the plan and the lengths come from the kernels before (PDL)
+  launch_dependents();     // the combine may take the SMs this grid leaves free and wait there
   const PlanWindows windows = plan_windows(a.tiles_per_prog, a.cu_tiles, bs);
   if (!windows.has(pid)) return;
   const int page = static_cast<int>(a.page_size);
@@ -89,14 +102,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const uint64_t dq = wg::desc_sw128(base + WgLayout::q, 16, 1024);
   const uint64_t dk = wg::desc_sw128(base + WgLayout::kv, 16, 1024);
   const uint64_t dv = wg::desc_sw128(base + WgLayout::kv + wgi * 4 * kWgChunk, kWgChunk, 1024);
-  const uint32_t full0 = base + WgLayout::bars, qbar = full0 + 16;  // stage s's barrier: full0 + 8 s
   const bool producer = tid == 128;  // warpgroup 1 is idle while warpgroup 0 computes S
-  if (tid == 0) {
-    wg::mbar_init(full0, 1);
-    wg::mbar_init(full0 + 8, 1);
-    wg::mbar_init(qbar, 1);
-    wg::mbar_init_fence();
-  }
   __syncthreads();
   uint32_t phase = 0;  // bit s: parity of stage s's next completion; bit 2: Q's
 
@@ -120,6 +126,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
       for (int c = 0; c < 9; ++c) wg::tma_load_3d(base + WgLayout::q + c * kWgChunk, &q_map, c * 64, hg * kWgHeads, b, qbar);
       issue(t0, 0);
+      if (nt > 1) issue(t0 + 1, 1);  // both stages are free: two tiles in flight from the start
     }
     __syncwarp();  // the producer's warp converges before the barrier waits and wgmma below
     wg::mbar_wait(qbar, (phase >> 2) & 1);
@@ -146,7 +153,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         wg::fence_proxy_async();
       }
       __syncthreads();
-      if (producer && i + 1 < nt) issue(t0 + i + 1, (i + 1) % 2);
+      if (producer && i >= 1 && i + 1 < nt) issue(t0 + i + 1, (i + 1) % 2);  // into tile i - 1's stage
       __syncwarp();
       uint32_t pa[4][4];
       float keep[2];

@@ -106,7 +106,7 @@ def test_cuda_decode_one_long_row_over_the_whole_grid(k, heads, variant):
 
     got = _poisoned_runs(k, run, out)
     splits, _, _ = k.ref.decode_plan_ref(lens, dec.launch.block_n, dec.launch.programs, dec.ws.max_kv_splits,
-                                         dec.launch.min_tiles)
+                                         dec.launch.min_tiles, dec.split_cost)
     assert int(dec.ws.num_kv_splits[0]) == int(splits[0]) > 1
     _check_close(k, got, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, 192 ** -0.5))
 
@@ -116,14 +116,16 @@ def test_cuda_decode_one_long_row_over_the_whole_grid(k, heads, variant):
 @pytest.mark.parametrize("heads", [16, 128])
 def test_cuda_decode_batch_invariant_plan(k, heads, variant, programs):
     """The batch-invariant plan (``deterministic: true``): each row's output has the same bits alone,
-    in the batch and in a shuffled batch, its split count is its own length over the split size, and
-    it matches the reference. 3 programs a head group: each program walks many windows."""
+    in the batch, in a shuffled batch and in the batch three times over, its split count is its own
+    length over the split size, and it matches the reference. 3 programs a head group: each program
+    walks many windows. The combine's group count follows the grid (rows x heads against the SMs):
+    alone, 8 rows and 24 rows take 4, 4 and 2 groups at 16 heads, 4, 1 and 1 at 128."""
     torch = k.torch
     seq_lens = [4097, 33, 1, 2048, 0, 95, 3000, 6000]
     bs, scale, split = len(seq_lens), 192 ** -0.5, 1024
     cache, q, tables, lens = _case(k, seq_lens, heads, 64, 11 + heads)
     override = dict(variant, programs=programs) if programs else variant
-    dec = k.cd.CudaDecode(heads, bs, k.dev, split_tokens=split, max_len=8192, **override)
+    dec = k.cd.CudaDecode(heads, 3 * bs, k.dev, split_tokens=split, max_len=8192, **override)
 
     def decode(rows):
         idx = _up(k, np.array(rows, dtype=np.int64))
@@ -139,7 +141,10 @@ def test_cuda_decode_batch_invariant_plan(k, heads, variant, programs):
     _check_close(k, whole, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, scale))
     order = np.random.default_rng(heads).permutation(bs).tolist()
     shuffled = decode(order)
+    tripled = decode(list(range(bs)) * 3)
     for i in range(bs):
+        for j in range(3):
+            assert torch.equal(tripled[j * bs + i], whole[i]), f"row {i} differs in the batch three times over"
         alone = decode([i])
         assert torch.equal(alone[0], whole[i]), f"row {i} alone differs from its batch"
         assert torch.equal(shuffled[order.index(i)], whole[i]), f"row {i} differs in a shuffled batch"
