@@ -1,10 +1,13 @@
-"""Benchmark: paddle_mla's Triton MLA decode vs SGLang's Triton decode kernel, same process, same data.
+"""Benchmark: paddle_mla's MLA decode (Triton, and the SM90 CUDA op) vs SGLang's Triton decode kernel and
+FlashInfer's MLA decode, same process, same data.
 
 bf16, d = kv_lora 512 + rope 64 = 576, dv = 512, 64-token pages in random block order. Times are
 ``triton.testing.do_bench`` medians (it flushes L2 between runs) of the per-layer kernels (stage 1 +
 stage 2); the per-step plan kernel is timed separately. GB/s counts unique bytes (KV + Q + O);
 TFLOPS = b*h*s*2*(576+512)/t. SGLang (``decode_attention_fwd``, grouped) is taken at its best over
 split counts {1,2,4,...,64}, from ./third_party/sglang_decode (scripts/fetch_sglang_kernel.sh).
+FlashInfer's MLA decode (``BatchMLAPagedAttentionWrapper``, its "fa3" Hopper kernel) is the CUDA op's
+anchor, from ./third_party/flashinfer (scripts/fetch_flashinfer.sh; benchmarks/harness/flashinfer_mla.py).
 
   python -m benchmarks.kernels.mla_decode [--b 1,16,64,128] [--h 16,128] [--s 1024,4096,16384,32768]
       [--variants "block_n=32;block_n=64,num_stages=3"] [--json out.json]
@@ -38,7 +41,7 @@ runtime.select("torch")  # triton.testing and CUDA events: the benchmark runs on
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from benchmarks.harness import anchors  # noqa: E402
+from benchmarks.harness import anchors, flashinfer_mla  # noqa: E402
 from benchmarks.harness.errors import rel_err  # noqa: E402
 from benchmarks.harness.mla_cases import D, LORA, PAGE, make_decode_case, parse_variants  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth, median_us  # noqa: E402
@@ -109,26 +112,59 @@ def run_ours(case, h, cfg_override):
 
 
 def run_cuda(case, h, override=None):
-    """The CUDA op on the case (``override``: ``ops.mla_decode.launch_config`` fields): (µs, graph µs,
-    out) or None where it cannot run."""
+    """The CUDA op on the case (``override``: ``ops.mla_decode.launch_config`` fields, ``pdl=0``:
+    programmatic dependent launch off, ``split_cost=N``: the plan's split cost, 0 the balanced plan):
+    (µs, graph µs of plan + decode, graph µs of the decode alone, out) or None where it cannot run.
+    The decode alone is what each layer of a step pays: the engine builds the plan once a step."""
     from paddle_mla.attention.triton_mla import cuda_decode
 
     cache, tables, q, lens = case
     if cuda_decode.unavailable_reason(LORA, D, torch.bfloat16, "cuda"):
         return None
+    override = dict(override or {})
+    pdl = override.pop("pdl", 1)
+    split_cost = override.pop("split_cost", None)
     b = q.shape[0]
-    dec = cuda_decode.CudaDecode(h, b, "cuda", **(override or {}))
+    dec = cuda_decode.CudaDecode(h, b, "cuda", **override)
+    if split_cost is not None:
+        dec.split_cost = split_cost
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
-    dec.plan(lens, b)
-    fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)
-    fn()
-    t = median_us(fn)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()  # plan + decode, as the engine's decode step replays them
-    with torch.cuda.graph(graph):
+    before = os.environ.get("PADDLE_MLA_PDL")
+    os.environ["PADDLE_MLA_PDL"] = str(int(pdl))   # read at each launch, so also at capture
+    try:
         dec.plan(lens, b)
+        fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)
         fn()
-    return t, median_us(graph.replay), out.clone()
+        t = median_us(fn)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()  # plan + decode, as the engine's decode step replays them
+        with torch.cuda.graph(graph):
+            dec.plan(lens, b)
+            fn()
+        layer = torch.cuda.CUDAGraph()  # the decode alone
+        with torch.cuda.graph(layer):
+            fn()
+        return t, median_us(graph.replay), median_us(layer.replay), out.clone()
+    finally:
+        if before is None:
+            os.environ.pop("PADDLE_MLA_PDL", None)
+        else:
+            os.environ["PADDLE_MLA_PDL"] = before
+
+
+def run_flashinfer(fi, case, h):
+    """FlashInfer's MLA decode on the case: (µs, graph µs of its run, out, backend); its plan is
+    host-side, once a step, so neither time holds it."""
+    from benchmarks.harness.flashinfer_mla import FlashInferMla
+
+    anchor = FlashInferMla(fi, case, h, 192 ** -0.5)
+    anchor.run()
+    t = median_us(anchor.run)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        anchor.run()
+    return t, median_us(graph.replay), anchor.out.clone(), anchor.backend
 
 
 def run_sglang(sg_fwd, case, h):
@@ -157,7 +193,7 @@ def run_sglang(sg_fwd, case, h):
     return best
 
 
-def run_case(b, h, s, variants, sg_fwd, copy_gbs, cuda_variants=()):
+def run_case(b, h, s, variants, sg_fwd, copy_gbs, cuda_variants=(), fi=None):
     """Every variant (the default first) and SGLang on one case: (summary row, per-variant rows)."""
     case = make_decode_case(b, h, s)
     uniq = b * s * D * 2 + b * h * D * 2 + b * h * LORA * 2
@@ -186,17 +222,24 @@ def run_case(b, h, s, variants, sg_fwd, copy_gbs, cuda_variants=()):
         row.update(sg_us=ts, sg_splits=ns, speedup=ts / t, rel_err_vs_sg=rel_err(out, osg))
     cuda = run_cuda(case, h)
     if cuda is not None:
-        tc, tcg, oc = cuda
-        row.update(cuda_us=tc, cuda_graph_us=tcg, cuda_tflops=flops / (tc * 1e-6) / 1e12,
+        tc, tcg, tcl, oc = cuda
+        row.update(cuda_us=tc, cuda_graph_us=tcg, cuda_graph_layer_us=tcl, cuda_tflops=flops / (tc * 1e-6) / 1e12,
                    cuda_pct_copy=100 * uniq / (tc * 1e-6) / 1e9 / copy_gbs, cuda_vs_triton=t / tc,
                    cuda_rel_err_vs_triton=rel_err(oc, out))
         if osg is not None:
             row.update(cuda_vs_sglang=row["sg_us"] / tc, cuda_rel_err_vs_sg=rel_err(oc, osg))
+        if fi is not None:
+            try:
+                tf, tfg, of, backend = run_flashinfer(fi, case, h)
+                row.update(fi_us=tf, fi_graph_us=tfg, fi_backend=backend, cuda_vs_fi=tf / tc,
+                           cuda_graph_vs_fi=tfg / tcl, cuda_rel_err_vs_fi=rel_err(oc, of))
+            except Exception as e:  # noqa: BLE001  (the anchor's failure is reported, not fatal)
+                row["fi_error"] = repr(e)[:300]
         row["cuda_variants"] = {}
         for v in cuda_variants:   # launch-config variants of the CUDA op, beside its default
             try:
-                tv, tvg, ov = run_cuda(case, h, v)
-                row["cuda_variants"][json.dumps(v)] = [round(tv, 2), round(tvg, 2), rel_err(ov, out)]
+                tv, tvg, tvl, ov = run_cuda(case, h, v)
+                row["cuda_variants"][json.dumps(v)] = [round(tv, 2), round(tvg, 2), round(tvl, 2), rel_err(ov, out)]
             except Exception as e:  # noqa: BLE001  (a variant may not exist for this head count)
                 row["cuda_variants"][json.dumps(v)] = repr(e)[:160]
     vrows = []
@@ -230,20 +273,26 @@ def print_tables(rows, vrows, copy_gbs):
     cuda_rows = [r for r in rows if "cuda_us" in r]
     if cuda_rows:
         print()
-        print("CUDA op (SM90) beside ours-Triton and SGLang (speedups > 1: the CUDA op is faster):")
+        print("CUDA op (SM90) beside ours-Triton, SGLang and FlashInfer (speedups > 1: the CUDA op is faster; "
+              "graph: plan + decode / the decode alone, a layer's share):")
         print("| b | h | s | CUDA µs | CUDA graph µs | TFLOPS | % copy | Triton µs | vs Triton | SGLang µs | vs SGLang "
-              "| rel err vs Triton | rel err vs SGLang |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| FlashInfer µs (graph) | vs FlashInfer (graph) | rel err vs Triton / SGLang / FlashInfer |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in cuda_rows:
             sg = (f"{r['sg_us']:.1f} | {r['cuda_vs_sglang']:.2f}x" if "cuda_vs_sglang" in r else "- | -")
-            esg = f"{r['cuda_rel_err_vs_sg']:.1e}" if "cuda_rel_err_vs_sg" in r else "-"
-            print(f"| {r['b']} | {r['h']} | {r['s']} | {r['cuda_us']:.1f} | {r['cuda_graph_us']:.1f} | "
-                  f"{r['cuda_tflops']:.0f} | {r['cuda_pct_copy']:.0f}% | {r['us']:.1f} | {r['cuda_vs_triton']:.2f}x | "
-                  f"{sg} | {r['cuda_rel_err_vs_triton']:.1e} | {esg} |")
+            fi = (f"{r['fi_us']:.1f} ({r['fi_graph_us']:.1f}) | {r['cuda_vs_fi']:.2f}x ({r['cuda_graph_vs_fi']:.2f}x)"
+                  if "fi_us" in r else "- | -")
+            errs = " / ".join(f"{r[k]:.1e}" if k in r else "-" for k in
+                              ("cuda_rel_err_vs_triton", "cuda_rel_err_vs_sg", "cuda_rel_err_vs_fi"))
+            print(f"| {r['b']} | {r['h']} | {r['s']} | {r['cuda_us']:.1f} | {r['cuda_graph_us']:.1f} / "
+                  f"{r['cuda_graph_layer_us']:.1f} | {r['cuda_tflops']:.0f} | {r['cuda_pct_copy']:.0f}% | {r['us']:.1f} | "
+                  f"{r['cuda_vs_triton']:.2f}x | {sg} | {fi} | {errs} |")
         for r in cuda_rows:
+            if r.get("fi_error"):
+                print(f"FlashInfer failed at b={r['b']} h={r['h']} s={r['s']}: {r['fi_error']}")
             if r.get("cuda_variants"):
-                print(f"CUDA variants b={r['b']} h={r['h']} s={r['s']} [µs, graph µs, rel err vs Triton]: "
-                      f"{json.dumps(r['cuda_variants'])}")
+                print(f"CUDA variants b={r['b']} h={r['h']} s={r['s']} [µs, graph µs, graph µs of the decode alone, "
+                      f"rel err vs Triton]: {json.dumps(r['cuda_variants'])}")
     print()
     print("Per variant ({} = today's config; vs default / vs SGLang > 1 means faster):")
     print("| b | h | s | variant | µs | graph µs | TB/s | % copy | TFLOPS | regs, spills | splits | workspace MiB "
@@ -266,19 +315,21 @@ def main():
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="named sets of (h, b, s, variants) instead of --h/--b/--s/--variants")
     ap.add_argument("--no-sglang", action="store_true")
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer's MLA decode (the CUDA op's anchor)")
     ap.add_argument("--cuda-variants", default="", help="';'-separated CUDA op launch_config overrides")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ints = lambda x: [int(v) for v in x.split(",") if v]
     groups = PRESETS[args.preset] if args.preset else [(args.h, args.b, args.s, args.variants)]
     sg_fwd, sg_src = (None, "skipped") if args.no_sglang else anchors.load(anchors.SGLANG_DECODE)
+    fi, fi_src = (None, "skipped") if args.no_flashinfer else flashinfer_mla.load()
     props = torch.cuda.get_device_properties(0)
     copy_gbs = copy_bandwidth() / 1e9
     meta = {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
-            "torch": torch.__version__, "triton": triton.__version__, "copy_gbs": copy_gbs, "sglang": sg_src,
+            "torch": torch.__version__, "triton": triton.__version__, "copy_gbs": copy_gbs, "sglang": sg_src, "flashinfer": fi_src,
             "command": " ".join(sys.argv)}
     print(f"# {props.name}, {meta['date']}, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"# device copy bandwidth (read+write): {copy_gbs:.0f} GB/s; SGLang: {sg_src}")
+    print(f"# device copy bandwidth (read+write): {copy_gbs:.0f} GB/s; SGLang: {sg_src}; FlashInfer: {fi_src}")
     t_start = time.time()
     rows, vrows = [], []
     for hs, bs_, ss, vtext in groups:
@@ -288,7 +339,7 @@ def main():
                 for s in ints(ss):
                     if b * s * D * 2 > 12e9:
                         continue
-                    row, vr = run_case(b, h, s, variants, sg_fwd, copy_gbs, parse_variants(args.cuda_variants)[1:])
+                    row, vr = run_case(b, h, s, variants, sg_fwd, copy_gbs, parse_variants(args.cuda_variants)[1:], fi)
                     if row is not None:
                         rows.append(row)
                         vrows.extend(vr)
