@@ -40,15 +40,17 @@ def test_write_latent_cache_skips_negative_slots(k):
     assert torch.equal(cache[0, 0, 0], lat[0]) and torch.equal(cache[1, 1, 0], lat[1])
 
 
-@pytest.mark.parametrize("seq_lens", [[0], [5], [3, 17, 64, 5, 0, 0], [1000, 1, 0, 40]])
-def test_decode_plan_matches_reference(k, seq_lens):
+@pytest.mark.parametrize("split_cost", [0, 57, 228], ids=["balanced", "cost57", "cost228"])
+@pytest.mark.parametrize("seq_lens", [[0], [5], [3, 17, 64, 5, 0, 0], [1000, 1, 0, 40], [320, 300, 333, 290]])
+def test_decode_plan_matches_reference(k, seq_lens, split_cost):
+    """The GPU-built plan equals the plain reference, with and without the split-aware window size."""
     torch = k.torch
     bs, max_bs, max_splits = len(seq_lens), 8, 4
     ws = k.dec.alloc_decode_workspace(max_bs, 4, 32, max_splits, DEV)
     lens = _t(k, np.array(seq_lens + [7] * (max_bs - bs), dtype=np.int32))
     for programs in (1, 5, 64):
-        k.dec.build_decode_plan(lens, bs, ws, block_n=16, target_items=programs)
-        splits, cu, q = k.ref.decode_plan_ref(lens[:bs], 16, programs, max_splits)
+        k.dec.build_decode_plan(lens, bs, ws, block_n=16, target_items=programs, split_cost=split_cost)
+        splits, cu, q = k.ref.decode_plan_ref(lens[:bs], 16, programs, max_splits, split_cost=split_cost)
         assert torch.equal(ws.num_kv_splits[:bs], splits)
         assert torch.equal(ws.cu_tiles[:bs + 1], cu)
         assert int(ws.tiles_per_prog[0]) == int(q)
@@ -58,6 +60,20 @@ def test_decode_plan_matches_reference(k, seq_lens):
         assert torch.equal(ws.split_start[:bs + 1].to(k.torch.int64),
                            k.torch.cat([k.torch.zeros(1, dtype=k.torch.int64, device=DEV), start]))
         assert int(start[-1]) <= bs + programs - 1
+
+
+def test_split_aware_plan_keeps_uniform_rows_whole(k):
+    """64 rows of 64 tiles over 66 programs: the balanced plan takes windows of 63 tiles (every row in
+    two splits); with a split's cost counted (128 KB of partials a row at 64 heads against a 72 KB
+    tile) it takes 64 (one window a row, no partials), and a cost of 0 keeps 63."""
+    lens = _t(k, np.full(64, 64 * 64, dtype=np.int32))
+    cost = k.dec.split_cost_of(64, 512, 64, 576)
+    assert cost == 228
+    for split_cost, q_want, splits_want in ((0, 63, 2), (cost, 64, 1)):
+        ws = k.dec.alloc_decode_workspace(64, 64, 512, 67, DEV, programs=66)
+        k.dec.build_decode_plan(lens, 64, ws, block_n=64, target_items=66, min_tiles=2, split_cost=split_cost)
+        assert int(ws.tiles_per_prog[0]) == q_want
+        assert int(ws.num_kv_splits.max()) == splits_want
 
 
 @pytest.mark.parametrize("max_bs,max_splits,programs", [(128, 32, 66), (8, 4, 64), (4, 16, 0)])

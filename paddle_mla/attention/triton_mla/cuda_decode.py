@@ -18,7 +18,7 @@ import torch
 
 from paddle_mla.platform.triton_host import interpreting, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import (alloc_decode_workspace, build_decode_plan, fixed_split_tiles,
-                                                        fixed_split_workspace, split_cap)
+                                                        fixed_split_workspace, split_cap, split_cost_of)
 from paddle_mla.ops import mla_decode as op
 
 
@@ -64,6 +64,8 @@ class CudaDecode:
         assert not split_tokens or max_len > 0, "the batch-invariant plan needs max_len"
         self.launch = op.launch_config(num_heads, num_sms(), **override)
         p, bn = self.launch.programs, self.launch.block_n
+        # a split's partial rows (this program's heads, fp32) against a key tile: the plan weighs them
+        self.split_cost = split_cost_of(min(num_heads, self.launch.heads_per_program), op.LATENT_DIM, bn, op.KEY_DIM)
         if split_tokens:
             self.fixed_tiles = fixed_split_tiles(split_tokens, bn)
             self.ws = fixed_split_workspace(max_bs, num_heads, op.LATENT_DIM, max_len, split_tokens, bn, device)
@@ -75,7 +77,7 @@ class CudaDecode:
         """The split plan of rows [0, bs) on the GPU (once per step, before ``run``), into ``ws``
         (default: this decoder's workspace; the pseudo rows pass theirs)."""
         build_decode_plan(seq_lens_k, bs, self.ws if ws is None else ws, self.launch.block_n, self.launch.programs,
-                          self.launch.min_tiles, self.fixed_tiles)
+                          self.launch.min_tiles, self.fixed_tiles, self.split_cost)
 
     def run(self, q, kv_cache, block_tables, seq_lens_k, out, bs: int, sm_scale: float, ws=None):
         """q [>= bs, H, 576] -> out [>= bs, H, 512] over the plan from ``plan`` (same rows, same ``ws``)."""

@@ -15,6 +15,15 @@ windows, so its splits follow its own length alone. Written per step:
                      [split_start[b], split_start[b] + num_kv_splits[b]) of the compact workspace
   tiles_per_prog[0]  Q
 
+A split costs more than its tiles: it writes fp32 partials that the merge reads back (at 64 heads a
+split row is 128 KB against a 72 KB key tile of the CUDA op). With ``split_cost`` > 0 the plan
+weighs that: it tries Q' = Q + k * max(Q // 128, 1), k < PLAN_SEARCH, and keeps the first of least
+Q' * P * 64 + split_cost * (partial rows of Q') (integers: the reference picks the same), where
+split_cost is a partial row's write and read in 1/64 key tiles. Sizes whose extra tiles alone cost
+more than all of Q's partial rows are not tried (they cannot win; at b=1 that is every one). Uniform rows then land on whole
+windows: 64 rows of 64 tiles over 66 programs take Q = 64 (no partials) instead of 63 (every row
+split in two, 32 MB of partials at 128 heads).
+
 Compact partials: the programs that touch request b form a contiguous range [first_b, last_b],
 and consecutive requests' ranges share at most one program, so sum_b (last_b - first_b) <= P - 1
 and the total split count is at most bs + P - 1 (zero-length rows count one each). The partial
@@ -64,6 +73,7 @@ class DecodeWorkspace:
 
 
 MAX_DV_SPLIT = 4  # value-column slices per (request, head block, split); see decode.DecodeConfig.dv_split
+PLAN_SEARCH = 16  # window sizes the split-aware plan tries (module doc)
 
 
 # most full split windows per request: with Q >= cdiv(tiles, max_splits - 1) a request has at most
@@ -115,9 +125,9 @@ def alloc_decode_workspace(max_bs: int, num_heads: int, v_dim: int, max_kv_split
 @triton.jit(do_not_specialize=["bs"])   # per-step value: one compile for all
 def _plan_kernel(
     seq_lens, num_splits_out, cu_tiles_out, split_start_out, tiles_per_prog_out,
-    bs, programs,
+    bs, programs, split_cost,
     MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr, BLOCK_B: tl.constexpr,
-    FIXED_TILES: tl.constexpr,
+    FIXED_TILES: tl.constexpr, SEARCH: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK_B)
     valid = offs < bs
@@ -138,6 +148,23 @@ def _plan_kernel(
         q = tl.maximum(q, (longest + MAX_SPLITS - 2) // (MAX_SPLITS - 1))
         q = tl.maximum(q, 1)
         start = tl.cumsum(tiles, axis=0) - tiles
+        if SEARCH > 0:   # the split-aware window size (module doc)
+            step = tl.maximum(q // 128, 1)
+            n = tl.where(tiles > 0, (start + tiles - 1) // q - start // q + 1, 1)
+            rows = tl.sum(tl.where(valid & (n > 1), n, 0), axis=0).to(tl.int64)
+            best = q.to(tl.int64) * programs * 64 + rows * split_cost
+            # a size costing more tiles than every partial row of Q cannot win: at b=1 none is tried
+            k_end = tl.minimum(rows * split_cost // (step * programs * 64) + 1, SEARCH).to(tl.int32)
+            best_q = q
+            for k in range(1, k_end):
+                qk = q + k * step
+                n = tl.where(tiles > 0, (start + tiles - 1) // qk - start // qk + 1, 1)
+                rows = tl.sum(tl.where(valid & (n > 1), n, 0), axis=0).to(tl.int64)
+                cost = qk.to(tl.int64) * programs * 64 + rows * split_cost
+                better = cost < best
+                best_q = tl.where(better, qk, best_q)
+                best = tl.where(better, cost, best)
+            q = best_q
         first = start // q
         last = (start + tiles - 1) // q
         splits = tl.where(tiles > 0, last - first + 1, 1)
@@ -151,7 +178,7 @@ def _plan_kernel(
 
 
 def build_decode_plan(seq_lens_k, bs: int, ws: DecodeWorkspace, block_n: int, target_items: int,
-                      min_tiles: int = 1, fixed_tiles: int = 0) -> None:
+                      min_tiles: int = 1, fixed_tiles: int = 0, split_cost: int = 0) -> None:
     """Fill the plan in ``ws`` from seq_lens_k int32 [>= bs] (device), once per step.
 
     ``block_n`` and ``target_items`` (= stage-1 programs per head group) come from
@@ -159,6 +186,8 @@ def build_decode_plan(seq_lens_k, bs: int, ws: DecodeWorkspace, block_n: int, ta
     ``fixed_tiles`` > 0: the batch-invariant plan (``deterministic: true``): every split is
     ``fixed_tiles`` tiles of its own request (the last one shorter), whatever the batch; the
     workspace must hold ``max_bs * max_kv_splits`` partial rows (``fixed_split_workspace``).
+    ``split_cost`` > 0 (the balanced plan only): a partial row's cost in 1/64 key tiles, for the
+    split-aware window size (module doc; ``split_cost_of``).
     """
     assert 0 <= bs <= ws.max_bs
     assert ws.programs == 0 or target_items <= ws.programs, "the workspace was sized for fewer programs"
@@ -166,10 +195,16 @@ def build_decode_plan(seq_lens_k, bs: int, ws: DecodeWorkspace, block_n: int, ta
         "the fixed split plan needs max_bs * max_kv_splits partial rows"
     _plan_kernel[(1,)](
         seq_lens_k, ws.num_kv_splits, ws.cu_tiles, ws.split_start, ws.tiles_per_prog,
-        bs, max(int(target_items), 1),
+        bs, max(int(target_items), 1), int(split_cost),
         MAX_SPLITS=ws.max_kv_splits, BLOCK_N=block_n, MIN_TILES=min_tiles, BLOCK_B=ws.block_b,
-        FIXED_TILES=int(fixed_tiles),
+        FIXED_TILES=int(fixed_tiles), SEARCH=PLAN_SEARCH if split_cost > 0 and not fixed_tiles else 0,
     )
+
+
+def split_cost_of(heads_per_program: int, v_dim: int, block_n: int, key_dim: int, key_bytes: int = 2) -> int:
+    """A partial row's write and read-back (fp32, ``heads_per_program`` x ``v_dim``) in 1/64 of a key
+    tile (``block_n`` x ``key_dim`` elements of ``key_bytes``): the plan's ``split_cost``."""
+    return max(round(64 * 2 * heads_per_program * v_dim * 4 / (block_n * key_dim * key_bytes)), 1)
 
 
 def fixed_split_tiles(split_tokens: int, block_n: int) -> int:

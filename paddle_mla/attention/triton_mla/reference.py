@@ -24,18 +24,28 @@ def write_latent_cache_ref(latent, kv_cache, slot_mapping):
     return kv_cache
 
 
-def decode_plan_ref(seq_lens_k, block_n: int, programs: int, max_kv_splits: int, min_tiles: int = 1):
-    """(num_kv_splits int32 [B], cu_tiles int32 [B+1], tiles_per_prog) as ``decode_plan`` builds them."""
+def decode_plan_ref(seq_lens_k, block_n: int, programs: int, max_kv_splits: int, min_tiles: int = 1,
+                    split_cost: int = 0, search: int = 16):
+    """(num_kv_splits int32 [B], cu_tiles int32 [B+1], tiles_per_prog) as ``decode_plan`` builds them
+    (``split_cost`` > 0: the split-aware window size, ``search`` sizes tried)."""
     lens = seq_lens_k.to(torch.int64)
     tiles = (lens + block_n - 1) // block_n
-    total = tiles.sum()
-    q = torch.clamp((total + programs - 1) // programs, min=min_tiles)
-    q = torch.maximum(q, (torch.amax(tiles) + max_kv_splits - 2) // (max_kv_splits - 1)).clamp(min=1)
+    total = int(tiles.sum())
+    q = max(-(-total // programs), min_tiles, -(-int(tiles.max()) // (max_kv_splits - 1)) if len(tiles) else 0, 1)
     cu = torch.cat([torch.zeros(1, dtype=torch.int64, device=lens.device), torch.cumsum(tiles, 0)])
     start = cu[:-1]
-    last = (start + tiles - 1) // q
-    splits = torch.where(tiles > 0, last - start // q + 1, torch.ones_like(tiles))
-    return splits.to(torch.int32), cu.to(torch.int32), q.to(torch.int32)
+
+    def splits_of(q: int):
+        return torch.where(tiles > 0, (start + tiles - 1) // q - start // q + 1, torch.ones_like(tiles))
+
+    if split_cost > 0:
+        costs = []
+        for k in range(search):
+            qk = q + k * max(q // 128, 1)
+            n = splits_of(qk)
+            costs.append((qk * programs * 64 + int(n[n > 1].sum()) * split_cost, k, qk))
+        q = min(costs)[2]   # least cost, then the first tried
+    return splits_of(q).to(torch.int32), cu.to(torch.int32), torch.tensor(q, dtype=torch.int32)
 
 
 def _gather_pages(kv_cache, block_tables):
