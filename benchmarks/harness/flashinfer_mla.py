@@ -5,12 +5,16 @@ decode benchmark. Benchmarks only: FlashInfer is never a dependency of paddle_ml
 kernels' sources and headers, without the folders of unrelated kernels, so that it travels to the GPU
 machine within a device call's size limit) and the ``apache-tvm-ffi`` wheel it JIT-builds with into
 the git-ignored ``third_party/flashinfer/``. ``load`` imports an installed ``flashinfer`` if there is
-one, else unpacks those into a temporary folder and imports from there. FlashInfer JIT-compiles the
+one, else unpacks those into a temporary folder and imports its packages from there through a finder
+that knows those packages alone (sys.path is untouched). FlashInfer JIT-compiles the
 kernel on first use (nvcc, a minute or two).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 import tarfile
@@ -41,16 +45,29 @@ def _unpack() -> Path:
     return site
 
 
+class _SiteFinder(importlib.abc.MetaPathFinder):
+    """Finds the top-level packages of the unpacked folder (flashinfer, tvm_ffi) by name, and nothing
+    else; their submodules come through the packages' own paths. It stays installed: FlashInfer
+    imports tvm_ffi lazily, at its JIT build."""
+
+    def __init__(self, site: Path):
+        self.site = site
+        self.names = {p.name for p in site.iterdir() if (p / "__init__.py").exists()}
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, [str(self.site)])
+
+
 def load():
     """(the flashinfer module, its version and origin) or (None, why not)."""
-    import importlib
-
     try:
         fi = importlib.import_module("flashinfer")   # an installed copy wins
     except ImportError:
         if not any(FOLDER.glob("*.tar.xz")):
             return None, f"missing (run {FETCH})"
-        sys.path.insert(0, str(_unpack()))
+        sys.meta_path.append(_SiteFinder(_unpack()))
         try:
             fi = importlib.import_module("flashinfer")
         except Exception as e:  # noqa: BLE001  (reported in the table, not fatal)
