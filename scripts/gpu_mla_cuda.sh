@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The SM90 mla_decode CUDA op in one GPU call (after pip install -e .): its kernel tests, the decode
-# target points beside ours-Triton and SGLang's Triton kernel (benchmarks.kernels.mla_decode --preset
-# cuda; SGLang from third_party/sglang_decode, scripts/fetch_sglang_kernel.sh), then the engine tests
+# target points beside ours-Triton, SGLang's Triton kernel and FlashInfer's MLA decode
+# (benchmarks.kernels.mla_decode --preset cuda; SGLang from third_party/sglang_decode,
+# scripts/fetch_sglang_kernel.sh; FlashInfer from third_party/flashinfer, scripts/fetch_flashinfer.sh), then the engine tests
 # that run triton_mla decode steps (graphs, prefix cache, chunked prefill, preemption) on the CUDA path.
 # Logs under $OUT. Usage: bash scripts/gpu_mla_cuda.sh [engine test files...]
 set -uo pipefail
