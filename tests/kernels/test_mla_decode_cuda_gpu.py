@@ -106,7 +106,7 @@ def test_cuda_decode_one_long_row_over_the_whole_grid(k, heads, variant):
 
     got = _poisoned_runs(k, run, out)
     splits, _, _ = k.ref.decode_plan_ref(lens, dec.launch.block_n, dec.launch.programs, dec.ws.max_kv_splits,
-                                         dec.launch.min_tiles, dec.split_cost)
+                                         dec.launch.min_tiles, dec.split_cost, k.dec.PLAN_SEARCH)
     assert int(dec.ws.num_kv_splits[0]) == int(splits[0]) > 1
     _check_close(k, got, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, 192 ** -0.5))
 
@@ -119,7 +119,7 @@ def test_cuda_decode_batch_invariant_plan(k, heads, variant, programs):
     in the batch, in a shuffled batch and in the batch three times over, its split count is its own
     length over the split size, and it matches the reference. 3 programs a head group: each program
     walks many windows. The combine's group count follows the grid (rows x heads against the SMs):
-    alone, 8 rows and 24 rows take 4, 4 and 2 groups at 16 heads, 4, 1 and 1 at 128."""
+    on a 132-SM card, alone, 8 rows and 24 rows take 4, 4 and 2 groups at 16 heads, 4, 1 and 1 at 128."""
     torch = k.torch
     seq_lens = [4097, 33, 1, 2048, 0, 95, 3000, 6000]
     bs, scale, split = len(seq_lens), 192 ** -0.5, 1024

@@ -50,7 +50,8 @@ def test_decode_plan_matches_reference(k, seq_lens, split_cost):
     lens = _t(k, np.array(seq_lens + [7] * (max_bs - bs), dtype=np.int32))
     for programs in (1, 5, 64):
         k.dec.build_decode_plan(lens, bs, ws, block_n=16, target_items=programs, split_cost=split_cost)
-        splits, cu, q = k.ref.decode_plan_ref(lens[:bs], 16, programs, max_splits, split_cost=split_cost)
+        splits, cu, q = k.ref.decode_plan_ref(lens[:bs], 16, programs, max_splits, split_cost=split_cost,
+                                              search=k.dec.PLAN_SEARCH)
         assert torch.equal(ws.num_kv_splits[:bs], splits)
         assert torch.equal(ws.cu_tiles[:bs + 1], cu)
         assert int(ws.tiles_per_prog[0]) == int(q)

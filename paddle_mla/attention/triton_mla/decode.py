@@ -34,6 +34,7 @@ import triton.language as tl
 from paddle_mla.platform.triton_host import device_index, dot_precision, env_overrides, interpreting, next_pow2, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exported)
     MAX_DV_SPLIT, DecodeWorkspace, alloc_decode_workspace, build_decode_plan, partial_rows, split_cap, split_cost_of,
+    PLAN_SEARCH,
 )
 
 LOG2E = 1.4426950408889634

@@ -25,9 +25,9 @@ def write_latent_cache_ref(latent, kv_cache, slot_mapping):
 
 
 def decode_plan_ref(seq_lens_k, block_n: int, programs: int, max_kv_splits: int, min_tiles: int = 1,
-                    split_cost: int = 0, search: int = 16):
+                    split_cost: int = 0, search: int = 0):
     """(num_kv_splits int32 [B], cu_tiles int32 [B+1], tiles_per_prog) as ``decode_plan`` builds them
-    (``split_cost`` > 0: the split-aware window size, ``search`` sizes tried)."""
+    (``split_cost`` > 0: the split-aware window size over ``search`` sizes, ``decode_plan.PLAN_SEARCH``)."""
     lens = seq_lens_k.to(torch.int64)
     tiles = (lens + block_n - 1) // block_n
     total = int(tiles.sum())
