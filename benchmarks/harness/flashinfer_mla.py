@@ -31,11 +31,12 @@ WORKSPACE_BYTES = 128 * 2**20   # FlashInfer's suggested float workspace
 
 def _unpack() -> Path:
     """The fetched files unpacked once per machine: the site folder to import from."""
-    site = Path(tempfile.gettempdir()) / "paddle_mla_flashinfer_site"
+    tars = sorted(FOLDER.glob("*.tar.xz"))   # one folder per fetched version: a new fetch never reuses an old copy
+    site = Path(tempfile.gettempdir()) / f"paddle_mla_{tars[-1].name.removesuffix('.tar.xz')}"
     done = site / ".unpacked"
     if not done.exists():
         site.mkdir(parents=True, exist_ok=True)
-        for tar in FOLDER.glob("*.tar.xz"):
+        for tar in tars:
             with tarfile.open(tar) as t:
                 t.extractall(site, filter="data")
         for whl in FOLDER.glob("*.whl"):

@@ -3,6 +3,9 @@ pages in random order) and the ``--variants`` syntax the MLA kernel benchmarks s
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from paddle_mla.platform import runtime
 
 runtime.require_selected(__name__)
@@ -35,3 +38,18 @@ def parse_variants(text: str | None) -> list[dict]:
         if v:
             out.append({kv.split("=")[0].strip(): int(kv.split("=")[1]) for kv in v.split(",")})
     return out
+
+
+@contextlib.contextmanager
+def pdl_switch(on: bool):
+    """PADDLE_MLA_PDL set for the block (the CUDA op reads it at each launch, so also at capture), then
+    restored: programmatic dependent launch on or off for an A/B."""
+    before = os.environ.get("PADDLE_MLA_PDL")
+    os.environ["PADDLE_MLA_PDL"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PADDLE_MLA_PDL", None)
+        else:
+            os.environ["PADDLE_MLA_PDL"] = before

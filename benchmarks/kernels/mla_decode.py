@@ -43,7 +43,7 @@ import triton  # noqa: E402
 
 from benchmarks.harness import anchors, flashinfer_mla  # noqa: E402
 from benchmarks.harness.errors import rel_err  # noqa: E402
-from benchmarks.harness.mla_cases import D, LORA, PAGE, make_decode_case, parse_variants  # noqa: E402
+from benchmarks.harness.mla_cases import D, LORA, PAGE, make_decode_case, parse_variants, pdl_switch  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth, median_us  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 
@@ -129,9 +129,7 @@ def run_cuda(case, h, override=None):
     if split_cost is not None:
         dec.split_cost = split_cost
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
-    before = os.environ.get("PADDLE_MLA_PDL")
-    os.environ["PADDLE_MLA_PDL"] = str(int(pdl))   # read at each launch, so also at capture
-    try:
+    with pdl_switch(bool(pdl)):   # read at each launch, so also at capture
         dec.plan(lens, b)
         fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)
         fn()
@@ -145,11 +143,6 @@ def run_cuda(case, h, override=None):
         with torch.cuda.graph(layer):
             fn()
         return t, median_us(graph.replay), median_us(layer.replay), out.clone()
-    finally:
-        if before is None:
-            os.environ.pop("PADDLE_MLA_PDL", None)
-        else:
-            os.environ["PADDLE_MLA_PDL"] = before
 
 
 def run_flashinfer(fi, case, h):

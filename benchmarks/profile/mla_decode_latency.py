@@ -22,7 +22,7 @@ runtime.select("torch")
 import torch  # noqa: E402
 
 from benchmarks.harness.kernel_profile import DEVICE_CATS, load_trace, profiled  # noqa: E402
-from benchmarks.harness.mla_cases import D, LORA, make_decode_case  # noqa: E402
+from benchmarks.harness.mla_cases import D, LORA, make_decode_case, pdl_switch  # noqa: E402
 from benchmarks.harness.timing import median_us  # noqa: E402
 
 
@@ -57,9 +57,13 @@ def timeline(replay, iters: int) -> dict:
 
 
 def measure(b: int, h: int, s: int, iters: int, pdl: bool) -> dict:
+    with pdl_switch(pdl):
+        return _measure(b, h, s, iters, pdl)
+
+
+def _measure(b: int, h: int, s: int, iters: int, pdl: bool) -> dict:
     from paddle_mla.attention.triton_mla import cuda_decode
 
-    os.environ["PADDLE_MLA_PDL"] = "1" if pdl else "0"
     cache, tables, q, lens = make_decode_case(b, h, s)
     dec = cuda_decode.CudaDecode(h, b, "cuda")
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
@@ -74,7 +78,7 @@ def measure(b: int, h: int, s: int, iters: int, pdl: bool) -> dict:
     with torch.cuda.graph(layer):
         run()
     row = {"b": b, "h": h, "s": s, "pdl": pdl, "programs": dec.launch.programs,
-           "splits": int(dec.ws.num_kv_splits[0].item()), "tiles_per_split": int(dec.ws.tiles_per_prog[0].item()),
+           "splits": int(dec.ws.num_kv_splits[0].item()), "window_tiles": int(dec.ws.tiles_per_prog[0].item()),
            "graph_us": median_us(whole.replay), "graph_layer_us": median_us(layer.replay),
            "plan_and_decode": timeline(whole.replay, iters), "decode_alone": timeline(layer.replay, iters)}
     return row
@@ -98,7 +102,7 @@ def main():
                     r = measure(b, h, s, args.iters, pdl)
                     rows.append(r)
                     print(f"b={b} h={h} s={s} pdl={int(pdl)}: graph {r['graph_us']:.1f} µs (decode alone "
-                          f"{r['graph_layer_us']:.1f}), {r['splits']} splits of {r['tiles_per_split']} tiles")
+                          f"{r['graph_layer_us']:.1f}), {r['splits']} splits of {r['window_tiles']}-tile windows")
                     for part in ("plan_and_decode", "decode_alone"):
                         t = r[part]
                         if "error" in t:
