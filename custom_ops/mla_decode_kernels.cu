@@ -23,7 +23,7 @@ constexpr int kCombineClasses = 4;                  // splits summed apart by s 
 // each in split order, and the classes' sums are added in class order: group g sums classes
 // g * 4 / G .. (g + 1) * 4 / G - 1, so every G gives the same bits (the launcher picks G by the grid's
 // size, and a row's bits must not follow its batch). At b=1 a program merges up to 65 splits and
-// the merge is latency-bound: 4 groups walk a quarter each, with 8 loads in flight a thread.
+// the merge is a latency-bound chain: 4 groups walk a quarter each.
 // Launched by PDL behind the split kernel: its blocks may wait on free SMs for the split grid to end.
 template <int G>
 __global__ void __launch_bounds__(kCombineThreads * G) mla_combine_kernel(MlaDecodeArgs a) {

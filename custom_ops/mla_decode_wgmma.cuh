@@ -15,7 +15,7 @@
 // Shared memory (1024-byte aligned, 128-byte swizzle, wgmma.cuh): Q (64 x 576 bf16, 72 KB), 2 key
 // stages of 64 x 576 (144 KB), P (8 KB), row scalars (1 KB), 3 mbarriers: 225 KB, one program an SM.
 // Tile i + 1 streams in while tile i is computed (the first two tiles of a split are issued together
-// with Q, so a short split waits for one load, not two in a row), by TMA: one thread issues, per 64-column chunk, a
+// with Q: both stages are free then; at b=1 it measured neutral), by TMA: one thread issues, per 64-column chunk, a
 // box of R = gcd(page, 64) token rows per page run (tensor maps over the cache and Q, built by the
 // launcher), completing on the stage's mbarrier. Why TMA: with 16-byte cp.async from every thread a
 // 72 KB tile took about 5 µs to land (ncu: 30% tensor-pipe use, 21% of DRAM bandwidth, H200), the
