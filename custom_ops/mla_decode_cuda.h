@@ -58,7 +58,7 @@ inline const char* check_mla_decode_args(const MlaDecodeArgs& a) {
 }
 
 // A tensor as a binding sees it (torch or Paddle): element type, shape and strides in elements.
-enum class MlaElem { kBF16, kFP32, kINT32, kOther };
+enum class MlaElem { kBF16, kFP32, kINT32, kINT64, kOther };
 struct MlaTensor {
   const void* data;
   MlaElem elem;

@@ -150,15 +150,18 @@ __device__ __forceinline__ void online_softmax(float (&s)[NB][4], float (&m)[2],
     for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * h], s[nb][2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[h], mx * qk_scale);  // finite: a tile holds at least one key
-    keep[h] = attn::fast_exp2(m[h] - m_new);
+    const float m_new = fmaxf(m[h], mx * qk_scale);
+    // -inf only while every key so far was masked (a sparse row's invalid slots; a paged row's tile
+    // always holds a key): subtracting 0 then keeps P and the rescale at 0 instead of NaN
+    const float m_sub = m_new == -INFINITY ? 0.0f : m_new;
+    keep[h] = attn::fast_exp2(m[h] - m_sub);
     m[h] = m_new;
     float sum = 0.0f;
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
       for (int x = 2 * h; x < 2 * h + 2; ++x) {
-        s[nb][x] = attn::fast_exp2(fmaf(s[nb][x], qk_scale, -m_new));
+        s[nb][x] = attn::fast_exp2(fmaf(s[nb][x], qk_scale, -m_sub));
         sum += s[nb][x];
       }
     }
@@ -166,32 +169,51 @@ __device__ __forceinline__ void online_softmax(float (&s)[NB][4], float (&m)[2],
   }
 }
 
-// A finished split's rows (heads head0 and head0 + 8, columns col .. col + 8 ND of the value): the
-// output itself when the request has one split, else the fp32 partial and, from `lse_writer` warps,
-// its log2-sum-exp. sum: the rows' softmax denominators, m: their maxima (log2 units).
+// Where a finished split's rows go, each pointer at head 0, column 0 of the row: the bf16 output
+// itself (`out` set: the row's only split), else the fp32 partial and its log2-sum-exp.
+struct RowSink {
+  __nv_bfloat16* out;
+  int64_t out_stride_h;
+  float* po;
+  int64_t po_stride_h;
+  float* lse;
+  int64_t lse_stride_h;
+};
+
+// The paged decode's sink for request b's split in partial row `prow`.
+__device__ __forceinline__ RowSink decode_sink(const MlaDecodeArgs& a, int b, int64_t prow) {
+  if (a.num_splits[b] == 1)
+    return {static_cast<__nv_bfloat16*>(a.out) + b * a.out_stride_b, a.out_stride_h, nullptr, 0, nullptr, 0};
+  return {nullptr, 0, a.partial_out + prow * a.po_stride_row, a.po_stride_head,
+          a.partial_lse + prow * a.lse_stride_row, a.lse_stride_head};
+}
+
+// A finished split's rows (heads head0 and head0 + 8 of the H, columns col .. col + 8 ND of the value)
+// into `sink`; the log2-sum-exp from `lse_writer` warps. sum: the rows' softmax denominators, m: their
+// maxima (log2 units). A row that saw no valid key (sum 0: a sparse row's invalid slots) gets zeros
+// and a log2-sum-exp of -inf, which the merges weigh 0.
 template <int ND>
-__device__ __forceinline__ void store_rows(const MlaDecodeArgs& a, const float (&acc)[ND][4], int b, int64_t prow,
-                                           int head0, int col, const float (&sum)[2], const float (&m)[2],
-                                           bool lse_writer, int lane) {
+__device__ __forceinline__ void store_rows(const RowSink& sink, int num_heads, const float (&acc)[ND][4], int head0,
+                                           int col, const float (&sum)[2], const float (&m)[2], bool lse_writer,
+                                           int lane) {
   using T = __nv_bfloat16;
-  const bool whole = a.num_splits[b] == 1;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float inv = 1.0f / sum[h];
+    const float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
     const int head = head0 + 8 * h;
-    if (head >= a.num_heads) continue;
-    if (whole) {
-      T* o = static_cast<T*>(a.out) + b * a.out_stride_b + head * a.out_stride_h + col;
+    if (head >= num_heads) continue;
+    if (sink.out != nullptr) {
+      T* o = sink.out + head * sink.out_stride_h + col;
 #pragma unroll
       for (int nd = 0; nd < ND; ++nd)
         *reinterpret_cast<uint32_t*>(o + nd * 8) = attn::pack2<T>(acc[nd][2 * h] * inv, acc[nd][2 * h + 1] * inv);
     } else {
-      float* po = a.partial_out + prow * a.po_stride_row + head * a.po_stride_head + col;
+      float* po = sink.po + head * sink.po_stride_h + col;
 #pragma unroll
       for (int nd = 0; nd < ND; ++nd)
         *reinterpret_cast<float2*>(po + nd * 8) = make_float2(acc[nd][2 * h] * inv, acc[nd][2 * h + 1] * inv);
       if (lse_writer && lane % 4 == 0)
-        a.partial_lse[prow * a.lse_stride_row + head * a.lse_stride_head] = m[h] + log2f(sum[h]);
+        sink.lse[head * sink.lse_stride_h] = sum[h] > 0.0f ? m[h] + log2f(sum[h]) : -INFINITY;
     }
   }
 }
@@ -348,7 +370,7 @@ __global__ void __launch_bounds__(32 * RB * CS, 1) mla_decode_split_kernel(MlaDe
       sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
     }
     const int64_t prow = split_row(a, windows, w, b);
-    store_rows(a, acc, b, prow, hg * HB + rb * 16 + lane / 4, cs * NV + col0, sum, m, cs == 0, lane);
+    store_rows(decode_sink(a, b, prow), H, acc, hg * HB + rb * 16 + lane / 4, cs * NV + col0, sum, m, cs == 0, lane);
   });
 #endif
 }

@@ -1,5 +1,6 @@
-// mla_decode, CUDA launcher and the split combine. Framework-neutral: nvcc compiles this file alone
-// (scripts/check_cuda_compile.sh). Contract: mla_decode_cuda.h; split kernel: mla_decode_kernel.cuh.
+// mla_decode and mla_sparse: the CUDA launchers and the decode's split combine. Framework-neutral:
+// nvcc compiles this file alone (scripts/check_cuda_compile.sh). Contracts: mla_decode_cuda.h and
+// mla_sparse_cuda.h; kernels: mla_decode_kernel.cuh, mla_decode_wgmma.cuh, mla_sparse_wgmma.cuh.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -9,6 +10,8 @@
 #include "mla_decode_cuda.h"
 #include "mla_decode_kernel.cuh"
 #include "mla_decode_wgmma.cuh"
+#include "mla_sparse_cuda.h"
+#include "mla_sparse_wgmma.cuh"
 
 namespace paddle_mla {
 namespace {
@@ -163,11 +166,16 @@ const char* encode_map(CUtensorMap* map, const void* ptr, const int64_t (&dims)[
 
 // The warpgroup kernel: sm_90a code only (wgmma, TMA), so it runs on a compute capability 9.0 device
 // and a build for it (paddle_mla/ops/build.py targets sm_90a there); anywhere else it is refused.
-const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
+bool on_sm90() {
   int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) || major != 9 || minor != 0)
-    return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+         minor == 0;
+}
+
+const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
+  if (!on_sm90()) return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
   CUtensorMap kv_map{}, q_map{};
   const int64_t kv_dims[3] = {kMlaKeyDim, a.page_size, a.kv_blocks}, q_dims[3] = {kMlaKeyDim, a.num_heads, a.q_rows};
   if (const char* err = encode_map(&kv_map, a.kv_cache, kv_dims, a.kv_stride_token, a.kv_stride_block,
@@ -182,7 +190,28 @@ const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
                     a, kv_map, q_map);
 }
 
+// The sparse kernel (mla_sparse_wgmma.cuh): Q by TMA from q_lat and q_pe, one program a row, head
+// group and split.
+const char* launch_sparse(const MlaSparseArgs& a, cudaStream_t stream) {
+  if (!on_sm90()) return "the sparse MLA kernel needs a compute capability 9.0 GPU";
+  CUtensorMap ql_map{}, qp_map{};
+  const int64_t ql_dims[3] = {kMlaLatentDim, a.num_heads, a.q_rows}, qp_dims[3] = {kMlaRopeDim, a.num_heads, a.q_rows};
+  if (const char* err = encode_map(&ql_map, a.q_lat, ql_dims, a.ql_stride_h, a.ql_stride_t, mla::kWgHeads)) return err;
+  if (const char* err = encode_map(&qp_map, a.q_pe, qp_dims, a.qp_stride_h, a.qp_stride_t, mla::kWgHeads)) return err;
+  const size_t smem = mla::WgLayout::total;
+  auto kernel = mla::mla_sparse_wgmma_kernel;
+  if (const char* err = allow_smem(kernel, smem)) return err;
+  const int64_t groups = (a.num_heads + mla::kWgHeads - 1) / mla::kWgHeads;
+  return launch_pdl(kernel, dim3(static_cast<unsigned>(groups * a.rows), static_cast<unsigned>(a.num_splits)),
+                    dim3(mla::kWgThreads), smem, stream, a, ql_map, qp_map);
+}
+
 }  // namespace
+
+const char* mla_sparse_cuda(const MlaSparseArgs& a, void* stream) {
+  if (a.rows == 0) return nullptr;
+  return launch_sparse(a, static_cast<cudaStream_t>(stream));
+}
 
 const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
   const char* bad = check_mla_decode_args(a);

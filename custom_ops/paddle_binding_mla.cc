@@ -1,9 +1,11 @@
-// Paddle custom operator pmla_mla_decode over the framework-neutral launcher (mla_decode_cuda.h).
+// Paddle custom operators pmla_mla_decode and pmla_mla_sparse over the framework-neutral launchers
+// (mla_decode_cuda.h, mla_sparse_cuda.h).
 // Same library as paddle_binding.cc. out, partial_out and partial_lse are updated in place
 // (SetInplaceMap); the Python wrapper returns `out`. GPU tensors only: a CPU build refuses calls.
 #include <vector>
 
 #include "mla_decode_cuda.h"
+#include "mla_sparse_cuda.h"
 #include "paddle/extension.h"
 
 namespace {
@@ -15,6 +17,7 @@ paddle_mla::MlaTensor view(const paddle::Tensor& x) {
   const auto elem = dt == DataType::BFLOAT16  ? paddle_mla::MlaElem::kBF16
                     : dt == DataType::FLOAT32 ? paddle_mla::MlaElem::kFP32
                     : dt == DataType::INT32   ? paddle_mla::MlaElem::kINT32
+                    : dt == DataType::INT64   ? paddle_mla::MlaElem::kINT64
                                               : paddle_mla::MlaElem::kOther;
   const auto shape = x.shape();
   const auto strides = x.strides();
@@ -44,6 +47,24 @@ void MlaDecode(const paddle::Tensor& q, const paddle::Tensor& kv_cache, const pa
 #endif
 }
 
+void MlaSparse(const paddle::Tensor& q_lat, const paddle::Tensor& q_pe, const paddle::Tensor& kv_cache,
+               const paddle::Tensor& slots, paddle::Tensor& out, paddle::Tensor& part_o, paddle::Tensor& part_lse,
+               int64_t rows, int64_t num_splits, int64_t split_len, float softmax_scale) {
+  const char* op = "pmla_mla_sparse";
+  const paddle_mla::MlaSparseTensors t{view(q_lat), view(q_pe), view(kv_cache), view(slots),
+                                       view(out),   view(part_o), view(part_lse)};
+  paddle_mla::MlaSparseArgs a{};
+  const char* bad = paddle_mla::mla_sparse_args(t, {rows, num_splits, split_len, softmax_scale}, &a);
+  PD_CHECK(bad == nullptr, op, ": ", bad ? bad : "");
+#ifdef PADDLE_MLA_WITH_CUDA
+  PD_CHECK(q_lat.is_gpu() && kv_cache.is_gpu() && slots.is_gpu() && out.is_gpu(), op, ": GPU tensors expected");
+  const char* err = paddle_mla::mla_sparse_cuda(a, static_cast<void*>(q_lat.stream()));
+  PD_CHECK(err == nullptr, op, ": ", err ? err : "");
+#else
+  PD_CHECK(false, op, ": this build has no CUDA kernels");
+#endif
+}
+
 }  // namespace
 
 PD_BUILD_OP(pmla_mla_decode)
@@ -54,3 +75,10 @@ PD_BUILD_OP(pmla_mla_decode)
     .Attrs({"batch: int64_t", "softmax_scale: float", "programs: int64_t", "block_n: int64_t", "row_blocks: int64_t",
             "col_splits: int64_t", "stages: int64_t"})
     .SetKernelFn(PD_KERNEL(MlaDecode));
+
+PD_BUILD_OP(pmla_mla_sparse)
+    .Inputs({"q_lat", "q_pe", "kv_cache", "slots", "out", "part_o", "part_lse"})
+    .Outputs({"out_out", "part_o_out", "part_lse_out"})
+    .SetInplaceMap({{"out", "out_out"}, {"part_o", "part_o_out"}, {"part_lse", "part_lse_out"}})
+    .Attrs({"rows: int64_t", "num_splits: int64_t", "split_len: int64_t", "softmax_scale: float"})
+    .SetKernelFn(PD_KERNEL(MlaSparse));

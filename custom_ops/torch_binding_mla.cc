@@ -1,5 +1,5 @@
-// torch.library operator paddle_mla::mla_decode over the framework-neutral launcher
-// (mla_decode_cuda.h). Same library as torch_binding.cc (a fragment of its namespace). It writes
+// torch.library operators paddle_mla::mla_decode and paddle_mla::mla_sparse over the framework-neutral launcher
+// (mla_decode_cuda.h, mla_sparse_cuda.h). Same library as torch_binding.cc (a fragment of its namespace). It writes
 // `out` (and the partial workspace) in place and returns nothing; the Python wrapper
 // (paddle_mla/ops/mla_decode.py) returns `out`. GPU tensors only: a CPU build registers the schema
 // and refuses calls.
@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "mla_decode_cuda.h"
+#include "mla_sparse_cuda.h"
 
 #ifdef PADDLE_MLA_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -20,6 +21,7 @@ paddle_mla::MlaTensor view(const at::Tensor& x) {
   const auto elem = st == at::kBFloat16 ? paddle_mla::MlaElem::kBF16
                     : st == at::kFloat  ? paddle_mla::MlaElem::kFP32
                     : st == at::kInt    ? paddle_mla::MlaElem::kINT32
+                    : st == at::kLong   ? paddle_mla::MlaElem::kINT64
                                         : paddle_mla::MlaElem::kOther;
   return paddle_mla::mla_tensor(x.data_ptr(), elem, static_cast<int>(x.dim()), [&](int i) { return x.size(i); },
                                 [&](int i) { return x.stride(i); }, x.numel(), x.is_contiguous());
@@ -48,6 +50,26 @@ void mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tenso
 #endif
 }
 
+void mla_sparse(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& kv_cache, const at::Tensor& slots,
+                at::Tensor& out, at::Tensor& part_o, at::Tensor& part_lse, int64_t rows, int64_t num_splits,
+                int64_t split_len, double softmax_scale) {
+  const char* op = "paddle_mla::mla_sparse";
+  const paddle_mla::MlaSparseTensors t{view(q_lat), view(q_pe), view(kv_cache), view(slots),
+                                       view(out),   view(part_o), view(part_lse)};
+  paddle_mla::MlaSparseArgs a{};
+  const char* bad =
+      paddle_mla::mla_sparse_args(t, {rows, num_splits, split_len, static_cast<float>(softmax_scale)}, &a);
+  TORCH_CHECK(bad == nullptr, op, ": ", bad ? bad : "");
+#ifdef PADDLE_MLA_WITH_CUDA
+  TORCH_CHECK(q_lat.is_cuda() && kv_cache.is_cuda() && slots.is_cuda() && out.is_cuda(), op, ": CUDA tensors expected");
+  const c10::cuda::CUDAGuard guard(q_lat.device());
+  const char* err = paddle_mla::mla_sparse_cuda(a, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, op, ": ", err ? err : "");
+#else
+  TORCH_CHECK(false, op, ": this build has no CUDA kernels");
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(paddle_mla, m) {
@@ -55,10 +77,18 @@ TORCH_LIBRARY_FRAGMENT(paddle_mla, m) {
         "Tensor cu_tiles, Tensor split_start, Tensor tiles_per_prog, Tensor(a!) out, Tensor(b!) partial_out, "
         "Tensor(c!) partial_lse, int batch, float softmax_scale, int programs, int block_n, int row_blocks, "
         "int col_splits, int stages) -> ()");
+  m.def("mla_sparse(Tensor q_lat, Tensor q_pe, Tensor kv_cache, Tensor slots, Tensor(a!) out, Tensor(b!) part_o, "
+        "Tensor(c!) part_lse, int rows, int num_splits, int split_len, float softmax_scale) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(paddle_mla, CPU, m) { m.impl("mla_decode", &mla_decode); }
+TORCH_LIBRARY_IMPL(paddle_mla, CPU, m) {
+  m.impl("mla_decode", &mla_decode);
+  m.impl("mla_sparse", &mla_sparse);
+}
 
 #ifdef PADDLE_MLA_WITH_CUDA
-TORCH_LIBRARY_IMPL(paddle_mla, CUDA, m) { m.impl("mla_decode", &mla_decode); }
+TORCH_LIBRARY_IMPL(paddle_mla, CUDA, m) {
+  m.impl("mla_decode", &mla_decode);
+  m.impl("mla_sparse", &mla_sparse);
+}
 #endif

@@ -42,6 +42,11 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
       "r"(phase)
       : "memory");
 }
+// One arrival on the barrier once every cp.async this thread issued so far has landed (.noinc: the
+// barrier's count must include it, one per arriving thread).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // One box of a 3-D tensor map into shared memory at `dst` (the map's swizzle applied), completing
 // its bytes on `bar`. Coordinates are in elements, innermost first.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,

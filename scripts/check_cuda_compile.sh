@@ -31,7 +31,7 @@ compile_one() {   # "STD SRC": one nvcc compile, or the plain-C++ check of a CPU
 export -f compile_one
 jobs=()
 for std in c++17 c++20; do
-  for src in custom_ops/*.cu custom_ops/metadata_cpu.h custom_ops/append_attention_cpu.h custom_ops/mla_decode_cuda.h; do
+  for src in custom_ops/*.cu custom_ops/metadata_cpu.h custom_ops/append_attention_cpu.h custom_ops/mla_decode_cuda.h custom_ops/mla_sparse_cuda.h; do
     jobs+=("$std $src")
   done
 done

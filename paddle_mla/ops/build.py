@@ -56,6 +56,7 @@ KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "a
                   "append_attention_decode_plan.cuh", "append_attention_decode.cuh", "append_attention_segments.cuh",
                   "append_attention_kernels.cu", "mla_decode_cuda.h",
                   "mla_decode_kernel.cuh", "mla_decode_wgmma.cuh", "mla_decode_kernels.cu", "wgmma.cuh",
+                  "mla_wgmma_attend.cuh", "mla_sparse_cuda.h", "mla_sparse_wgmma.cuh",
                   "cuda_launch.cuh")
 CUDA_SOURCES = ("metadata_kernels.cu", "append_attention_kernels.cu", "mla_decode_kernels.cu")
 BINDINGS = {"paddle": ("paddle_binding.cc", "paddle_binding_attention.cc", "paddle_binding_mla.cc"),
@@ -79,6 +80,7 @@ class CompiledOps:
     #  paddle_mla/ops/append_attention.py
     append_attention: Callable[..., Any]
     mla_decode: Callable[..., Any]  # writes out in place; GPU only; see paddle_mla/ops/mla_decode.py
+    mla_sparse: Callable[..., Any]  # writes out (or the partials) in place; GPU only; the same module
     runtime: str
     with_cuda: bool
     build_dir: str
@@ -304,6 +306,8 @@ def _bind(rt: str, lib: str, module: Any) -> dict[str, Callable[..., Any]]:
             "append_attention": lambda *args: module.pmla_append_attention(*args[:13], float(args[13]), *args[14:]),
             "mla_decode": lambda *args: module.pmla_mla_decode(*args[:11], int(args[11]), float(args[12]),
                                                                *(int(x) for x in args[13:])),
+            "mla_sparse": lambda *args: module.pmla_mla_sparse(*args[:7], *(int(x) for x in args[7:10]),
+                                                               float(args[10])),
         }
         on_gpu = lambda x: x.place.is_gpu_place()
     else:
@@ -316,12 +320,13 @@ def _bind(rt: str, lib: str, module: Any) -> dict[str, Callable[..., Any]]:
             "compute_slot_mapping": lambda tables, ids, pos, bs: ns.compute_slot_mapping(tables, ids, pos, int(bs)),
             "append_attention": ns.append_attention,
             "mla_decode": ns.mla_decode,
+            "mla_sparse": ns.mla_sparse,
         }
         on_gpu = lambda x: x.is_cuda
     if wants_cuda():
         return ops
-    # append_attention and mla_decode have no twin in ops.reference: their wrappers check with_cuda
-    return {name: fn if name in ("append_attention", "mla_decode") else _cpu_only(name, fn, on_gpu)
+    # append_attention and the MLA ops have no twin in ops.reference: their wrappers check with_cuda
+    return {name: fn if name in ("append_attention", "mla_decode", "mla_sparse") else _cpu_only(name, fn, on_gpu)
             for name, fn in ops.items()}
 
 
@@ -374,6 +379,7 @@ def _register_torch_fakes() -> None:
         return None  # mutates k_cache, v_cache, out
 
     torch.library.register_fake("paddle_mla::mla_decode")(lambda *args: None)  # mutates out and the partials
+    torch.library.register_fake("paddle_mla::mla_sparse")(lambda *args: None)
 
 
 def main() -> int:

@@ -7,6 +7,9 @@ GPU (built with this config's ``block_n``, ``programs`` and ``min_tiles``) and i
 preallocated partial workspace, so a call allocates nothing and reads nothing back (CUDA-graph safe).
 The plain-tensor reference is ``attention.triton_mla.reference.mla_decode_ref``. Without a CUDA
 build the call raises; ``available()`` says whether it can run.
+
+``mla_sparse`` is the same kernel family over DSA's selected cache slots (custom_ops/mla_sparse_cuda.h;
+reference ``attention.dsa.sparse_mla.sparse_mla_ref``).
 """
 
 from __future__ import annotations
@@ -96,4 +99,19 @@ def mla_decode(q, kv_cache, block_tables, seq_lens, out, num_splits, cu_tiles, s
                                 tiles_per_prog, out, partial_out, partial_lse, int(batch), float(softmax_scale),
                                 int(launch.programs), int(launch.block_n), int(launch.row_blocks),
                                 int(launch.col_splits), int(launch.stages))
+    return out
+
+
+def mla_sparse(q_lat, q_pe, kv_cache, slots, out, part_o, part_lse, rows: int, num_splits: int, split_len: int,
+               softmax_scale: float):
+    """DSA's sparse MLA through the SM90 warpgroup kernel (custom_ops/mla_sparse_cuda.h): q_lat bf16
+    [>= rows, H, 512], q_pe bf16 [>= rows, H, 64], kv_cache bf16 [num_blocks, page, 1, 576], slots int64
+    [>= rows, topk] (block * page + token; < 0 skipped) -> out bf16 [>= rows, H, 512] when
+    ``num_splits`` is 1, else the fp32 partials ``part_o`` [rows, H, splits, 512] and ``part_lse``
+    [rows, H, splits] (log2 units; flat, packed) for the caller's merge. Returns ``out``."""
+    why = available()
+    if why:
+        raise RuntimeError(f"the mla_sparse op cannot run: {why}; use the Triton sparse MLA")
+    build.load_ops().mla_sparse(q_lat, q_pe, kv_cache, slots, out, part_o, part_lse, int(rows), int(num_splits),
+                                int(split_len), float(softmax_scale))
     return out

@@ -24,6 +24,22 @@ def kernel_namespace(device: str) -> SimpleNamespace:
                            dev=device)
 
 
+def cuda_mla_namespace(op: str) -> SimpleNamespace:
+    """kernel_namespace on the GPU with ``cd`` = attention.triton_mla.cuda_decode, or a pytest skip
+    naming why the SM90 MLA CUDA ops (``op``) cannot run here."""
+    import pytest
+
+    from paddle_mla.attention.triton_mla import cuda_decode
+    from paddle_mla.platform import runtime
+
+    ns = kernel_namespace(runtime.device_string("gpu"))
+    why = cuda_decode.unavailable_reason(512, 576, ns.torch.bfloat16, ns.dev)
+    if why:
+        pytest.skip(f"{op} CUDA op unavailable: {why}")
+    ns.cd = cuda_decode
+    return ns
+
+
 def random_block_tables(rng, seq_lens, page: int, extra_blocks: int = 3):
     """(tables int32 [B, max_blocks + 1], -1 padded, num_blocks) with blocks in random physical order."""
     need = [max(1, -(-int(s) // page)) for s in seq_lens]

@@ -238,3 +238,23 @@ def test_sparse_mla_matches_reference(page, topk, splits):
     exp = sparse_mla_ref(q_lat, q_pe, cache, slots_t, 0.3).cpu().numpy()
     assert np.isfinite(got).all() and (got[2] == 0).all()
     np.testing.assert_allclose(got, exp, atol=TOL, rtol=TOL)
+
+
+def test_cuda_sparse_plan_takes_whole_tiles(monkeypatch):
+    """The CUDA op's plan (sparse_config(cuda=True)): chunks of whole 64-slot tiles that each hold a
+    key, one program an SM (V3.2's 128 heads at b=1: 16 chunks, 32 programs), one chunk once the rows
+    fill the GPU; its program shape is fixed."""
+    from paddle_mla.attention.dsa import sparse_mla as sm
+
+    monkeypatch.setattr(sm, "num_sms", lambda: 132)
+    cfg = sm.sparse_config(128, cuda=True)
+    for rows in (1, 2, 5, 64, 2048):
+        for topk in (1, 63, 64, 100, 2048, 2049):
+            n, split, block_n = sm.plan_splits(rows, 128, topk, cfg)
+            assert block_n == 64 and split % 64 == 0 and (n - 1) * split < topk <= n * split
+            assert n <= cfg.max_splits
+    assert sm.plan_splits(1, 128, 2048, cfg)[0] == 16
+    assert sm.plan_splits(66, 128, 2048, cfg)[0] == 1
+    assert sm.plan_splits(1, 128, 2048, cfg, forced=1)[0] == 1
+    with pytest.raises(ValueError, match="64 heads x 64 slots"):
+        sm.sparse_config(128, cuda=True, block_n=32)

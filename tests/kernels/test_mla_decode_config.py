@@ -97,3 +97,33 @@ def test_both_bindings_refuse_bad_inputs_with_the_shared_checks(bad, message):
     with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
         ops.mla_decode(t["q"], t["kv"], t["bt"], t["lens"], i32(2), i32(3), i32(3), i32(1), t["out"], t["po"],
                        torch.zeros(4, 16, 1), 2, 0.1, 4, 32, 1, 4, 4)
+
+
+@pytest.mark.parametrize("bad,splits,message", [
+    ({}, 1, "no CUDA kernels"),
+    ({}, 4, "no CUDA kernels"),
+    ({"ql": ((2, 16, 576), "bfloat16")}, 1, "q_lat must be [T, H, 512]"),
+    ({"qp": ((2, 8, 64), "bfloat16")}, 1, "q_pe must be [T, H, 64]"),
+    ({"kv": ((4, 16, 1, 512), "bfloat16")}, 1, "kv_cache must be [num_blocks, page, 1, 576]"),
+    ({"slots": ((2, 256), "int32")}, 1, "slots must be int64"),
+    ({"out": ((2, 16, 512), "float32")}, 1, "must be bf16"),
+    ({"po": ((16,), "float32")}, 4, "the partial workspaces hold fewer"),
+    ({}, 9, "every split must hold a key"),
+])
+def test_both_bindings_refuse_bad_sparse_inputs_with_the_shared_checks(bad, splits, message):
+    """mla_sparse: one validation (mla_sparse_args in custom_ops/mla_sparse_cuda.h) behind both
+    bindings; valid inputs on a CPU build end at the missing CUDA kernels."""
+    from paddle_mla.ops import build
+    from paddle_mla.platform.tensor_api import torch
+
+    ops = build.load_ops()
+    if ops is None or ops.with_cuda:
+        pytest.skip("needs the CPU build of the custom ops")
+    spec = {"ql": ((2, 16, 512), "bfloat16"), "qp": ((2, 16, 64), "bfloat16"), "kv": ((4, 16, 1, 576), "bfloat16"),
+            "slots": ((2, 256), "int64"), "out": ((2, 16, 512), "bfloat16"), "po": ((2 * 16 * 4 * 512,), "float32"),
+            **bad}
+    t = {name: torch.zeros(*shape, dtype=getattr(torch, dtype)) for name, (shape, dtype) in spec.items()}
+    split_len = 256 if splits == 1 else 64
+    with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ops.mla_sparse(t["ql"], t["qp"], t["kv"], t["slots"], t["out"], t["po"], torch.zeros(2 * 16 * 4), 2, splits,
+                       split_len, 0.1)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers.triton_kernel_helpers import check_close as _check_close
 from helpers.triton_kernel_helpers import check_graph_replay
-from helpers.triton_kernel_helpers import kernel_namespace, random_block_tables
+from helpers.triton_kernel_helpers import cuda_mla_namespace, random_block_tables
 from helpers.triton_kernel_helpers import poisoned_runs as _poisoned_runs
 from helpers.triton_kernel_helpers import upload as _up
 
@@ -26,14 +26,7 @@ SEQ_CASES = [[1], [64], [32, 64, 128, 48], [1024], [1, 3], [0, 5000, 17, 300], [
 
 @pytest.fixture(scope="module")
 def k():
-    from paddle_mla.attention.triton_mla import cuda_decode
-
-    ns = kernel_namespace(runtime.device_string("gpu"))
-    why = cuda_decode.unavailable_reason(LORA, LORA + ROPE, ns.torch.bfloat16, ns.dev)
-    if why:
-        pytest.skip(f"mla_decode CUDA op unavailable: {why}")
-    ns.cd = cuda_decode
-    return ns
+    return cuda_mla_namespace("mla_decode")
 
 
 def _case(k, seq_lens, heads, page, seed):

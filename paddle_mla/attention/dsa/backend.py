@@ -7,7 +7,7 @@ Per layer:
    positions in pure decode), then the top-k request positions per token (-1 padded).
 2. ``forward``: write the latents, turn the top-k positions into cache slots through the block
    table, absorb W_UK into the queries, run sparse MLA over the selected slots (split over the
-   top-k axis + merge) and apply W_UV. Prefill and decode tokens take the same path: a token with
+   top-k axis + merge; the chunks on the SM90 CUDA op where ``cuda_decode`` can serve) and apply W_UV. Prefill and decode tokens take the same path: a token with
    no more than ``index_topk`` keys selects all of them, which is dense causal attention.
 So in a step with prefill tokens whose extend rows (those after the leading decode rows) all have
 contexts that fit ``index_topk`` (every prompt of at most 2048 tokens under V3.2's top-k, and its
@@ -39,6 +39,7 @@ from paddle_mla.attention.dsa.topk_select import topk_scratch_shape, topk_select
 from paddle_mla.attention.dsa.sparse_mla import partial_rows, plan_splits, sparse_config, sparse_mla
 from paddle_mla.attention.triton_mla.backend import TritonMLABackend
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
+from paddle_mla.attention.triton_mla.cuda_decode import unavailable_reason
 from paddle_mla.attention.triton_mla.extend import plan_extend
 
 
@@ -66,7 +67,10 @@ class DSABackend(TritonMLABackend):
         self.dense_max_context = 0 if deterministic else index_topk
         self._decode_ws = None
         self._prefill = None
-        self.sparse_cfg = sparse_config(dims.num_heads)
+        # the sparse rows on the SM90 CUDA op where it serves (cuda_decode's conditions; any page size);
+        # it is batch-invariant at one split, so the deterministic mode keeps it
+        why_not = unavailable_reason(dims.kv_lora_rank, dims.latent_dim, dtype, device) if cuda_decode else "turned off"
+        self.sparse_cfg = sparse_config(dims.num_heads, cuda=not why_not)
         self.deterministic = deterministic
         # one split of the top-k axis: the split count otherwise follows the row count (programs to
         # fill the GPU), and with it where the partial sums break and how they merge

@@ -8,6 +8,9 @@ chunk) and writes a partial output and its log-sum-exp; stage 2 merges the chunk
 skipped; a row with no valid slot gives zeros, never NaN (fully masked tiles keep m = -inf and
 contribute nothing). Workspaces come from the caller (sized at start-up for decode): no
 allocation, no host sync, so a decode step can be captured in a CUDA graph.
+
+With ``SparseConfig.cuda`` stage 1 is the SM90 CUDA op instead (``ops.mla_decode.mla_sparse``: the
+warpgroup kernel of the paged decode, its key tiles gathered by slot), on the same plan and merge.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from paddle_mla.platform.triton_host import env_overrides, interpreting, next_po
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 8
+# the CUDA kernel's programs hold an SM each (225 KB of shared memory): at b=1 and 128 heads a 2048-slot
+# top-k needs 16 chunks of 128 slots to put 32 programs to work
+CUDA_MAX_SPLITS = 16
 
 
 @triton.jit
@@ -105,11 +111,20 @@ class SparseConfig:
     num_warps: int
     num_stages: int
     max_splits: int      # chunks of the top-k axis (fewer when the rows alone fill the GPU)
+    cuda: bool = False   # stage 1 on the SM90 CUDA op (64 heads x 64 slots; warps and stages unused)
 
 
-def sparse_config(num_heads: int, **override) -> SparseConfig:
+def sparse_config(num_heads: int, cuda: bool = False, **override) -> SparseConfig:
     """Launch config from the head count; env PADDLE_MLA_DSA_CFG="block_h=32,num_stages=2" or
-    ``override`` sets fields (benchmarks.kernels.dsa --sweep compares them)."""
+    ``override`` sets fields (benchmarks.kernels.dsa --sweep compares them). ``cuda``: the CUDA op's
+    config, whose program shape is fixed (only ``max_splits`` may be set)."""
+    if cuda:
+        cfg = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, max_splits=CUDA_MAX_SPLITS, cuda=True)
+        cfg.update(env_overrides("PADDLE_MLA_DSA_CFG"))
+        cfg.update(override)
+        if (cfg["block_h"], cfg["block_n"]) != (64, 64):
+            raise ValueError("the CUDA sparse MLA runs 64 heads x 64 slots a program; only max_splits can be set")
+        return SparseConfig(**cfg)
     if interpreting():
         cfg = dict(block_h=16, block_n=16, num_warps=4, num_stages=1, max_splits=MAX_SPLITS)
     elif num_heads <= 32:
@@ -129,9 +144,11 @@ def split_len_for(topk: int, max_splits: int, block_n: int) -> int:
 
 def plan_splits(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced: int = 0) -> tuple[int, int, int]:
     """(splits, chunk length, slots per tile) for ``rows`` queries: enough programs for about two per
-    SM, at most ``cfg.max_splits`` splits (``forced`` overrides); prefill-sized steps get one (no merge)."""
-    block_n = cfg.block_n if topk >= cfg.block_n else 16
-    want = -(-2 * num_sms() // max(rows * triton.cdiv(num_heads, cfg.block_h), 1))
+    SM (one for the CUDA op), at most ``cfg.max_splits`` splits (``forced`` overrides); prefill-sized
+    steps get one (no merge). The CUDA op's chunks are whole 64-slot tiles."""
+    block_n = cfg.block_n if topk >= cfg.block_n or cfg.cuda else 16
+    per_sm = 1 if cfg.cuda else 2
+    want = -(-per_sm * num_sms() // max(rows * triton.cdiv(num_heads, cfg.block_h), 1))
     per = forced or max(1, min(cfg.max_splits, want))
     split = split_len_for(topk, per, block_n)
     return -(-topk // split), split, block_n
@@ -167,6 +184,7 @@ def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out
         return res
     cfg = cfg or sparse_config(H)
     n_splits, split, block_n = plan_splits(T, H, K, cfg, num_splits)
+    flat_o, flat_lse = part_o, part_lse
     if n_splits > 1:
         if part_o.numel() < T * n_splits * H * C or part_lse.numel() < T * n_splits * H:
             raise ValueError(f"sparse_mla: the merge workspace holds {part_lse.numel() // H} rows x splits, "
@@ -177,16 +195,19 @@ def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out
         part_o, part_lse = res.view(T, H, 1, C), res.view(T, H, 1, C)[..., 0]
     block_h = cfg.block_h
     block_c = max(16, next_pow2(C))
-    flat = kv_cache.view(-1, kv_cache.shape[-1])
-    grid = (T, triton.cdiv(H, block_h), n_splits)
-    _sparse_partial_kernel[grid](
-        q_lat, q_pe, flat, slots, part_o, part_lse,
-        q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), flat.stride(0), slots.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        H, K, C, R, scale * LOG2E, split, res, res.stride(0), res.stride(1), n_splits == 1,
-        BLOCK_H=block_h, BLOCK_C=block_c, BLOCK_R=max(16, next_pow2(R)), BLOCK_N=block_n,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-    )
+    if cfg.cuda:
+        _cuda_partials(q_lat, q_pe, kv_cache, slots, scale, flat_o, flat_lse, res, n_splits, split)
+    else:
+        flat = kv_cache.view(-1, kv_cache.shape[-1])
+        grid = (T, triton.cdiv(H, block_h), n_splits)
+        _sparse_partial_kernel[grid](
+            q_lat, q_pe, flat, slots, part_o, part_lse,
+            q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), flat.stride(0), slots.stride(0),
+            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+            H, K, C, R, scale * LOG2E, split, res, res.stride(0), res.stride(1), n_splits == 1,
+            BLOCK_H=block_h, BLOCK_C=block_c, BLOCK_R=max(16, next_pow2(R)), BLOCK_N=block_n,
+            NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        )
     if n_splits == 1:
         return res
     _merge_kernel[(T, H)](
@@ -195,6 +216,16 @@ def sparse_mla(q_lat, q_pe, kv_cache, slots, scale: float, part_o, part_lse, out
         BLOCK_S=max(2, next_pow2(n_splits)), BLOCK_C=block_c,
     )
     return res
+
+
+def _cuda_partials(q_lat, q_pe, kv_cache, slots, scale, part_o, part_lse, res, n_splits: int, split: int):
+    """Stage 1 on the CUDA op: ``res`` directly for one chunk, else the partials, packed [T, H, splits, C]
+    from the flat workspaces' start (the merge's views of them)."""
+    from paddle_mla.ops.mla_decode import mla_sparse
+
+    if q_pe.data_ptr() % 16 or any(st * q_pe.element_size() % 16 for st in q_pe.stride()[:2]):
+        q_pe = q_pe.contiguous()        # its rows are read by TMA: 16-byte aligned
+    mla_sparse(q_lat, q_pe, kv_cache, slots, res, part_o, part_lse, q_lat.shape[0], n_splits, split, scale)
 
 
 def sparse_mla_ref(q_lat, q_pe, kv_cache, slots, scale: float):
