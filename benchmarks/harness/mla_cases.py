@@ -1,5 +1,6 @@
 """The MLA decode kernel's benchmark inputs (DeepSeek-V3 attention: latent 512 + rope 64, 64-token
-pages in random order) and the ``--variants`` syntax the MLA kernel benchmarks share."""
+pages in random order), the ``--variants`` syntax the MLA kernel benchmarks share, and the CUDA
+decode op's timing on a case (the decode and the sparse MLA benchmarks)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from paddle_mla.platform import runtime
 
 runtime.require_selected(__name__)
 
+from benchmarks.harness.timing import median_us  # noqa: E402
 from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 LORA, ROPE, PAGE = 512, 64, 64
@@ -53,3 +55,37 @@ def pdl_switch(on: bool):
             os.environ.pop("PADDLE_MLA_PDL", None)
         else:
             os.environ["PADDLE_MLA_PDL"] = before
+
+
+def run_cuda(case, h, override=None):
+    """The CUDA op on the case (``override``: ``ops.mla_decode.launch_config`` fields, ``pdl=0``:
+    programmatic dependent launch off, ``split_cost=N``: the plan's split cost, 0 the balanced plan):
+    (µs, graph µs of plan + decode, graph µs of the decode alone, out) or None where it cannot run.
+    The decode alone is what each layer of a step pays: the engine builds the plan once a step."""
+    from paddle_mla.attention.triton_mla import cuda_decode
+
+    cache, tables, q, lens = case
+    if cuda_decode.unavailable_reason(LORA, D, torch.bfloat16, "cuda"):
+        return None
+    override = dict(override or {})
+    pdl = override.pop("pdl", 1)
+    split_cost = override.pop("split_cost", None)
+    b = q.shape[0]
+    dec = cuda_decode.CudaDecode(h, b, "cuda", **override)
+    if split_cost is not None:
+        dec.split_cost = split_cost
+    out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    with pdl_switch(bool(pdl)):   # read at each launch, so also at capture
+        dec.plan(lens, b)
+        fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)
+        fn()
+        t = median_us(fn)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()  # plan + decode, as the engine's decode step replays them
+        with torch.cuda.graph(graph):
+            dec.plan(lens, b)
+            fn()
+        layer = torch.cuda.CUDAGraph()  # the decode alone
+        with torch.cuda.graph(layer):
+            fn()
+        return t, median_us(graph.replay), median_us(layer.replay), out.clone()

@@ -43,7 +43,7 @@ import triton  # noqa: E402
 
 from benchmarks.harness import anchors, flashinfer_mla  # noqa: E402
 from benchmarks.harness.errors import rel_err  # noqa: E402
-from benchmarks.harness.mla_cases import D, LORA, PAGE, make_decode_case, parse_variants, pdl_switch  # noqa: E402
+from benchmarks.harness.mla_cases import D, LORA, PAGE, make_decode_case, parse_variants, run_cuda  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth, median_us  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 
@@ -109,40 +109,6 @@ def run_ours(case, h, cfg_override):
         fn()
     t_graph = median_us(graph.replay)
     return t, t_plan, out.clone(), splits, cfg, regs, t_graph, ws.nbytes
-
-
-def run_cuda(case, h, override=None):
-    """The CUDA op on the case (``override``: ``ops.mla_decode.launch_config`` fields, ``pdl=0``:
-    programmatic dependent launch off, ``split_cost=N``: the plan's split cost, 0 the balanced plan):
-    (µs, graph µs of plan + decode, graph µs of the decode alone, out) or None where it cannot run.
-    The decode alone is what each layer of a step pays: the engine builds the plan once a step."""
-    from paddle_mla.attention.triton_mla import cuda_decode
-
-    cache, tables, q, lens = case
-    if cuda_decode.unavailable_reason(LORA, D, torch.bfloat16, "cuda"):
-        return None
-    override = dict(override or {})
-    pdl = override.pop("pdl", 1)
-    split_cost = override.pop("split_cost", None)
-    b = q.shape[0]
-    dec = cuda_decode.CudaDecode(h, b, "cuda", **override)
-    if split_cost is not None:
-        dec.split_cost = split_cost
-    out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
-    with pdl_switch(bool(pdl)):   # read at each launch, so also at capture
-        dec.plan(lens, b)
-        fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)
-        fn()
-        t = median_us(fn)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()  # plan + decode, as the engine's decode step replays them
-        with torch.cuda.graph(graph):
-            dec.plan(lens, b)
-            fn()
-        layer = torch.cuda.CUDAGraph()  # the decode alone
-        with torch.cuda.graph(layer):
-            fn()
-        return t, median_us(graph.replay), median_us(layer.replay), out.clone()
 
 
 def run_flashinfer(fi, case, h):
