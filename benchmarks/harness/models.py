@@ -61,6 +61,23 @@ def dense_v3_model(layers: int, device: str, dtype, dims: dict = V3_DENSE):
     return CausalLM(arch, random_v3_weights(cfg, layers, device, dtype), device, dtype), arch
 
 
+def v32_model(layers: int, device: str, dtype, dims: dict = V3_DENSE, indexer: dict = V32_INDEXER):
+    """(CausalLM, arch): ``dense_v3_model``'s with V3.2's indexer (``indexer``: its model_type, top-k,
+    heads and head dim) in every layer, random weights."""
+    cfg = dict(dims, num_hidden_layers=layers, **indexer)
+    w = random_v3_weights(cfg, layers, device, dtype)
+    ih, idim = cfg["index_n_heads"], cfg["index_head_dim"]
+    for i in range(layers):
+        p = f"model.layers.{i}.self_attn.indexer."
+        w[p + "wq_b.weight"] = torch.randn(ih * idim, cfg["q_lora_rank"], device=device).to(dtype) * 0.02
+        w[p + "wk.weight"] = torch.randn(idim, cfg["hidden_size"], device=device).to(dtype) * 0.02
+        w[p + "k_norm.weight"] = torch.ones(idim, device=device, dtype=dtype)
+        w[p + "k_norm.bias"] = torch.zeros(idim, device=device, dtype=dtype)
+        w[p + "weights_proj.weight"] = torch.randn(ih, cfg["hidden_size"], device=device).to(dtype) * 0.02
+    arch = parse_arch(cfg)
+    return CausalLM(arch, w, device, dtype), arch
+
+
 def model_tensors(model: CausalLM) -> list:
     """Every weight tensor of ``model`` once (tied or shared ones counted once): its weight bytes."""
     seen = {id(model.embed): model.embed, id(model.norm): model.norm, id(model.lm_head): model.lm_head}
@@ -111,22 +128,16 @@ def routed_distinct(runner, batch) -> list[int]:
     return seen
 
 
-def v3_step_runner(name: str, layers: int, batch: int, context: int, graphs: bool, device: str = "cuda"):
+def v3_step_runner(name: str, layers: int, batch: int, context: int, graphs: bool, device: str = "cuda",
+                   cuda_decode: bool = True):
     """(runner, decode StepBatch): the V3-dims model of ``name`` in ``V3_STEP_MODELS`` (random bf16
-    weights; V3.2 adds its indexer), ``batch`` decode rows at ``context`` over a cache of random values."""
+    weights; V3.2 adds its indexer), ``batch`` decode rows at ``context`` over a cache of random values;
+    ``cuda_decode``: the attention.cuda_decode key (False: the Triton decode and sparse MLA)."""
     backend, extra = V3_STEP_MODELS[name]
-    cfg = dict(V3_DENSE, num_hidden_layers=layers, **extra)
-    w = random_v3_weights(cfg, layers, device, torch.bfloat16)
-    for i in range(layers if extra else 0):
-        p = f"model.layers.{i}.self_attn.indexer."
-        w[p + "wq_b.weight"] = torch.randn(64 * 128, cfg["q_lora_rank"], device=device).to(torch.bfloat16) * 0.02
-        w[p + "wk.weight"] = torch.randn(128, cfg["hidden_size"], device=device).to(torch.bfloat16) * 0.02
-        w[p + "k_norm.weight"] = torch.ones(128, device=device, dtype=torch.bfloat16)
-        w[p + "k_norm.bias"] = torch.zeros(128, device=device, dtype=torch.bfloat16)
-        w[p + "weights_proj.weight"] = torch.randn(64, cfg["hidden_size"], device=device).to(torch.bfloat16) * 0.02
-    model = CausalLM(parse_arch(cfg), w, device, torch.bfloat16)
+    build = v32_model if extra else dense_v3_model
+    model = build(layers, device, torch.bfloat16)[0]
     per_seq = -(-context // PAGE)
-    ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": backend},
+    ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": backend, "cuda_decode": cuda_decode},
                              "cuda_graph": graphs, "cache": {"block_size": PAGE, "num_blocks": batch * per_seq + 1},
                              "scheduler": {"max_num_seqs": batch, "enable_chunked_prefill": True},
                              "max_model_len": context + 64})

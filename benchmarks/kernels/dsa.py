@@ -257,10 +257,14 @@ def print_indexer_ab(r: dict) -> None:
 
 
 def bench_e2e(layers: int, batch: int, context: int, graphs: bool) -> dict:
+    """Decode step times of the V3.2 dsa model and the dense V3 one (each on its default kernels: the
+    SM90 CUDA ops where they serve), and of the dsa model with attention.cuda_decode off (its sparse
+    MLA on Triton)."""
     out = {}
-    for name in V3_STEP_MODELS:
-        runner, step = v3_step_runner(name, layers, batch, context, graphs, DEV)
-        out[name + "_step_ms"] = time_steps(runner, step, 10) * 1e3
+    runs = [(name, name, True) for name in V3_STEP_MODELS] + [("v32_dsa_triton_sparse", "v32_dsa", False)]
+    for key, name, cuda in runs:
+        runner, step = v3_step_runner(name, layers, batch, context, graphs, DEV, cuda_decode=cuda)
+        out[key + "_step_ms"] = time_steps(runner, step, 10) * 1e3
         del runner, step
         torch.cuda.empty_cache()
     out.update(layers=layers, batch=batch, context=context, cuda_graphs=graphs, ratio=out["v32_dsa_step_ms"] / out["v3_dense_step_ms"])
@@ -271,7 +275,8 @@ def print_e2e(rows: list[dict]) -> None:
     for e in rows:
         print(f"- e2e {e['layers']} layers b={e['batch']} ctx {e['context']}: V3.2 dsa {e['v32_dsa_step_ms']:.2f} ms "
               f"vs V3 dense {e['v3_dense_step_ms']:.2f} ms: {e['ratio']:.2f}x (target at b=64 <= 0.5x; "
-              f"CUDA graphs {'on' if e['cuda_graphs'] else 'off'})", flush=True)
+              f"CUDA graphs {'on' if e['cuda_graphs'] else 'off'}); dsa with the Triton sparse MLA "
+              f"{e['v32_dsa_triton_sparse_step_ms']:.2f} ms", flush=True)
 
 
 def main() -> None:
