@@ -42,17 +42,21 @@ def _slots(tables, rows: int, topk: int, context: int, g, row_of=None):
     return (blocks * PAGE + pos % PAGE).contiguous()
 
 
-def _sparse_runs(q, cache, slots, h: int, graph: bool) -> dict:
-    """µs of the CUDA and Triton sparse MLA on one case (each at its own plan), and their outputs."""
+def _sparse_runs(q, cache, slots, h: int, graph: bool, chunks=()) -> dict:
+    """µs of the CUDA and Triton sparse MLA on one case (each at its own plan; ``chunks``: also the
+    CUDA op at each of these forced chunk counts, as "cuda/N"), and their outputs."""
     rows = q.shape[0]
     q_lat, q_pe = q[..., :LORA].contiguous(), q[..., LORA:].contiguous()
     res = {}
-    for name, cfg in (("cuda", sparse_config(h, cuda=True)), ("triton", sparse_config(h))):
-        splits = plan_splits(rows, h, slots.shape[1], cfg)[0]
+    runs = [("cuda", sparse_config(h, cuda=True), 0), ("triton", sparse_config(h), 0)]
+    runs += [(f"cuda/{c}", sparse_config(h, cuda=True), c) for c in chunks]
+    for name, cfg, forced in runs:
+        splits = plan_splits(rows, h, slots.shape[1], cfg, forced)[0]
         part_o = torch.empty(rows * h * splits * LORA, dtype=torch.float32, device="cuda")
         part_lse = torch.empty(rows * h * splits, dtype=torch.float32, device="cuda")
         out = torch.empty(rows, h, LORA, dtype=torch.bfloat16, device="cuda")
-        fn = lambda: sparse_mla(q_lat, q_pe, cache, slots, SCALE, part_o, part_lse, out, cfg)  # noqa: E731
+        fn = lambda: sparse_mla(q_lat, q_pe, cache, slots, SCALE, part_o, part_lse, out, cfg,  # noqa: E731
+                                num_splits=forced)
         fn()
         res[name] = dict(us=median_us(fn), graph_us=graph_median_us(fn) if graph else None, splits=splits,
                          out=out.clone())
@@ -65,11 +69,11 @@ def _dense_us(b: int, h: int, context: int) -> float | None:
     return None if got is None else got[1]
 
 
-def decode_point(b: int, h: int, topk: int, context: int, bw: float) -> dict:
+def decode_point(b: int, h: int, topk: int, context: int, bw: float, chunks=()) -> dict:
     g = torch.Generator(device="cuda").manual_seed(b + h)
     cache, tables, q, _ = make_decode_case(b, h, context)
     slots = _slots(tables, b, topk, context, g)
-    runs = _sparse_runs(q, cache, slots, h, graph=True)
+    runs = _sparse_runs(q, cache, slots, h, graph=True, chunks=chunks)
     ref = sparse_mla_ref(q[:2, :, :LORA], q[:2, :, LORA:], cache, slots[:2], SCALE)
     flops = b * h * topk * 2 * (LORA + 64 + LORA)
     bound_us = (b * topk * ROW_BYTES + b * h * (LORA + 64 + LORA) * 2) / bw * 1e6
@@ -80,7 +84,8 @@ def decode_point(b: int, h: int, topk: int, context: int, bw: float) -> dict:
                 byte_bound_us=bound_us, of_byte_bound=bound_us / cu["graph_us"],
                 dense_topk_graph_us=_dense_us(b, h, topk), dense_context_graph_us=_dense_us(b, h, context),
                 max_err=float((cu["out"][:2].float() - ref).abs().max()),
-                triton_max_err=float((tr["out"][:2].float() - ref).abs().max()))
+                triton_max_err=float((tr["out"][:2].float() - ref).abs().max()),
+                forced_chunks_graph_us={c: runs[f"cuda/{c}"]["graph_us"] for c in chunks})
 
 
 def prefill_point(rows: int, h: int, topk: int, context: int) -> dict:
@@ -105,6 +110,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64,128", help="decode rows")
     ap.add_argument("--heads", default="128", help="head counts, e.g. 128,64,16")
     ap.add_argument("--prefill-rows", default="2048,4096", help="prefill query rows ('' for none)")
+    ap.add_argument("--chunks", default="", help="decode: also the CUDA op at these chunk counts, e.g. 1,2,4,16")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     why = cuda_decode.unavailable_reason(LORA, LORA + 64, torch.bfloat16, "cuda")
@@ -116,7 +122,7 @@ def main() -> None:
     rows = []
     for h in (int(x) for x in args.heads.split(",")):
         for b in (int(x) for x in args.batches.split(",")):
-            r = decode_point(b, h, args.topk, args.context, bw)
+            r = decode_point(b, h, args.topk, args.context, bw, [int(c) for c in args.chunks.split(",") if c])
             rows.append(r)
             dense = r["dense_topk_graph_us"]
             print(f"- decode b={b} h={h}: CUDA {r['cuda_graph_us']:.1f} µs in a graph ({r['cuda_splits']} chunks, "
@@ -124,6 +130,9 @@ def main() -> None:
                   f"{r['byte_bound_us']:.1f} µs), Triton {r['triton_graph_us']:.1f} µs ({r['vs_triton']:.2f}x); dense "
                   f"CUDA over {args.topk} keys {dense if dense is None else round(dense, 1)} µs, over "
                   f"{args.context} {r['dense_context_graph_us']:.1f} µs; max err {r['max_err']:.3g}", flush=True)
+            if r["forced_chunks_graph_us"]:
+                print("  forced chunks, graph µs: " + ", ".join(
+                    f"{c}: {t:.1f}" for c, t in r["forced_chunks_graph_us"].items()), flush=True)
         for n in (int(x) for x in args.prefill_rows.split(",") if x):
             r = prefill_point(n, h, args.topk, max(args.topk * 4, 8192))
             rows.append(r)

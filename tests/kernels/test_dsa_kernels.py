@@ -242,8 +242,9 @@ def test_sparse_mla_matches_reference(page, topk, splits):
 
 def test_cuda_sparse_plan_takes_whole_tiles(monkeypatch):
     """The CUDA op's plan (sparse_config(cuda=True)): chunks of whole 64-slot tiles that each hold a
-    key, one program an SM (V3.2's 128 heads at b=1: 16 chunks, 32 programs), one chunk once the rows
-    fill the GPU; its program shape is fixed."""
+    key; the count whose waves of one program an SM end first (V3.2's 128 heads: 16 chunks at b=1,
+    one at b=64, where two would be two waves of half the tiles), one chunk once the rows fill the
+    GPU; the merge workspace holds every step's chunks; the program shape is fixed."""
     from paddle_mla.attention.dsa import sparse_mla as sm
 
     monkeypatch.setattr(sm, "num_sms", lambda: 132)
@@ -254,7 +255,13 @@ def test_cuda_sparse_plan_takes_whole_tiles(monkeypatch):
             assert block_n == 64 and split % 64 == 0 and (n - 1) * split < topk <= n * split
             assert n <= cfg.max_splits
     assert sm.plan_splits(1, 128, 2048, cfg)[0] == 16
-    assert sm.plan_splits(66, 128, 2048, cfg)[0] == 1
+    assert sm.plan_splits(32, 128, 2048, cfg)[0] == 2
+    assert sm.plan_splits(64, 128, 2048, cfg)[0] == 1
+    assert all(sm.plan_splits(rows, 128, 2048, cfg)[0] == 1 for rows in range(66, 3000, 7))
+    for heads in (16, 64, 128):
+        ws = sm.partial_rows(300, heads, 2048, cfg)
+        assert all(rows * sm.plan_splits(rows, heads, 2048, cfg)[0] <= ws
+                   for rows in range(1, 301) if sm.plan_splits(rows, heads, 2048, cfg)[0] > 1)
     assert sm.plan_splits(1, 128, 2048, cfg, forced=1)[0] == 1
     with pytest.raises(ValueError, match="64 heads x 64 slots"):
         sm.sparse_config(128, cuda=True, block_n=32)

@@ -32,6 +32,9 @@ MAX_SPLITS = 8
 # the CUDA kernel's programs hold an SM each (225 KB of shared memory): at b=1 and 128 heads a 2048-slot
 # top-k needs 16 chunks of 128 slots to put 32 programs to work
 CUDA_MAX_SPLITS = 16
+# a cut row's fp32 partial rows (64 heads x 512: 128 KB written, then read by the merge) against one
+# 72 KB key tile that a program reads and computes
+CUDA_PARTIAL_TILES = 1
 
 
 @triton.jit
@@ -144,23 +147,52 @@ def split_len_for(topk: int, max_splits: int, block_n: int) -> int:
 
 def plan_splits(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced: int = 0) -> tuple[int, int, int]:
     """(splits, chunk length, slots per tile) for ``rows`` queries: enough programs for about two per
-    SM (one for the CUDA op), at most ``cfg.max_splits`` splits (``forced`` overrides); prefill-sized
-    steps get one (no merge). The CUDA op's chunks are whole 64-slot tiles."""
-    block_n = cfg.block_n if topk >= cfg.block_n or cfg.cuda else 16
-    per_sm = 1 if cfg.cuda else 2
-    want = -(-per_sm * num_sms() // max(rows * triton.cdiv(num_heads, cfg.block_h), 1))
+    SM, at most ``cfg.max_splits`` splits (``forced`` overrides); prefill-sized steps get one (no
+    merge). The CUDA op's plan is ``cuda_chunks``'."""
+    if cfg.cuda:
+        return cuda_chunks(rows, num_heads, topk, cfg, forced)
+    block_n = cfg.block_n if topk >= cfg.block_n else 16
+    want = -(-2 * num_sms() // max(rows * triton.cdiv(num_heads, cfg.block_h), 1))
     per = forced or max(1, min(cfg.max_splits, want))
     split = split_len_for(topk, per, block_n)
     return -(-topk // split), split, block_n
+
+
+def cuda_chunks(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced: int = 0) -> tuple[int, int, int]:
+    """The CUDA op's (chunks, chunk length, 64): whole 64-slot tiles a chunk, and of at most
+    ``cfg.max_splits`` chunks the count whose grid ends first. Every program holds an SM (its shared
+    memory), so the grid runs in waves of ``num_sms`` programs and costs waves x tiles a program, plus
+    CUDA_PARTIAL_TILES a program when the row is cut (its partial rows, written and merged); ties take
+    fewer chunks. Rounding programs up to whole waves is what the plain "two programs an SM" misses:
+    64 rows of 128 heads in two chunks are 256 programs, two waves of half the tiles: no gain, and a
+    merge. Rows that fill the GPU whole take one chunk."""
+    tiles = -(-topk // 64)
+    if forced:
+        per = -(-tiles // forced)
+        return -(-tiles // per), per * 64, 64
+    programs_a_chunk, sms = rows * -(-num_heads // 64), num_sms()
+    if programs_a_chunk >= sms:     # whole rows fill the GPU: no merge, no workspace (prefill steps)
+        return 1, tiles * 64, 64
+    best = None
+    for c in range(1, min(cfg.max_splits, tiles) + 1):
+        per = -(-tiles // c)
+        n = -(-tiles // per)
+        cost = -(-programs_a_chunk * n // sms) * (per + (CUDA_PARTIAL_TILES if n > 1 else 0))
+        if best is None or cost < best[0]:
+            best = (cost, n, per)
+    return best[1], best[2] * 64, 64
 
 
 def partial_rows(max_rows: int, num_heads: int, topk: int, cfg: SparseConfig) -> int:
     """Largest rows x splits over every step of up to ``max_rows`` queries that splits (the merge
     workspace; about 2 x SMs / head blocks, whatever ``max_rows``)."""
     best = 0
-    for rows in range(1, max_rows + 1):
+    # the CUDA plan cuts only rows that leave SMs idle, not always fewer as rows grow: each count
+    # below that; the Triton plan's splits only fall as rows grow
+    last = min(max_rows, (num_sms() - 1) // triton.cdiv(num_heads, cfg.block_h)) if cfg.cuda else max_rows
+    for rows in range(1, last + 1):
         n = plan_splits(rows, num_heads, topk, cfg)[0]
-        if n == 1:
+        if n == 1 and not cfg.cuda:
             break            # more rows never split again
         best = max(best, rows * n)
     return best
