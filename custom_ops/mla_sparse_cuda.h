@@ -4,7 +4,8 @@
 //
 // Row t, head h: softmax over the slots j of slots[t] (those >= 0) of (q_lat[t, h] . c_j +
 // q_pe[t, h] . k_pe_j) * scale, times c_j, where a slot indexes the paged cache [num_blocks, page, 1,
-// 576] as block * page + token. The top-k axis is cut into `num_splits` chunks of `split_len` keys:
+// 576] as block * page + token (the caller keeps slots below num_blocks * page: they are not bounded
+// here, as in the Triton kernel). The top-k axis is cut into `num_splits` chunks of `split_len` keys:
 // one chunk writes out [t, h] directly; more write fp32 partials [T, H, S, 512] and their log2-sum-exp
 // [T, H, S], which the caller merges (paddle_mla/attention/dsa/sparse_mla.py). A row with no valid
 // slot gives zeros. Nothing is allocated and every launch size comes from shapes: capturable.
@@ -58,6 +59,8 @@ inline const char* mla_sparse_args(const MlaSparseTensors& t, const MlaSparseLau
     return "kv_cache must be [num_blocks, page, 1, 576] with a packed last dim";
   if (kv.size[0] > 1 && kv.stride[0] != kv.size[1] * kv.stride[1])
     return "kv_cache blocks must follow each other (a slot is block * page + token)";
+  if (reinterpret_cast<uintptr_t>(kv.data) % 16 != 0 || kv.stride[1] % 8 != 0)
+    return "kv_cache rows must be 16-byte aligned (the kernel copies them in 16-byte units)";
   if (!(out.ndim == 3 && out.size[2] == kMlaLatentDim && out.stride[2] == 1 && out.size[1] == ql.size[1]))
     return "out must be [T, H, 512] with a packed last dim";
   if (ql.elem != MlaElem::kBF16 || qp.elem != MlaElem::kBF16 || kv.elem != MlaElem::kBF16 || out.elem != MlaElem::kBF16)
@@ -72,7 +75,7 @@ inline const char* mla_sparse_args(const MlaSparseTensors& t, const MlaSparseLau
   if (S < 1 || S > 65535 || c.split_len < 1) return "num_splits must be in 1..65535 and split_len positive";
   if (S > 1 && (c.split_len % 64 != 0 || (S - 1) * c.split_len >= K))
     return "split_len must be a multiple of 64 and every split must hold a key";
-  if (S == 1 && c.split_len < K) return "one split must hold the whole top-k (split_len >= topk)";
+  if (S * c.split_len < K) return "the splits must cover the top-k (num_splits x split_len >= topk)";
   if (S > 1 && (t.part_o.numel < c.rows * H * S * kMlaLatentDim || t.part_lse.numel < c.rows * H * S))
     return "the partial workspaces hold fewer than rows x H x num_splits rows";
   if (c.rows * ((H + 63) / 64) > 2147483647LL) return "rows x head groups must fit a grid";
@@ -102,7 +105,7 @@ inline const char* mla_sparse_args(const MlaSparseTensors& t, const MlaSparseLau
   return nullptr;
 }
 
-// Launches the split kernel on `stream` (cudaStream_t as void*); nullptr, or the error text.
+// Launches the sparse kernel on `stream` (cudaStream_t as void*); nullptr, or the error text.
 const char* mla_sparse_cuda(const MlaSparseArgs& a, void* stream);
 
 }  // namespace paddle_mla

@@ -57,7 +57,9 @@ void MlaSparse(const paddle::Tensor& q_lat, const paddle::Tensor& q_pe, const pa
   const char* bad = paddle_mla::mla_sparse_args(t, {rows, num_splits, split_len, softmax_scale}, &a);
   PD_CHECK(bad == nullptr, op, ": ", bad ? bad : "");
 #ifdef PADDLE_MLA_WITH_CUDA
-  PD_CHECK(q_lat.is_gpu() && kv_cache.is_gpu() && slots.is_gpu() && out.is_gpu(), op, ": GPU tensors expected");
+  PD_CHECK(q_lat.is_gpu() && q_pe.is_gpu() && kv_cache.is_gpu() && slots.is_gpu() && out.is_gpu() && part_o.is_gpu() &&
+               part_lse.is_gpu(),
+           op, ": GPU tensors expected");
   const char* err = paddle_mla::mla_sparse_cuda(a, static_cast<void*>(q_lat.stream()));
   PD_CHECK(err == nullptr, op, ": ", err ? err : "");
 #else

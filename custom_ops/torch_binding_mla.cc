@@ -61,7 +61,9 @@ void mla_sparse(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tenso
       paddle_mla::mla_sparse_args(t, {rows, num_splits, split_len, static_cast<float>(softmax_scale)}, &a);
   TORCH_CHECK(bad == nullptr, op, ": ", bad ? bad : "");
 #ifdef PADDLE_MLA_WITH_CUDA
-  TORCH_CHECK(q_lat.is_cuda() && kv_cache.is_cuda() && slots.is_cuda() && out.is_cuda(), op, ": CUDA tensors expected");
+  TORCH_CHECK(q_lat.is_cuda() && q_pe.is_cuda() && kv_cache.is_cuda() && slots.is_cuda() && out.is_cuda() &&
+                  part_o.is_cuda() && part_lse.is_cuda(),
+              op, ": CUDA tensors expected");
   const c10::cuda::CUDAGuard guard(q_lat.device());
   const char* err = paddle_mla::mla_sparse_cuda(a, at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, op, ": ", err ? err : "");

@@ -64,9 +64,10 @@ def _sparse_runs(q, cache, slots, h: int, graph: bool, chunks=()) -> dict:
 
 
 def _dense_us(b: int, h: int, context: int) -> float | None:
-    """The CUDA dense decode of ``b`` rows of ``context`` keys, plan included, in a CUDA graph."""
+    """The CUDA dense decode of ``b`` rows of ``context`` keys in a CUDA graph: the decode alone, a
+    layer's share (the engine plans once a step), as the sparse MLA's time has no plan either."""
     got = run_cuda(make_decode_case(b, h, context, seed=1), h)
-    return None if got is None else got[1]
+    return None if got is None else got[2]
 
 
 def decode_point(b: int, h: int, topk: int, context: int, bw: float, chunks=()) -> dict:

@@ -109,6 +109,7 @@ def test_both_bindings_refuse_bad_inputs_with_the_shared_checks(bad, message):
     ({"out": ((2, 16, 512), "float32")}, 1, "must be bf16"),
     ({"po": ((16,), "float32")}, 4, "the partial workspaces hold fewer"),
     ({}, 9, "every split must hold a key"),
+    ({}, 2, "the splits must cover the top-k"),
 ])
 def test_both_bindings_refuse_bad_sparse_inputs_with_the_shared_checks(bad, splits, message):
     """mla_sparse: one validation (mla_sparse_args in custom_ops/mla_sparse_cuda.h) behind both

@@ -1,10 +1,10 @@
 """The ``mla_sparse`` CUDA op (SM90; DSA's sparse MLA through ``sparse_mla`` with the CUDA config) on
 the GPU: bf16 vs the plain reference ``sparse_mla_ref`` over head counts (16 and 100 pad their 64-head
-programs), top-k sizes that are not whole tiles, scattered invalid slots, a row's invalid tail and a
-row with none valid (zeros), the plan's chunk counts and forced ones through the merge, page sizes;
-bitwise determinism over 5 poisoned runs; a row's bits at one chunk do not depend on its batch (the
-deterministic mode's premise); strided q views; CUDA-graph replay with new slots. Tolerances: the
-Triton decode tests' (check_close)."""
+programs), top-k sizes that are not whole tiles, scattered invalid slots, a row's invalid tail, a row
+whose leading tiles hold none and a row with none valid (zeros), the plan's chunk counts and forced
+ones through the merge, page sizes; bitwise determinism over 5 poisoned runs; a row's bits at one
+chunk do not depend on its batch (the deterministic mode's premise); strided q views; CUDA-graph
+replay with new slots. Tolerances: the Triton decode tests' (check_close)."""
 
 import pytest
 from helpers.triton_kernel_helpers import check_close, cuda_mla_namespace, poisoned_runs
@@ -34,6 +34,8 @@ def _case(k, rows, heads, topk, page, seed, blocks=200):
         slots[1, topk // 3:] = -1
     if rows > 2:
         slots[2] = -1
+    if rows > 3:
+        slots[3, :128] = -1      # leading tiles with no valid slot, then valid ones
     q = torch.randn(rows, heads, C + R, device=k.dev, generator=g).to(torch.bfloat16)
     return cache, slots, q[..., :C].contiguous(), q[..., C:].contiguous()
 

@@ -7,7 +7,8 @@ Per layer:
    positions in pure decode), then the top-k request positions per token (-1 padded).
 2. ``forward``: write the latents, turn the top-k positions into cache slots through the block
    table, absorb W_UK into the queries, run sparse MLA over the selected slots (split over the
-   top-k axis + merge; the chunks on the SM90 CUDA op where ``cuda_decode`` can serve) and apply W_UV. Prefill and decode tokens take the same path: a token with
+   top-k axis + merge; the chunks on the SM90 CUDA op where ``cuda_decode`` can serve) and apply
+   W_UV. Prefill and decode tokens take the same path: a token with
    no more than ``index_topk`` keys selects all of them, which is dense causal attention.
 So in a step with prefill tokens whose extend rows (those after the leading decode rows) all have
 contexts that fit ``index_topk`` (every prompt of at most 2048 tokens under V3.2's top-k, and its

@@ -120,10 +120,11 @@ class SparseConfig:
 def sparse_config(num_heads: int, cuda: bool = False, **override) -> SparseConfig:
     """Launch config from the head count; env PADDLE_MLA_DSA_CFG="block_h=32,num_stages=2" or
     ``override`` sets fields (benchmarks.kernels.dsa --sweep compares them). ``cuda``: the CUDA op's
-    config, whose program shape is fixed (only ``max_splits`` may be set)."""
-    if cuda:
+    config, whose program shape is fixed (only ``max_splits`` may be set; the env's other keys are
+    the Triton kernel's and are left out)."""
+    if cuda:   # of the env's keys (a Triton sweep's) only max_splits applies here
         cfg = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, max_splits=CUDA_MAX_SPLITS, cuda=True)
-        cfg.update(env_overrides("PADDLE_MLA_DSA_CFG"))
+        cfg.update({k: v for k, v in env_overrides("PADDLE_MLA_DSA_CFG").items() if k == "max_splits"})
         cfg.update(override)
         if (cfg["block_h"], cfg["block_n"]) != (64, 64):
             raise ValueError("the CUDA sparse MLA runs 64 heads x 64 slots a program; only max_splits can be set")
@@ -166,7 +167,7 @@ def cuda_chunks(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced:
     fewer chunks. Rounding programs up to whole waves is what the plain "two programs an SM" misses:
     64 rows of 128 heads in two chunks are 256 programs, two waves of half the tiles: no gain, and a
     merge. Rows that fill the GPU whole take one chunk."""
-    tiles = -(-topk // 64)
+    tiles = max(-(-topk // 64), 1)     # an empty top-k: one chunk of no key (zeros)
     if forced:
         per = -(-tiles // forced)
         return -(-tiles // per), per * 64, 64
@@ -185,7 +186,8 @@ def cuda_chunks(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced:
 
 def partial_rows(max_rows: int, num_heads: int, topk: int, cfg: SparseConfig) -> int:
     """Largest rows x splits over every step of up to ``max_rows`` queries that splits (the merge
-    workspace; about 2 x SMs / head blocks, whatever ``max_rows``)."""
+    workspace, whatever ``max_rows``: about 2 x SMs / head blocks for the Triton plan, up to about 3 x
+    SMs for the CUDA one)."""
     best = 0
     # the CUDA plan cuts only rows that leave SMs idle, not always fewer as rows grow: each count
     # below that; the Triton plan's splits only fall as rows grow
