@@ -248,6 +248,7 @@ def test_cuda_sparse_plan_takes_whole_tiles(monkeypatch):
     from paddle_mla.attention.dsa import sparse_mla as sm
 
     monkeypatch.setattr(sm, "num_sms", lambda: 132)
+    sm.partial_rows.cache_clear()      # it remembers its answers, which follow the SM count
     cfg = sm.sparse_config(128, cuda=True)
     for rows in (1, 2, 5, 64, 2048):
         for topk in (1, 63, 64, 100, 2048, 2049):
@@ -262,6 +263,7 @@ def test_cuda_sparse_plan_takes_whole_tiles(monkeypatch):
         ws = sm.partial_rows(300, heads, 2048, cfg)
         assert all(rows * sm.plan_splits(rows, heads, 2048, cfg)[0] <= ws
                    for rows in range(1, 301) if sm.plan_splits(rows, heads, 2048, cfg)[0] > 1)
+    sm.partial_rows.cache_clear()
     assert sm.plan_splits(1, 128, 2048, cfg, forced=1)[0] == 1
     with pytest.raises(ValueError, match="64 heads x 64 slots"):
         sm.sparse_config(128, cuda=True, block_n=32)

@@ -19,6 +19,7 @@ from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -184,6 +185,7 @@ def cuda_chunks(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced:
     return best[1], best[2] * 64, 64
 
 
+@functools.lru_cache(maxsize=64)    # prefill steps size their workspace each step, from the same few shapes
 def partial_rows(max_rows: int, num_heads: int, topk: int, cfg: SparseConfig) -> int:
     """Largest rows x splits over every step of up to ``max_rows`` queries that splits (the merge
     workspace, whatever ``max_rows``: about 2 x SMs / head blocks for the Triton plan, up to about 3 x
