@@ -30,6 +30,8 @@ from paddle_mla.platform import runtime as _runtime
 
 _runtime.require_selected(__name__)
 
+import sys
+
 import torch
 
 from paddle_mla.platform import runtime
@@ -72,6 +74,9 @@ class DSABackend(TritonMLABackend):
         # it is batch-invariant at one split, so the deterministic mode keeps it
         why_not = unavailable_reason(dims.kv_lora_rank, dims.latent_dim, dtype, device) if cuda_decode else "turned off"
         self.sparse_cfg = sparse_config(dims.num_heads, cuda=not why_not)
+        if device != "cpu":  # start-up log beside triton_mla's (whose decode rows dsa does not run)
+            print(f"[dsa] sparse MLA: {'the mla_sparse CUDA op' if not why_not else f'Triton ({why_not})'}",
+                  file=sys.stderr, flush=True)
         self.deterministic = deterministic
         # one split of the top-k axis: the split count otherwise follows the row count (programs to
         # fill the GPU), and with it where the partial sums break and how they merge
