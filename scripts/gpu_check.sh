@@ -69,6 +69,9 @@ TRITON_F32_DEFAULT=ieee python3 -m pytest -q -p no:cacheprovider tests/attention
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== DSA benchmarks (quick: context 8k; full: python3 -m benchmarks.kernels.dsa --e2e)"
 python3 -m benchmarks.kernels.dsa --quick --e2e --json "$OUT/bench_dsa.json" 2>&1 | tee "$OUT/bench_dsa.md" || status=1
+echo "=== sparse MLA: the SM90 CUDA op beside the Triton kernel (decode b=1 and 64, 2048 prefill rows)"
+python3 -m benchmarks.kernels.dsa_sparse_mla --batches 1,64 --prefill-rows 2048 --json "$OUT/bench_dsa_sparse_mla.json" 2>&1 \
+  | tee "$OUT/bench_dsa_sparse_mla.md" || status=1
 echo "=== chunked prefill on a shared-prefix 8k workload (paddle-mla bench): ITL p99/p50, throughput on/off"
 python3 -m benchmarks.e2e.chunked_itl --json "$OUT/bench_chunked_itl.json" 2>&1 | tail -n 12 | tee "$OUT/bench_chunked_itl.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
