@@ -267,3 +267,8 @@ def test_cuda_sparse_plan_takes_whole_tiles(monkeypatch):
     assert sm.plan_splits(1, 128, 2048, cfg, forced=1)[0] == 1
     with pytest.raises(ValueError, match="64 heads x 64 slots"):
         sm.sparse_config(128, cuda=True, block_n=32)
+    # a Triton sweep's env keys leave the CUDA config's program shape alone; max_splits applies to both
+    monkeypatch.setenv("PADDLE_MLA_DSA_CFG", "block_h=32,num_stages=1,max_splits=4")
+    cuda, tri = sm.sparse_config(128, cuda=True), sm.sparse_config(128)
+    assert (cuda.block_h, cuda.block_n, cuda.max_splits) == (64, 64, 4)
+    assert (tri.block_h, tri.num_stages, tri.max_splits) == (32, 1, 4)
