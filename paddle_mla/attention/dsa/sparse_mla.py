@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from paddle_mla.attention.triton_mla.decode_plan import split_cost_of
 from paddle_mla.platform.triton_host import env_overrides, interpreting, next_pow2, num_sms
 
 LOG2E = 1.4426950408889634
@@ -33,9 +34,6 @@ MAX_SPLITS = 8
 # the CUDA kernel's programs hold an SM each (225 KB of shared memory): at b=1 and 128 heads a 2048-slot
 # top-k needs 16 chunks of 128 slots to put 32 programs to work
 CUDA_MAX_SPLITS = 16
-# a cut row's fp32 partial rows (64 heads x 512: 128 KB written, then read by the merge) against one
-# 72 KB key tile that a program reads and computes
-CUDA_PARTIAL_TILES = 1
 
 
 @triton.jit
@@ -163,26 +161,28 @@ def plan_splits(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced:
 def cuda_chunks(rows: int, num_heads: int, topk: int, cfg: SparseConfig, forced: int = 0) -> tuple[int, int, int]:
     """The CUDA op's (chunks, chunk length, 64): whole 64-slot tiles a chunk, and of at most
     ``cfg.max_splits`` chunks the count whose grid ends first. Every program holds an SM (its shared
-    memory), so the grid runs in waves of ``num_sms`` programs and costs waves x tiles a program, plus
-    CUDA_PARTIAL_TILES a program when the row is cut (its partial rows, written and merged); ties take
+    memory), so the grid runs in waves of ``num_sms`` programs and costs waves x (tiles a program, plus
+    a cut row's partial rows, written and merged: the paged decode plan's ``split_cost_of``); ties take
     fewer chunks. Rounding programs up to whole waves is what the plain "two programs an SM" misses:
     64 rows of 128 heads in two chunks are 256 programs, two waves of half the tiles: no gain, and a
     merge. Rows that fill the GPU whole take one chunk."""
-    tiles = max(-(-topk // 64), 1)     # an empty top-k: one chunk of no key (zeros)
+    def chunks(c: int) -> tuple[int, int]:
+        split = split_len_for(topk, c, 64)
+        return max(-(-topk // split), 1), split     # an empty top-k: one chunk of no key (zeros)
+
     if forced:
-        per = -(-tiles // forced)
-        return -(-tiles // per), per * 64, 64
+        return (*chunks(forced), 64)
     programs_a_chunk, sms = rows * -(-num_heads // 64), num_sms()
     if programs_a_chunk >= sms:     # whole rows fill the GPU: no merge, no workspace (prefill steps)
-        return 1, tiles * 64, 64
+        return (*chunks(1), 64)
+    partial = split_cost_of(min(num_heads, 64), 512, 64, 576)      # in 1/64 key tiles
     best = None
-    for c in range(1, min(cfg.max_splits, tiles) + 1):
-        per = -(-tiles // c)
-        n = -(-tiles // per)
-        cost = -(-programs_a_chunk * n // sms) * (per + (CUDA_PARTIAL_TILES if n > 1 else 0))
+    for c in range(1, min(cfg.max_splits, max(-(-topk // 64), 1)) + 1):
+        n, split = chunks(c)
+        cost = -(-programs_a_chunk * n // sms) * (split + (partial if n > 1 else 0))
         if best is None or cost < best[0]:
-            best = (cost, n, per)
-    return best[1], best[2] * 64, 64
+            best = (cost, n, split)
+    return best[1], best[2], 64
 
 
 @functools.lru_cache(maxsize=64)    # prefill steps size their workspace each step, from the same few shapes
