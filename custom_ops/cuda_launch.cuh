@@ -1,6 +1,7 @@
 // Launch helpers shared by every CUDA source of the ops (metadata, append_attention, mla_decode): the
-// last launch's error as text, the opt-in to more than 48 KB of dynamic shared memory, the SM count,
-// and programmatic dependent launch. Framework-neutral; nvcc alone compiles its includers.
+// last launch's error as text, the opt-in to more than 48 KB of dynamic shared memory, the SM count
+// and compute capability, and programmatic dependent launch. Framework-neutral; nvcc alone compiles
+// its includers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,13 +32,29 @@ const char* allow_smem(K kernel, size_t bytes) {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// SMs of the current device (132, an H100's, when the query fails).
-inline int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 132;
-  return n > 0 ? n : 132;
+// The current device's SM count (132, an H100's, when the query fails) and compute capability as
+// major * 10 + minor (0 when it fails). Launchers ask every call; the attributes are read once per
+// device and thread.
+struct DeviceInfo {
+  int sms = 132, cc = 0;
+};
+inline DeviceInfo device_info() {
+  thread_local int known = -1;
+  thread_local DeviceInfo info;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return DeviceInfo{};
+  if (dev != known) {
+    int n = 0, major = 0, minor = 0;
+    info = DeviceInfo{};
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0) info.sms = n;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
+      info.cc = major * 10 + minor;
+    known = dev;
+  }
+  return info;
 }
+inline int sm_count() { return device_info().sms; }
 
 // Programmatic dependent launch (PDL, sm_90+). A kernel launched by `launch_pdl` may be scheduled
 // while the kernel before it on the stream still runs, once every block of that one has called

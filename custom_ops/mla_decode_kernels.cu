@@ -166,13 +166,7 @@ const char* encode_map(CUtensorMap* map, const void* ptr, const int64_t (&dims)[
 
 // The warpgroup kernel: sm_90a code only (wgmma, TMA), so it runs on a compute capability 9.0 device
 // and a build for it (paddle_mla/ops/build.py targets sm_90a there); anywhere else it is refused.
-bool on_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  return cudaGetDevice(&dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-         minor == 0;
-}
+bool on_sm90() { return device_info().cc == 90; }
 
 const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
   if (!on_sm90()) return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
