@@ -57,35 +57,45 @@ def pdl_switch(on: bool):
             os.environ["PADDLE_MLA_PDL"] = before
 
 
-def run_cuda(case, h, override=None):
-    """The CUDA op on the case (``override``: ``ops.mla_decode.launch_config`` fields, ``pdl=0``:
-    programmatic dependent launch off, ``split_cost=N``: the plan's split cost, 0 the balanced plan):
-    (µs, graph µs of plan + decode, graph µs of the decode alone, out) or None where it cannot run.
-    The decode alone is what each layer of a step pays: the engine builds the plan once a step."""
+def cuda_decode_graphs(case, h, split_cost=None, **launch):
+    """The CUDA op on the case, captured as the engine runs it: (decoder, eager call, graph of plan +
+    decode, graph of the decode alone, out), or None where it cannot run. ``launch``:
+    ``ops.mla_decode.launch_config`` fields; ``split_cost``: the plan's (0: the balanced plan). Call it
+    inside ``pdl_switch`` to choose programmatic dependent launch (read at capture)."""
     from paddle_mla.attention.triton_mla import cuda_decode
 
     cache, tables, q, lens = case
     if cuda_decode.unavailable_reason(LORA, D, torch.bfloat16, "cuda"):
         return None
-    override = dict(override or {})
-    pdl = override.pop("pdl", 1)
-    split_cost = override.pop("split_cost", None)
     b = q.shape[0]
-    dec = cuda_decode.CudaDecode(h, b, "cuda", **override)
+    dec = cuda_decode.CudaDecode(h, b, "cuda", **launch)
     if split_cost is not None:
         dec.split_cost = split_cost
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
-    with pdl_switch(bool(pdl)):   # read at each launch, so also at capture
+    dec.plan(lens, b)
+    fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    whole = torch.cuda.CUDAGraph()  # plan + decode, as the engine's decode step replays them
+    with torch.cuda.graph(whole):
         dec.plan(lens, b)
-        fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)
         fn()
-        t = median_us(fn)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()  # plan + decode, as the engine's decode step replays them
-        with torch.cuda.graph(graph):
-            dec.plan(lens, b)
-            fn()
-        layer = torch.cuda.CUDAGraph()  # the decode alone
-        with torch.cuda.graph(layer):
-            fn()
-        return t, median_us(graph.replay), median_us(layer.replay), out.clone()
+    layer = torch.cuda.CUDAGraph()  # the decode alone
+    with torch.cuda.graph(layer):
+        fn()
+    return dec, fn, whole, layer, out
+
+
+def run_cuda(case, h, override=None):
+    """The CUDA op on the case (``override``: ``ops.mla_decode.launch_config`` fields, ``pdl=0``:
+    programmatic dependent launch off, ``split_cost=N``: the plan's split cost, 0 the balanced plan):
+    (µs, graph µs of plan + decode, graph µs of the decode alone, out) or None where it cannot run.
+    The decode alone is what each layer of a step pays: the engine builds the plan once a step."""
+    override = dict(override or {})
+    pdl = override.pop("pdl", 1)
+    with pdl_switch(bool(pdl)):   # read at each launch, so also at capture
+        got = cuda_decode_graphs(case, h, **override)
+        if got is None:
+            return None
+        _, fn, whole, layer, out = got
+        return median_us(fn), median_us(whole.replay), median_us(layer.replay), out.clone()

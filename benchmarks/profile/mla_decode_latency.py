@@ -22,7 +22,7 @@ runtime.select("torch")
 import torch  # noqa: E402
 
 from benchmarks.harness.kernel_profile import DEVICE_CATS, load_trace, profiled  # noqa: E402
-from benchmarks.harness.mla_cases import D, LORA, make_decode_case, pdl_switch  # noqa: E402
+from benchmarks.harness.mla_cases import D, cuda_decode_graphs, make_decode_case, pdl_switch  # noqa: E402
 from benchmarks.harness.timing import median_us  # noqa: E402
 
 
@@ -58,30 +58,14 @@ def timeline(replay, iters: int) -> dict:
 
 def measure(b: int, h: int, s: int, iters: int, pdl: bool) -> dict:
     with pdl_switch(pdl):
-        return _measure(b, h, s, iters, pdl)
-
-
-def _measure(b: int, h: int, s: int, iters: int, pdl: bool) -> dict:
-    from paddle_mla.attention.triton_mla import cuda_decode
-
-    cache, tables, q, lens = make_decode_case(b, h, s)
-    dec = cuda_decode.CudaDecode(h, b, "cuda")
-    out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
-    dec.plan(lens, b)
-    run = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)
-    run()
-    torch.cuda.synchronize()
-    whole, layer = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.cuda.graph(whole):
-        dec.plan(lens, b)
-        run()
-    with torch.cuda.graph(layer):
-        run()
-    row = {"b": b, "h": h, "s": s, "pdl": pdl, "programs": dec.launch.programs,
-           "splits": int(dec.ws.num_kv_splits[0].item()), "window_tiles": int(dec.ws.tiles_per_prog[0].item()),
-           "graph_us": median_us(whole.replay), "graph_layer_us": median_us(layer.replay),
-           "plan_and_decode": timeline(whole.replay, iters), "decode_alone": timeline(layer.replay, iters)}
-    return row
+        got = cuda_decode_graphs(make_decode_case(b, h, s), h)
+        if got is None:
+            raise SystemExit("the mla_decode CUDA op cannot run here (cuda_decode.unavailable_reason)")
+        dec, _, whole, layer, _ = got
+        return {"b": b, "h": h, "s": s, "pdl": pdl, "programs": dec.launch.programs,
+                "splits": int(dec.ws.num_kv_splits[0].item()), "window_tiles": int(dec.ws.tiles_per_prog[0].item()),
+                "graph_us": median_us(whole.replay), "graph_layer_us": median_us(layer.replay),
+                "plan_and_decode": timeline(whole.replay, iters), "decode_alone": timeline(layer.replay, iters)}
 
 
 def main():
