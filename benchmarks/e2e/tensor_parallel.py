@@ -29,10 +29,14 @@ cache is shared by all heads, so TP does not split it) plus 6 GiB of activations
 
     python -m benchmarks.e2e.tensor_parallel [--layers 27] [--batch 64] [--context 4096] [--tp 1,2]
         [--iters 30] [--json out.json] [--gpu-memory-utilization 0.2] [--checkpoint [--dir DIR]] [--no-graphs]
+        [--rows | --rows-only] [--ep]
         [--profile [--profile-steps 5] [--profile-eager] [--profile-json P.json] [--profile-traces DIR]]
 
 ``--profile`` (``tp_profile``): after the timed steps, a few decode steps of each engine under
 torch.profiler on every rank: µs per kernel category, GPU idle, NCCL, per-layer blocks, top kernels.
+
+``--rows`` also runs each TP size > 1 with ``parallel.attention_split: rows``: every rank attends
+its share of the batch's rows with all heads, so it reads 1/TP of the latent cache.
 
 NCCL_NVLS_ENABLE=0 is set for every rank (the GPU machines' rule: no NVLink multicast).
 """
@@ -94,22 +98,27 @@ def time_generate(llm: LLM, requests: int, prompt_len: int, max_tokens: int, see
     return took
 
 
-def time_engine_step(llm: LLM, requests: int, context: int, steps: int) -> float:
+def time_engine_step(llm: LLM, requests: int, context: int, steps: int, repeats: int = 1) -> float:
     """ms per decode step as the engine runs it (``generate``: scheduling, the launch overlapped with
     the step before, the workers' pipe, sampling, outputs), ``requests`` rows at about ``context``
     tokens. One run of the prompts fills the prefix cache; then the same prompts run to 16 and to
-    16 + ``steps`` tokens, and the difference of the two is ``steps`` decode steps of the batch."""
+    16 + ``steps`` tokens, and the difference of the two is ``steps`` decode steps of the batch: the
+    median of ``repeats`` such pairs."""
     steps = min(steps, context - 17)     # a prompt of one token at least
     if steps <= 0:
         return float("nan")
     prompt_len = context - steps - 16
     time_generate(llm, requests, prompt_len, 2, seed=4)
-    short = time_generate(llm, requests, prompt_len, 16, seed=4)
-    long = time_generate(llm, requests, prompt_len, 16 + steps, seed=4)
-    return 1e3 * (long - short) / steps
+    took = []
+    for _ in range(repeats):
+        short = time_generate(llm, requests, prompt_len, 16, seed=4)
+        long = time_generate(llm, requests, prompt_len, 16 + steps, seed=4)
+        took.append(1e3 * (long - short) / steps)
+    print(f"engine step ms, {repeats} pairs: {', '.join(f'{t:.2f}' for t in took)}", file=sys.stderr, flush=True)
+    return float(np.median(took))
 
 
-def profile(llm: LLM, batch, tp: int, args, step_ms: float) -> None:
+def profile(llm: LLM, batch, tp: int, args, step_ms: float, split: str = "heads") -> None:
     """``--profile``: the engine's own mode (CUDA graphs unless --no-graphs), and eager steps too under
     ``--profile-eager``; each run's tables printed at once and the JSON rewritten (a later engine that
     fails or a time limit keeps what came before)."""
@@ -117,8 +126,11 @@ def profile(llm: LLM, batch, tp: int, args, step_ms: float) -> None:
     if args.profile_eager and modes[0] == "graphs":
         modes.append("eager")
     for mode in modes:
-        res = tp_profile.profile_engine(llm, batch, tp, mode, args.profile_steps, args.layers,
-                                        Path(args.profile_traces), step_ms)
+        traces = Path(args.profile_traces) / split
+        traces.mkdir(parents=True, exist_ok=True)
+        res = tp_profile.profile_engine(llm, batch, tp, mode, args.profile_steps, args.layers, traces, step_ms)
+        if split != "heads":     # its own column beside the head split's
+            res["mode"] = f"{mode}, attention by {split}"
         args.profiles.append(res)
         print("\n".join(tp_profile.format_run(res)), flush=True)
         if args.profile_json:
@@ -128,7 +140,7 @@ def profile(llm: LLM, batch, tp: int, args, step_ms: float) -> None:
                                categories=[c for c, _ in tp_profile.CATEGORIES] + [tp_profile.OTHER], runs=args.profiles), f, indent=1)
 
 
-def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
+def run(tp: int, path: Path, args, budget: float, ep: bool = False, split: str = "heads") -> dict:
     need = args.batch * -(-args.context // PAGE)        # the decode batch's blocks
     num_blocks = need + args.batch + 8
     gpu = not args.smoke
@@ -143,7 +155,7 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
         # 2048-token chunks: the profile run's prefill (its activations) stays small beside the weights
         "scheduler": {"max_num_seqs": args.batch, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True,
                       "overlap": False if args.no_overlap else "auto"},
-        "parallel": {"tensor_parallel_size": tp, "expert_parallel": ep}})
+        "parallel": {"tensor_parallel_size": tp, "expert_parallel": ep, "attention_split": split}})
     t = time.perf_counter()
     try:
         llm = LLM(cfg)
@@ -157,7 +169,8 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
     if error is not None:   # outside the except block: the failed engine's weights are free to go
         gc.collect()
         runtime.empty_cache()
-        return dict(tp=tp, ep=ep, budget=budget, step_ms=float("nan"), engine_start_s=time.perf_counter() - t,
+        return dict(tp=tp, ep=ep, split=split, budget=budget, step_ms=float("nan"),
+                    engine_start_s=time.perf_counter() - t,
                     rank0_peak_gib=0.0, fits=False, error=error)
     start_s = time.perf_counter() - t
     load_s = llm.runner.load_s
@@ -169,18 +182,20 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
         del llm
         gc.collect()
         runtime.empty_cache()
-        return dict(tp=tp, ep=ep, budget=budget, step_ms=float("nan"), engine_start_s=start_s, rank0_peak_gib=0.0,
+        return dict(tp=tp, ep=ep, split=split, budget=budget, step_ms=float("nan"), engine_start_s=start_s,
+                    rank0_peak_gib=0.0,
                     fits=False, error=f"the KV cache holds {num_blocks} blocks, the decode batch needs {need}")
     for cache in llm.runner.kv_caches:       # rank 0's cache; the values do not change the work
         cache.normal_(0.0, 1.0)
     batch = decode_batch(num_blocks, args.batch, args.context)
     step_s = time_decode(llm, batch, args.iters)
     if args.profile and not ep:
-        profile(llm, batch, tp, args, step_s * 1e3)
+        profile(llm, batch, tp, args, step_s * 1e3, split)
     io = 32 if args.smoke else 1024       # tokens in, and out for the whole run
     if args.prefill_requests or args.e2e or args.engine_steps:   # warm-up: prefill and mixed-step kernels compile here
         time_generate(llm, 4, io, 64, seed=3)
-    engine_step_ms = time_engine_step(llm, args.batch, args.context, min(args.engine_steps, 32) if args.smoke else args.engine_steps)
+    engine_step_ms = time_engine_step(llm, args.batch, args.context,
+                                      min(args.engine_steps, 32) if args.smoke else args.engine_steps, args.engine_repeats)
     prefill_s = time_generate(llm, args.prefill_requests, io, 1, seed=1)
     e2e_s = time_generate(llm, args.e2e, io, io, seed=2)
     mem = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
@@ -189,7 +204,7 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False) -> dict:
     runtime.empty_cache()
     if gpu:
         torch.cuda.reset_peak_memory_stats()
-    return dict(tp=tp, ep=ep, budget=budget, step_ms=step_s * 1e3, engine_step_ms=engine_step_ms,
+    return dict(tp=tp, ep=ep, split=split, budget=budget, step_ms=step_s * 1e3, engine_step_ms=engine_step_ms,
                 engine_start_s=start_s, rank0_peak_gib=mem, fits=True,
                 rank0_weights_gib=weights_gib, kv_blocks=num_blocks, load_s=load_s,
                 prefill_tok_s=args.prefill_requests * io / prefill_s, e2e_out_tok_s=args.e2e * io / e2e_s)
@@ -204,8 +219,14 @@ def print_roofline(cfg: dict, args, sizes: list[int]) -> None:
     one = (weights + kv) / rate * 1e3
     floors = ", ".join(f"TP={tp} rank {(weights / tp + kv) / rate * 1e3:.2f} ms (ratio floor "
                        f"{(weights / tp + kv) / (weights + kv):.2f}x)" for tp in sizes if tp > 1)
+    # split by rows: attention weights whole on every rank, 1/TP of the cache read
+    c = weight_counts(cfg)
+    attn = c["layers"] * c["attn_per_layer"] * 2
+    rows = ", ".join(f"TP={tp} rank {((weights - attn) / tp + attn + kv / tp) / rate * 1e3:.2f} ms (ratio floor "
+                     f"{((weights - attn) / tp + attn + kv / tp) / (weights + kv):.2f}x)" for tp in sizes if tp > 1)
     print(f"byte bound at {rate / 1e9:.0f} GB/s measured copy (every expert read at batch {args.batch}): TP=1 {one:.2f} ms "
-          f"(weights {weights / 1e9:.1f} GB + KV {kv / 1e9:.1f} GB); {floors}")
+          f"(weights {weights / 1e9:.1f} GB + KV {kv / 1e9:.1f} GB); attention split by heads: {floors}; "
+          f"by rows: {rows}")
 
 
 def fit_two_budget(cfg: dict, args) -> float:
@@ -234,8 +255,13 @@ def main() -> None:
     ap.add_argument("--e2e", type=int, default=64, help="requests of 1024 in / 1024 out for the whole run (0: skip)")
     ap.add_argument("--engine-steps", type=int, default=128,
                     help="decode steps of the engine's own step time (generate, --batch prompts at --context; 0: skip)")
+    ap.add_argument("--engine-repeats", type=int, default=1, help="engine step: the median of this many timed pairs")
     ap.add_argument("--ep", action="store_true",
                     help="also run each TP size > 1 with parallel.expert_parallel (experts whole per rank)")
+    ap.add_argument("--rows", action="store_true",
+                    help="also run each TP size > 1 with parallel.attention_split: rows (each rank attends its "
+                         "share of the batch's rows with every head)")
+    ap.add_argument("--rows-only", action="store_true", help="TP sizes > 1 only with attention_split: rows")
     ap.add_argument("--checkpoint", action="store_true",
                     help="write (once) and load a random bf16 checkpoint instead of load_format: dummy")
     ap.add_argument("--dir", default="", help="with --checkpoint: its folder (default /tmp/bench_v2lite_<L>L)")
@@ -274,8 +300,12 @@ def main() -> None:
         path = dummy_model_dir(tempfile.mkdtemp(prefix="bench_tp_dummy_"), cfg)
     rows = []
     for tp in map(int, args.tp.split(",")):
-        rows.append(run(tp, path, args, args.gpu_memory_utilization))
-        print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        if not (args.rows_only and tp > 1):
+            rows.append(run(tp, path, args, args.gpu_memory_utilization))
+            print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        if (args.rows or args.rows_only) and tp > 1:
+            rows.append(run(tp, path, args, args.gpu_memory_utilization, split="rows"))
+            print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
         if not rows[-1]["fits"]:   # the ratio still needs this TP size: again without the budget (fixed cache)
             rows.append(run(tp, path, args, 0.0))
             print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
@@ -291,27 +321,29 @@ def main() -> None:
           + (f", gpu_memory_utilization {args.gpu_memory_utilization} (KV cache: auto)\n"
              if args.gpu_memory_utilization else "\n"))
     print(f"weights: {'checkpoint ' + str(path) if args.checkpoint else 'load_format: dummy (made on each GPU)'}\n")
-    print("| TP | EP | gpu_memory_utilization | fits | step ms | vs TP=1 | engine step ms | vs TP=1 | engine start s "
-          "| load s | rank-0 weights GiB | KV blocks | rank-0 peak GiB | prefill tok/s | 1k/1k out tok/s |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| TP | EP | attention split | gpu_memory_utilization | fits | step ms | vs TP=1 | engine step ms | vs TP=1 "
+          "| engine start s | load s | rank-0 weights GiB | KV blocks | rank-0 peak GiB | prefill tok/s | 1k/1k out tok/s |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         r["ratio"] = r["step_ms"] / base
         util = r["budget"] or "- (fixed cache)"
         if not r["fits"]:
-            print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {util} | no: {r['error']} | - | - | - | - | "
+            print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {r['split']} | {util} | no: {r['error']} | - | - | - | - | "
                   f"{r['engine_start_s']:.0f} | - | - | - | - | - | - |")
             continue
         r["engine_ratio"] = r["engine_step_ms"] / engine_base
-        print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {util} | yes | {r['step_ms']:.2f} | {r['ratio']:.2f}x | "
+        print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {r['split']} | {util} | yes | {r['step_ms']:.2f} | "
+              f"{r['ratio']:.2f}x | "
               f"{r['engine_step_ms']:.2f} | {r['engine_ratio']:.2f}x | {r['engine_start_s']:.0f} | "
               f"{r['load_s']:.1f} | "
               f"{r['rank0_weights_gib']:.1f} | {r['kv_blocks']} | {r['rank0_peak_gib']:.1f} | "
               f"{r['prefill_tok_s']:.0f} | {r['e2e_out_tok_s']:.0f} |")
-    two = next((r for r in rows if r["tp"] == 2 and r["fits"] and not r["ep"]), None)
+    two = min((r for r in rows if r["tp"] == 2 and r["fits"] and not r["ep"]), key=lambda r: r["engine_step_ms"],
+              default=None)
     two_budget = next((r for r in rows if r["tp"] == 2 and r["budget"]), None)
     if two is not None:
         verdict = "met" if two["ratio"] <= 0.6 else "NOT met"
-        print(f"\ntarget: TP=2 step <= 0.6x TP=1: {two['ratio']:.2f}x ({verdict}); "
+        print(f"\ntarget: TP=2 step <= 0.6x TP=1 (attention split by {two['split']}): {two['ratio']:.2f}x ({verdict}); "
               f"the engine's own decode step: {two['engine_ratio']:.2f}x")
     if not args.smoke:
         print_roofline(cfg, args, sorted({r["tp"] for r in rows}))

@@ -73,6 +73,12 @@ class MLABackend(ABC):
     def forward(self, q_nope: Any, q_pe: Any, latent: Any, w_kc: Any, w_vc: Any,
                 kv_cache: Any, meta: Any) -> Any: ...
 
+    def write_cache(self, latent: Any, kv_cache: Any, slot_mapping: Any) -> None:
+        """``latent`` [T, latent_dim] into ``kv_cache`` at ``slot_mapping`` (slots < 0 skipped), as
+        ``forward`` does first; the model calls it when a rank attends only part of the step
+        (``attention.row_share``) but keeps every token's latent."""
+        raise NotImplementedError(f"attention.backend {self.name!r} has no cache write of its own")
+
 
 @dataclass
 class GQADims:

@@ -116,6 +116,9 @@ class ForwardMeta:
     num_decode_tokens: int = 0
     sample_indices: Any = None   # int64 [sampling rows]: token row of each sampling request's last new token
     prompt_lens: np.ndarray | None = None   # host int32 [B] (``StepBatch.prompt_lens``)
+    # parallel.attention_split: rows: this rank's share of the token rows and its attention metadata
+    # (``attention.row_share.RowShare``); None: the step is attended whole
+    share: Any = None
 
     @staticmethod
     def build(batch: StepBatch, block_size: int, device: str, key_windows: Any = None,

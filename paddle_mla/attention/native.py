@@ -81,6 +81,9 @@ class NativeMLABackend(MLABackend):
 
         return native_index_topk(q, k, w, index_cache, meta, topk)
 
+    def write_cache(self, latent, kv_cache, slot_mapping) -> None:
+        write_latent(kv_cache, latent, slot_mapping)
+
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
         """``topk_pos`` (int64 [T, topk], -1 padded; deepseek_v32) restricts each token to those keys."""
         d = self.dims

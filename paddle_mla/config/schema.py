@@ -83,11 +83,16 @@ class ParallelConfig:
     """Scale-out on one host (docs/scaling_out.md). ``tensor_parallel_size`` N: the model split over N
     ranks (N GPUs, or N CPU processes over gloo), torch runtime only;
     ``data_parallel_size`` M: M engine replicas sharing one input stream; ``expert_parallel``: the
-    routed experts placed whole on the N ranks (contiguous ranges) instead of split by width."""
+    routed experts placed whole on the N ranks (contiguous ranges) instead of split by width;
+    ``attention_split`` (MLA under tensor parallelism): ``heads`` splits every layer's attention
+    heads over the ranks; ``rows`` gives each rank the whole attention of its share of the step's
+    tokens over the replicated latent cache (data-parallel attention), so a rank reads 1/N of the
+    cache a step instead of all of it."""
 
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     expert_parallel: bool = False
+    attention_split: Literal["heads", "rows"] = "heads"
 
 
 @dataclass
@@ -240,6 +245,8 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(not (par.tensor_parallel_size > 1 and cfg.runtime == "paddle"),
          "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only: "
          "it runs on torch.distributed; the paddle runtime has no paddle.distributed path)")
+    need(par.attention_split in ("heads", "rows"),
+         f"'parallel.attention_split' is {par.attention_split!r}; allowed: heads, rows")
     need(not (par.tensor_parallel_size > 1 and cfg.deterministic),
          "'deterministic: true' with 'parallel.tensor_parallel_size' > 1: the ranks' all-reduce picks its "
          "algorithm (and so its summation order) by message size, which follows the batch; use "

@@ -135,6 +135,40 @@ class MLAAttention:
         self.indexer = Indexer(arch, w, p + "indexer.") if arch.indexer is not None else None
 
     def forward(self, x, cos, sin, rope: Rope, backend, kv_cache, meta):
+        share = meta.share
+        if share is None:
+            out = self._attend(x, self._latent(x, cos, sin, rope), cos, sin, rope, backend, kv_cache, meta)
+            if self.tp is None:
+                return linear(out, self.o_proj, self.o_bias)
+            out = self.tp.all_reduce(linear(out, self.o_proj))   # row-parallel: partial sums; bias once
+            return out if self.o_bias is None else out + self.o_bias
+        # attention split by rows (attention.row_share): every token's latent into this rank's copy
+        # of the cache (a later step may attend its request here), this rank's rows attended with
+        # every head, the ranks' outputs gathered
+        latent = self._latent(x, cos, sin, rope)
+        backend.write_cache(latent, kv_cache, meta.slot_mapping)
+        a, b = share.start, share.stop
+        local = None
+        if share.meta is not None:
+            local = linear(self._attend(x[a:b], latent[a:b], cos[a:b], sin[a:b], rope, backend, kv_cache, share.meta),
+                           self.o_proj, self.o_bias)
+        if local is None or local.shape[0] < share.chunk:   # eager steps: the last ranks' shares padded
+            padded = x.new_zeros(share.chunk, x.shape[1])
+            if local is not None:
+                padded[:local.shape[0]].copy_(local)
+            local = padded
+        return self.tp.gather_rows(local, share.num_tokens)
+
+    def _latent(self, x, cos, sin, rope: Rope):
+        """The latent cache rows of ``x``: normalized compressed kv || roped k_pe."""
+        d = self.dims
+        ckv = linear(x, self.kv_a_proj, self.kv_a_bias)
+        c, k_pe = torch.split(ckv, [d.kv_lora_rank, d.qk_rope_head_dim], -1)
+        return torch.cat([rms_norm(c, self.kv_a_norm, self.eps), rope.apply(k_pe, cos, sin)], -1)
+
+    def _attend(self, x, latent, cos, sin, rope: Rope, backend, kv_cache, meta):
+        """The attention of the tokens ``x`` with their ``latent`` rows (written into the cache on
+        the way) -> [T, heads * v_head_dim], before o_proj."""
         d = self.dims
         T = x.shape[0]
         if self.q_lora:
@@ -144,22 +178,13 @@ class MLAAttention:
             q = linear(x, self.q_proj)
         q = q.view(T, d.num_heads, d.qk_nope_head_dim + d.qk_rope_head_dim)
         q_nope, q_pe = torch.split(q, [d.qk_nope_head_dim, d.qk_rope_head_dim], -1)
-        ckv = linear(x, self.kv_a_proj, self.kv_a_bias)
-        c, k_pe = torch.split(ckv, [d.kv_lora_rank, d.qk_rope_head_dim], -1)
-        c = rms_norm(c, self.kv_a_norm, self.eps)
         q_pe = rope.apply(q_pe, cos, sin)
-        k_pe = rope.apply(k_pe, cos, sin)
-        latent = torch.cat([c, k_pe], -1)
         sparse = {}
         if self.indexer is not None:   # DSA: attend only the indexer's top-k keys
             sparse["topk_pos"] = self.indexer.select(x, q_resid, cos, sin, backend, meta)
         out = backend.forward(q_nope.contiguous(), q_pe.contiguous(), latent.contiguous(), self.w_kc, self.w_vc,
                               kv_cache, meta, **sparse)
-        out = out.reshape(T, d.num_heads * d.v_head_dim).to(x.dtype)
-        if self.tp is None:
-            return linear(out, self.o_proj, self.o_bias)
-        out = self.tp.all_reduce(linear(out, self.o_proj))   # row-parallel: partial sums; bias once
-        return out if self.o_bias is None else out + self.o_bias
+        return out.reshape(T, d.num_heads * d.v_head_dim).to(x.dtype)
 
 
 class DenseMLP:

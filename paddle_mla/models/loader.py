@@ -92,12 +92,14 @@ class StreamingLoader:
     def __init__(self, model_dir: str | Path, arch: ModelArch, dtype: Any, device: str, keep_fp8: bool = False,
                  expert_fp8: bool = False, threads: int | None = None, progress: bool = True,
                  tp_rank: int = 0, tp_size: int = 1, reader=None, expert_parallel: bool = False,
-                 swa_kv_heads: int = 0):
+                 swa_kv_heads: int = 0, attention_rows: bool = False):
         # ``reader``: another source of the same tensors (load_format: dummy's DummyReader);
-        # ``swa_kv_heads``: head-wise SWA's KV heads, balanced over the ranks (sharding._gqa_shard)
+        # ``swa_kv_heads``: head-wise SWA's KV heads, balanced over the ranks (sharding._gqa_shard);
+        # ``attention_rows``: attention weights whole on every rank (parallel.attention_split: rows)
         self.reader = reader if reader is not None else CheckpointReader(model_dir)
         self.tp_rank, self.tp_size, self.swa_kv_heads = tp_rank, tp_size, swa_kv_heads
         self.expert_parallel = expert_parallel and tp_size > 1
+        self.attention_rows = attention_rows
         self.arch, self.dtype, self.device = arch, dtype, device
         self.on_cpu = device == "cpu"
         self.keep_fp8, self.expert_fp8 = keep_fp8, expert_fp8
@@ -167,7 +169,7 @@ class StreamingLoader:
         if self.tp_size == 1:
             return None
         return checkpoint_shard(name, self.reader.file_of(name).shape(name), self.arch, self.tp_rank, self.tp_size,
-                                self.expert_parallel, self.swa_kv_heads)
+                                self.expert_parallel, self.swa_kv_heads, self.attention_rows)
 
     def _shape(self, name: str) -> list[int]:
         """Shape of what this rank holds of ``name``."""
@@ -372,14 +374,16 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
         # caller's device, or a tensor-parallel rank >= 1 would get its weights on GPU 0
         device = f"cuda:{torch.cuda.current_device()}"
     rank, size = (tp.rank, tp.size) if tp is not None else (0, 1)
+    rows = bool(getattr(tp, "attention_rows", False))    # parallel.attention_split: rows
     if size > 1:
-        local_arch(arch, size)      # a clear error (heads, GQA) before any weight is read
+        local_arch(arch, size, rows)      # a clear error (heads, GQA) before any weight is read
     keep = resolve_keep_fp8(quantization, "cpu" if device == "cpu" else "gpu")
     if expert_fp8 is None:
         expert_fp8 = keep
     # expert parallel: a TPGroup formed with it (parallel.expert_parallel) places routed experts whole
     kwargs = dict(keep_fp8=keep, expert_fp8=expert_fp8, tp_rank=rank, tp_size=size,
-                  expert_parallel=bool(getattr(tp, "expert_parallel", False)), swa_kv_heads=swa_kv_heads)
+                  expert_parallel=bool(getattr(tp, "expert_parallel", False)), swa_kv_heads=swa_kv_heads,
+                  attention_rows=rows)
     if load_format == "dummy":
         from paddle_mla.models.dummy_weights import dummy_weights
 
@@ -391,4 +395,4 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
         raise ValueError(f"load_format must be auto or dummy, got {load_format!r}")
     if arch.family == "gqa":
         return GQACausalLM(local_arch(arch, size), weights, device, dtype, tp=tp)
-    return CausalLM(local_arch(arch, size), weights, device, dtype, tp=tp)
+    return CausalLM(local_arch(arch, size, rows), weights, device, dtype, tp=tp)

@@ -21,6 +21,10 @@ Expert parallel (``expert_parallel``): the routed experts are placed whole, rank
 contiguous id range ``expert_range(E, r, size)``; shared experts, dense MLPs and attention keep the
 splits above.
 
+Attention split by rows (``attention_rows``, MLA only: ``parallel.attention_split: rows``): every
+attention weight is replicated (a rank attends its share of the step's tokens with all heads); the
+MLPs, experts, embedding and LM head keep the splits above.
+
 Splits are contiguous ranges (the GQA heads' two under head-wise SWA); the vocabulary and MLP ranges
 may be uneven (ceil-sized chunks, the last rank takes the rest); heads must divide evenly. 1-D
 tensors are only split as GQA / MLP biases.
@@ -85,27 +89,37 @@ def vocab_chunk(vocab_size: int, size: int) -> int:
     return -(-vocab_size // size)
 
 
-def check_tp_arch(arch, size: int) -> None:
-    """A clear error when ``arch`` cannot be split ``size`` ways (before any weight is read)."""
+def check_tp_arch(arch, size: int, attention_rows: bool = False) -> None:
+    """A clear error when ``arch`` cannot be split ``size`` ways (before any weight is read);
+    ``attention_rows``: the heads stay whole, so any head count splits."""
+    if attention_rows and arch.family == "gqa":
+        raise ValueError(f"parallel.attention_split 'rows' needs an MLA model (deepseek_v2 / deepseek_v3); "
+                         f"{arch.model_type} splits its KV heads: use attention_split 'heads'")
+    if attention_rows and arch.indexer is not None:
+        raise ValueError(f"parallel.attention_split 'rows' does not serve {arch.model_type}'s sparse "
+                         f"attention (the indexer's per-step key windows follow the whole step): use "
+                         f"attention_split 'heads'")
     if arch.family == "gqa":
         # KV heads are split, never replicated: tp > num_key_value_heads is refused like any non-divisor
         kv = arch.gqa.num_kv_heads
         if kv % size:
             raise ValueError(f"parallel.tensor_parallel_size {size} must divide num_key_value_heads {kv} "
                              f"({arch.model_type}: KV heads are split over the ranks, not replicated)")
-    elif arch.mla.num_heads % size:
+    elif not attention_rows and arch.mla.num_heads % size:
         raise ValueError(f"parallel.tensor_parallel_size {size} must divide num_attention_heads {arch.mla.num_heads}")
     if arch.vocab_size < size:
         raise ValueError(f"parallel.tensor_parallel_size {size} exceeds vocab_size {arch.vocab_size}")
 
 
-def local_arch(arch, size: int):
+def local_arch(arch, size: int, attention_rows: bool = False):
     """``arch`` as one rank sees it: its share of the attention heads (GQA: of the q and KV heads, so
-    its KV cache holds only its KV heads); everything else unchanged, vocab_size included: the
-    sampler sees gathered full-vocabulary logits."""
+    its KV cache holds only its KV heads; ``attention_rows``: all of them); everything else
+    unchanged, vocab_size included: the sampler sees gathered full-vocabulary logits."""
     if size == 1:
         return arch
-    check_tp_arch(arch, size)
+    check_tp_arch(arch, size, attention_rows)
+    if attention_rows:
+        return arch
     if arch.family == "gqa":
         g = arch.gqa
         return dataclasses.replace(arch, gqa=dataclasses.replace(
@@ -154,10 +168,12 @@ def _gqa_shard(name: str, arch, rank: int, size: int, swa_kv_heads: int = 0) -> 
 
 
 def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int,
-                     expert_parallel: bool = False, swa_kv_heads: int = 0) -> Shard | None:
+                     expert_parallel: bool = False, swa_kv_heads: int = 0,
+                     attention_rows: bool = False) -> Shard | None:
     """The slice of checkpoint tensor ``name`` (of ``shape``) that ``rank`` holds; None: all of it
     (under ``expert_parallel`` a routed expert is whole; which experts a rank loads at all is
-    ``expert_range``'s). ``swa_kv_heads``: the model's head-wise SWA heads (GQA), balanced over ranks."""
+    ``expert_range``'s). ``swa_kv_heads``: the model's head-wise SWA heads (GQA), balanced over ranks.
+    ``attention_rows``: the attention weights are whole on every rank."""
     if size == 1 or len(shape) not in (1, 2):
         return None
     if len(shape) == 2 and name in ("model.embed_tokens.weight", "lm_head.weight"):
@@ -170,7 +186,7 @@ def checkpoint_shard(name: str, shape: list[int], arch, rank: int, size: int,
         return _mlp_shard(name, shape, rank, size)
     if arch.family == "gqa":
         return _gqa_shard(name, arch, rank, size, swa_kv_heads)
-    if len(shape) != 2:
+    if len(shape) != 2 or attention_rows:
         return None
     d = arch.mla
     heads = d.num_heads // size

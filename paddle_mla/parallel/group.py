@@ -51,19 +51,25 @@ class TPGroup:
     dispatch: after the attention all-reduce every rank holds every token, so each rank runs its
     own experts on the tokens routed to them, and the block's one all-reduce (routed + shared
     partials, as under TP) is the combine. An all-to-all would only move tokens a rank already has
-    (it pays where ranks hold different tokens, i.e. data-parallel attention, not built here)."""
+    (it pays where ranks hold different tokens, which they never do here: under ``attention_rows``
+    too the attention outputs are gathered to every rank before the MLP).
+
+    ``attention_rows`` (``parallel.attention_split: rows``, MLA): each rank attends its share of the
+    step's tokens with all heads (``paddle_mla.attention.row_share``) and ``gather_rows`` puts the
+    shares together on every rank, in place of the o_proj all-reduce."""
 
     def __init__(self, rank: int, size: int, device_kind: str, threads_before: int | None = None,
-                 expert_parallel: bool = False):
+                 expert_parallel: bool = False, attention_rows: bool = False):
         self.rank, self.size, self.device_kind = rank, size, device_kind
-        self.expert_parallel = expert_parallel
+        self.expert_parallel, self.attention_rows = expert_parallel, attention_rows
         self._threads_before = threads_before
         self._open = True
         self._lock = threading.Lock()     # leave() from close and from atexit must abort once
 
     # -- set-up -----------------------------------------------------------------------------
     @staticmethod
-    def join(rank: int, rdzv: Rendezvous, store=None, expert_parallel: bool = False) -> "TPGroup":
+    def join(rank: int, rdzv: Rendezvous, store=None, expert_parallel: bool = False,
+             attention_rows: bool = False) -> "TPGroup":
         if rdzv.device_kind == "gpu":
             # NVLink multicast (NVLS) stays off, as the GPU machines require; NCCL reads it at init
             os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -78,7 +84,7 @@ class TPGroup:
             store = dist.TCPStore(rdzv.host, rdzv.port, rdzv.size, False, timeout=timedelta(seconds=120))
         dist.init_process_group("nccl" if rdzv.device_kind == "gpu" else "gloo", store=store, rank=rank,
                                 world_size=rdzv.size, timeout=timedelta(seconds=rdzv.timeout_s))
-        return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before, expert_parallel)
+        return TPGroup(rank, rdzv.size, rdzv.device_kind, threads_before, expert_parallel, attention_rows)
 
     def leave(self, runner=None, drain: bool = False) -> None:
         """Leave the group without waiting on any peer: drop ``runner``'s CUDA graphs (their captured
@@ -128,6 +134,14 @@ class TPGroup:
         """Sum of the ranks' partial ``x`` (row-parallel outputs), in place."""
         dist.all_reduce(x)
         return x
+
+    def gather_rows(self, local, num_rows: int):
+        """Every rank's ``local`` [chunk, hidden] share of the step's token rows (rank r holds rows
+        [r * chunk, (r + 1) * chunk); the last ranks' shares padded) -> the first ``num_rows`` rows,
+        in order, on every rank."""
+        out = torch.empty(self.size * local.shape[0], *local.shape[1:], dtype=local.dtype, device=local.device)
+        _ALL_GATHER(out, local.contiguous())
+        return out[:num_rows]
 
     def share_sampled(self, ids):
         """Rank 0's ``last_sampled`` into every rank's, in stream order: under overlapped scheduling a

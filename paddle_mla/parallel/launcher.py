@@ -113,7 +113,8 @@ class TPDriver:
             with self.guard():
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "joining")
-                self.group = TPGroup.join(0, rdzv, store, self.config.parallel.expert_parallel)
+                par = self.config.parallel
+                self.group = TPGroup.join(0, rdzv, store, par.expert_parallel, par.attention_split == "rows")
                 runner = ModelRunner(self.config, self.model_dir, tp=self.group, eos_token_ids=eos_token_ids)
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "ready")

@@ -128,7 +128,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         from paddle_mla.parallel.group import TPGroup
 
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
-        group = TPGroup.join(spec.rank, spec.rdzv, expert_parallel=spec.config.parallel.expert_parallel)
+        par = spec.config.parallel
+        group = TPGroup.join(spec.rank, spec.rdzv, expert_parallel=par.expert_parallel,
+                             attention_rows=par.attention_split == "rows")
         runner = ModelRunner(spec.config, spec.model_dir, tp=group)
         # head-wise SWA: the input state rebuilds the table rows from the scheduler's deltas with the
         # pool's layout; rank 0's scheduler allocates, this copy only describes (the same on every rank)

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from paddle_mla.ops import batch_invariant  # noqa: E402
 from paddle_mla.attention.backend import create_backend  # noqa: E402
 from paddle_mla.attention.forward_meta import ForwardMeta, SideArrays, StepBatch, build_step  # noqa: E402
+from paddle_mla.attention.row_share import build_share  # noqa: E402
 from paddle_mla.cache.kv_cache import (allocate_flat_gqa_caches, allocate_index_caches,  # noqa: E402
                                        allocate_kv_caches, auto_num_blocks, bytes_per_block, usable_num_blocks)
 from paddle_mla.cache.head_pool import flat_cache_blocks, head_ranges, make_block_pool  # noqa: E402
@@ -73,6 +74,8 @@ class ModelRunner:
         self.plan = plan
         self.cfg = plan.config
         self.tp, self.tp_driver = tp, None
+        # parallel.attention_split: rows: this rank attends its share of each step's token rows
+        self.share_rows = (tp.rank, tp.size) if tp is not None and tp.attention_rows else None
         self.device_kind = plan.device
         self.device = _runtime.device_string(plan.device)
         self.dtype = getattr(torch, plan.dtype)
@@ -87,7 +90,7 @@ class ModelRunner:
             from paddle_mla.worker.cuda_graph import DecodeGraphs
 
             self.graphs = DecodeGraphs(self._forward_meta, plan.cuda_graph_sizes, plan.memory.max_blocks_per_seq,
-                                       plan.memory.block_size, self.device, self._table_heads())
+                                       plan.memory.block_size, self.device, self._table_heads(), self.share_rows)
 
     def _global_swa_heads(self) -> int:
         """Head-wise SWA's KV heads over every rank (the plan holds one rank's equal share)."""
@@ -184,6 +187,8 @@ class ModelRunner:
         nbytes = (16 * sc.max_num_batched_tokens + 4 * sc.max_num_seqs * (self._table_heads() or 1)
                   * (max_blocks + 64) + 4096)
         self.uploader = Uploader(self.device, nbytes)
+        # the row share's own metadata goes up apart (its arrays come from the step's, on the host)
+        self.share_uploader = Uploader(self.device, nbytes) if self.share_rows else None
         self.reader = ResultReader(self.device, sc.max_num_seqs * 4)
         self.last_sampled = torch.zeros(sc.max_num_seqs, dtype=torch.int64, device=self.device)
         self.sampling_builder = SamplingBatchBuilder()   # row parameters kept while the rows stay
@@ -258,6 +263,9 @@ class ModelRunner:
             meta.input_ids.scatter_(0, dev.pending_pos, ids)
         if kv_caches is None and self.graphs is not None and self.graphs.can_run(meta):
             return self.graphs.run(meta), meta, dev       # decode: every row samples
+        if self.share_rows:
+            meta.share = build_share(batch, *self.share_rows, self.plan.memory.block_size, self.device,
+                                     self.share_uploader)
         rows = meta.sample_indices
         if logits_rows is not None:
             rows = rows[torch.arange(logits_rows, dtype=torch.int64, device=self.device) % rows.shape[0]]
@@ -270,7 +278,9 @@ class ModelRunner:
         # process state read by the model's GEMMs: set per call, so engines of both modes may
         # take turns in one process
         batch_invariant.set_enabled(self.cfg.deterministic)
-        self.backend.prepare(meta)
+        attended = meta if meta.share is None else meta.share.meta   # None: no rows of this rank's
+        if attended is not None:
+            self.backend.prepare(attended)
         hidden = self.model.forward(meta, self.kv_caches if kv_caches is None else kv_caches)
         return self.model.compute_logits(hidden if rows is None else hidden[rows])
 

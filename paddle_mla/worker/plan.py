@@ -135,7 +135,8 @@ def kv_layout(cfg: EngineConfig, arch: "ModelArch") -> KVLayout:
     from paddle_mla.cache.kv_cache import kv_width
     from paddle_mla.models.sharding import local_arch
 
-    local = local_arch(arch, cfg.parallel.tensor_parallel_size)
+    par = cfg.parallel
+    local = local_arch(arch, par.tensor_parallel_size, par.attention_split == "rows")
     gqa = local.family == "gqa"
     # ConfigError on MLA checkpoints, for a ratio that is not a whole number of KV heads, or for SWA
     # and full heads that do not split evenly over the tensor-parallel ranks

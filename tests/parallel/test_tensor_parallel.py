@@ -36,18 +36,20 @@ def _generate(tp: int, prompts, max_tokens: int, **cfg):
         llm.close()
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_tiny_model_tp2_matches_tp1(overlap):
+@pytest.mark.parametrize("overlap,split", [(False, "heads"), (True, "heads"), (True, "rows")])
+def test_tiny_model_tp2_matches_tp1(overlap, split):
     """Chunked prefill (prompt chunks mixed with decodes) and prefix caching (shared prefixes). With
     overlapped scheduling the workers take their decode rows' input tokens from rank 0's broadcast
-    sampled ids (a wrong or missing broadcast feeds them other tokens, and the logits part)."""
+    sampled ids (a wrong or missing broadcast feeds them other tokens, and the logits part). Split by
+    rows, the step's 16-token chunks cut prompt chunks between the ranks, and a request's rows move
+    between ranks from step to step over the replicated cache."""
     shared = [7, 99, 123, 45, 300, 12, 8, 64]
     prompts = PROMPTS + [shared + [1, 2, 3], shared + [4, 5], shared + [6, 7, 8, 9, 10]]
     cfg = {"cache": {"block_size": 4, "enable_prefix_caching": True},
            "scheduler": {"enable_chunked_prefill": True, "max_num_batched_tokens": 16, "max_num_seqs": 4,
                          "overlap": overlap}}
     one = _generate(1, prompts, 10, **cfg)
-    two = _generate(2, prompts, 10, **cfg)
+    two = _generate(2, prompts, 10, parallel={"tensor_parallel_size": 2, "attention_split": split}, **cfg)
     assert two == one
 
 

@@ -1,7 +1,8 @@
 """Tensor parallelism on 2 and 4 GPUs (NCCL, NVLink multicast off): TP=2 and TP=4 in fp32 give the
 greedy tokens of TP=1, with the triton_mla backend, the fused MoE, CUDA graphs (each rank captures
-its own, collectives included), chunked prefill and prefix caching; and on a GQA MoE checkpoint
-(eager). A TP size above the visible GPU count is skipped."""
+its own, collectives included), chunked prefill, prefix caching and preemption, with the attention
+split by heads and by rows; and on a GQA MoE checkpoint (eager). A TP size above the visible GPU
+count is skipped."""
 
 from __future__ import annotations
 
@@ -32,26 +33,38 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpus() < 2, reason="needs 2 G
 TP_SIZES = sizes("tp", 2, 4)
 
 
-def _tokens(tp: int, reqs, graph: bool):
+def _tokens(tp: int, reqs, graph: bool, split: str = "heads", num_blocks: int = 128):
     llm = LLM(config_from_dict({
         "device": "gpu", "dtype": "float32", "cuda_graph": graph, "attention": {"backend": "triton_mla"},
-        "cache": {"block_size": 16, "num_blocks": 128, "enable_prefix_caching": True},
+        "cache": {"block_size": 16, "num_blocks": num_blocks, "enable_prefix_caching": True},
         "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 13, "enable_chunked_prefill": True},
-        "parallel": {"tensor_parallel_size": tp}}))
+        "parallel": {"tensor_parallel_size": tp, "attention_split": split}}))
     try:
         assert (llm.runner.graphs is not None) == graph
         outs = llm.generate(reqs, use_tqdm=False)
         assert [o.error for o in outs] == [None] * len(reqs)
-        return [o.token_ids for o in outs]
+        return [o.token_ids for o in outs], llm.stats()
     finally:
         llm.close()
 
 
 @pytest.mark.parametrize("tp", TP_SIZES)
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
-def test_tp_fp32_matches_tp1(graph, tp):
+@pytest.mark.parametrize("split", ["heads", "rows"])
+def test_tp_fp32_matches_tp1(graph, tp, split):
     reqs = workload(512, seed=7)
-    assert _tokens(tp, reqs, graph) == _tokens(1, reqs, graph)
+    assert _tokens(tp, reqs, graph, split)[0] == _tokens(1, reqs, graph)[0]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
+def test_rows_with_preemption_match_tp1(graph):
+    """Split by rows with a pool small enough to preempt: recomputed requests land on other ranks'
+    shares, over each rank's copy of the cache."""
+    reqs = workload(512, seed=11)
+    one, _ = _tokens(1, reqs, graph, num_blocks=6)
+    two, stats = _tokens(2, reqs, graph, "rows", num_blocks=6)
+    assert stats.num_preemptions > 0
+    assert two == one
 
 
 @pytest.mark.parametrize("tp", TP_SIZES)

@@ -176,6 +176,9 @@ class TritonMLABackend(MLABackend):
             build_decode_plan(meta.seq_lens_k_dev, nd, self.ws, self.cfg.block_n, self.cfg.target_items,
                               self.cfg.min_tiles, self.fixed_tiles)
 
+    def write_cache(self, latent, kv_cache, slot_mapping) -> None:
+        write_latent_cache(latent, kv_cache, slot_mapping)
+
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
         write_latent_cache(latent, kv_cache, meta.slot_mapping)
         if meta.is_decode_only:
