@@ -62,7 +62,7 @@ from paddle_mla.platform import runtime  # noqa: E402
 
 runtime.select(os.environ.get("PADDLE_MLA_RUNTIME", "torch"))
 
-from benchmarks.harness.batches import PAGE, decode_batch  # noqa: E402
+from benchmarks.harness.batches import PAGE, decode_batch, step_batch  # noqa: E402
 from benchmarks.harness.checkpoints import dummy_model_dir, write_checkpoint  # noqa: E402
 from benchmarks.harness.dims import SMOKE_MOE, V2_LITE  # noqa: E402
 from benchmarks.harness.errors import raise_on_failed  # noqa: E402
@@ -126,7 +126,7 @@ def profile(llm: LLM, batch, tp: int, args, step_ms: float, split: str = "heads"
     if args.profile_eager and modes[0] == "graphs":
         modes.append("eager")
     for mode in modes:
-        traces = Path(args.profile_traces) / split
+        traces = Path(args.profile_traces) / ("" if split == "heads" else split)   # the head split's in the folder itself
         traces.mkdir(parents=True, exist_ok=True)
         res = tp_profile.profile_engine(llm, batch, tp, mode, args.profile_steps, args.layers, traces, step_ms)
         if split != "heads":     # its own column beside the head split's
@@ -190,6 +190,9 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False, split: str =
     batch = decode_batch(num_blocks, args.batch, args.context)
     step_s = time_decode(llm, batch, args.iters)
     if args.profile and not ep:
+        if args.profile_prefill:    # a prompt step instead: eager, the extend path
+            batch = step_batch(llm.runner, args.profile_prefill, min(1024, args.context), 0, PAGE, True, seed=5)
+            step_s = time_decode(llm, batch, args.iters)
         profile(llm, batch, tp, args, step_s * 1e3, split)
     io = 32 if args.smoke else 1024       # tokens in, and out for the whole run
     if args.prefill_requests or args.e2e or args.engine_steps:   # warm-up: prefill and mixed-step kernels compile here
@@ -271,6 +274,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps, profile --profile-steps decode steps on every rank (tp_profile)")
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--profile-prefill", type=int, default=0,
+                    help="with --profile: profile a step of this many 1024-token prompts (at most --context) instead of the decode batch "
+                         "(its synthetic step time replaces the decode step's in the table)")
     ap.add_argument("--profile-eager", action="store_true",
                     help="with --profile: also profile the steps with the CUDA graphs set aside on every rank")
     ap.add_argument("--profile-json", default="", help="with --profile: every run's per-kernel tables as JSON")
