@@ -119,6 +119,26 @@ def test_three_ranks_with_preemption_match_one():
     assert three == one
 
 
+def test_rows_with_expert_parallel_match_one():
+    """Rows beside experts placed whole: the MoE runs every gathered token on each rank's experts."""
+    reqs = _requests(5)
+    one, _ = _generate(1, reqs)
+    two, _ = _generate(2, reqs, parallel={"tensor_parallel_size": 2, "attention_split": "rows",
+                                          "expert_parallel": True})
+    assert two == one
+
+
+def test_sparse_attention_model_is_refused_before_loading():
+    from paddle_mla.config.schema import config_from_dict
+    from paddle_mla.engine.llm import LLM
+    from paddle_mla.models.tiny import ensure_tiny_model
+
+    cfg = config_from_dict({"model": str(ensure_tiny_model("deepseek_v32")), "runtime": "torch", "device": "cpu",
+                            "parallel": {"tensor_parallel_size": 2, "attention_split": "rows"}})
+    with pytest.raises(ValueError, match="sparse attention"):
+        LLM(cfg)
+
+
 @pytest.mark.triton
 def test_triton_mla_rows_match_native_tp1():
     """The Triton backend's own cache write and its decode / extend paths on each rank's share."""

@@ -53,8 +53,9 @@ def test_tiny_model_tp2_matches_tp1(overlap, split):
     assert two == one
 
 
-@pytest.mark.parametrize("name", ["v2_group_limited_qlora", "v3_qlora_yarn_noaux"])
-def test_hf_oracle_tp2_matches_tp1_and_hf(name, tmp_path):
+@pytest.mark.parametrize("name,split", [("v2_group_limited_qlora", "heads"), ("v3_qlora_yarn_noaux", "heads"),
+                                        ("v2_group_limited_qlora", "rows"), ("v3_qlora_yarn_noaux", "rows")])
+def test_hf_oracle_tp2_matches_tp1_and_hf(name, split, tmp_path):
     pytest.importorskip("transformers")
     from test_model_oracle import CONFIGS, NEW_TOKENS, _hf_greedy, _hf_model
 
@@ -65,7 +66,7 @@ def test_hf_oracle_tp2_matches_tp1_and_hf(name, tmp_path):
     expected = [_hf_greedy(hf, p)[0] for p in PROMPTS]
     cfg = {"model": str(tmp_path), "cache": {"block_size": 4}}
     one = _generate(1, PROMPTS, NEW_TOKENS, **cfg)
-    two = _generate(2, PROMPTS, NEW_TOKENS, **cfg)
+    two = _generate(2, PROMPTS, NEW_TOKENS, parallel={"tensor_parallel_size": 2, "attention_split": split}, **cfg)
     assert one == expected
     assert two == one
 
