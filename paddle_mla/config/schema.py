@@ -245,8 +245,6 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
     need(not (par.tensor_parallel_size > 1 and cfg.runtime == "paddle"),
          "'parallel.tensor_parallel_size' > 1 needs runtime: torch (tensor parallelism is torch-only: "
          "it runs on torch.distributed; the paddle runtime has no paddle.distributed path)")
-    need(par.attention_split in ("heads", "rows"),
-         f"'parallel.attention_split' is {par.attention_split!r}; allowed: heads, rows")
     need(not (par.tensor_parallel_size > 1 and cfg.deterministic),
          "'deterministic: true' with 'parallel.tensor_parallel_size' > 1: the ranks' all-reduce picks its "
          "algorithm (and so its summation order) by message size, which follows the batch; use "
