@@ -36,7 +36,8 @@ cache is shared by all heads, so TP does not split it) plus 6 GiB of activations
 torch.profiler on every rank: µs per kernel category, GPU idle, NCCL, per-layer blocks, top kernels.
 
 ``--rows`` also runs each TP size > 1 with ``parallel.attention_split: rows``: every rank attends
-its share of the batch's rows with all heads, so it reads 1/TP of the latent cache.
+its share of the batch's rows with all heads, so it reads its rows' part of the latent cache (1/TP here:
+every row has the same context).
 
 NCCL_NVLS_ENABLE=0 is set for every rank (the GPU machines' rule: no NVLink multicast).
 """
@@ -306,15 +307,14 @@ def main() -> None:
         path = dummy_model_dir(tempfile.mkdtemp(prefix="bench_tp_dummy_"), cfg)
     rows = []
     for tp in map(int, args.tp.split(",")):
-        if not (args.rows_only and tp > 1):
-            rows.append(run(tp, path, args, args.gpu_memory_utilization))
+        splits = [] if args.rows_only and tp > 1 else ["heads"]
+        splits += ["rows"] if (args.rows or args.rows_only) and tp > 1 else []
+        for split in splits:
+            rows.append(run(tp, path, args, args.gpu_memory_utilization, split=split))
             print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
-        if (args.rows or args.rows_only) and tp > 1:
-            rows.append(run(tp, path, args, args.gpu_memory_utilization, split="rows"))
-            print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
-        if not rows[-1]["fits"]:   # the ratio still needs this TP size: again without the budget (fixed cache)
-            rows.append(run(tp, path, args, 0.0))
-            print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+            if not rows[-1]["fits"]:   # the ratio still needs this run: again without the budget (fixed cache)
+                rows.append(run(tp, path, args, 0.0, split=split))
+                print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
         if args.ep and tp > 1:
             rows.append(run(tp, path, args, rows[-1]["budget"], ep=True))
             print(f"row: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)

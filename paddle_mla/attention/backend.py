@@ -40,9 +40,10 @@ class MLABackend(ABC):
       - ``w_kc`` [H, qk_nope_head_dim, kv_lora_rank] and ``w_vc`` [H, kv_lora_rank, v_head_dim]:
         the two halves of ``kv_b_proj`` (absorbed form);
       - ``kv_cache`` [num_blocks, block_size, 1, latent_dim] of this layer.
-    It writes ``latent`` into ``kv_cache`` at ``meta.slot_mapping`` (slots < 0 skipped), then
-    attends each new token causally over its request's cached + new tokens, and returns
-    [T, H, v_head_dim]. Rows of padded tokens are zeros, never NaN.
+    It writes ``latent`` into ``kv_cache`` at ``meta.slot_mapping`` (slots < 0 skipped; not when
+    ``meta.latents_written``: a row share's metadata, whose latents the model wrote with
+    ``write_cache``), then attends each new token causally over its request's cached + new tokens,
+    and returns [T, H, v_head_dim]. Rows of padded tokens are zeros, never NaN.
     """
 
     name: str = ""

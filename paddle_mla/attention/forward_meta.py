@@ -119,6 +119,8 @@ class ForwardMeta:
     # parallel.attention_split: rows: this rank's share of the token rows and its attention metadata
     # (``attention.row_share.RowShare``); None: the step is attended whole
     share: Any = None
+    # a share's metadata: the model wrote every latent of the step already, so the backend only attends
+    latents_written: bool = False
 
     @staticmethod
     def build(batch: StepBatch, block_size: int, device: str, key_windows: Any = None,

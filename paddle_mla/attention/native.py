@@ -82,7 +82,8 @@ class NativeMLABackend(MLABackend):
         return native_index_topk(q, k, w, index_cache, meta, topk)
 
     def write_cache(self, latent, kv_cache, slot_mapping) -> None:
-        write_latent(kv_cache, latent, slot_mapping)
+        keep = slot_mapping >= 0      # padded rows have no slot (a host read: CPU oracle only)
+        write_latent(kv_cache, latent[keep], slot_mapping[keep])
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta, topk_pos=None):
         """``topk_pos`` (int64 [T, topk], -1 padded; deepseek_v32) restricts each token to those keys."""
@@ -90,7 +91,8 @@ class NativeMLABackend(MLABackend):
         T, H = q_nope.shape[0], q_nope.shape[1]
         if T == 0:
             return torch.zeros(0, H, d.v_head_dim, dtype=q_nope.dtype, device=q_nope.device)
-        write_latent(kv_cache, latent, meta.slot_mapping)
+        if not meta.latents_written:
+            write_latent(kv_cache, latent, meta.slot_mapping)
         starts = np.concatenate([[0], np.cumsum(meta.seq_lens_q)]).astype(np.int64)
         outs = []
         for b in range(meta.num_reqs):

@@ -4,7 +4,9 @@ Split by heads (the default), every rank attends every token with 1/N of the hea
 the whole latent cache each layer: MLA's one latent a token serves all heads, and the rank's
 attention time does not shrink with N. Split by rows, rank r attends token rows
 ``[r * chunk, (r + 1) * chunk)`` of the step (``chunk = ceil(T / N)``) with all heads, and reads
-only the cache of those rows' requests: 1/N of the bytes. The MLPs stay tensor-parallel on every
+only the cache of those rows' requests: 1/N of the bytes when the rows' contexts are alike (the cut
+counts tokens, not context: rows 0-31 at 8k and 32-63 at 200 tokens put nearly every byte on rank
+0, which then sets the step). The MLPs stay tensor-parallel on every
 token: after attention each rank's o_proj output (whole o_proj, its bias once) is all-gathered
 (``TPGroup.gather_rows``) in place of the o_proj all-reduce, so a layer still has two collectives.
 
@@ -75,5 +77,6 @@ def build_share(batch: StepBatch, rank: int, size: int, block_size: int, device:
     share = RowShare(start, stop, chunk, num_tokens)
     if stop > start:
         share.meta = build_step(share_batch(batch, start, stop), block_size, device, uploader=uploader)[0]
+        share.meta.latents_written = True
     return share
 

@@ -86,8 +86,8 @@ class ParallelConfig:
     routed experts placed whole on the N ranks (contiguous ranges) instead of split by width;
     ``attention_split`` (MLA under tensor parallelism): ``heads`` splits every layer's attention
     heads over the ranks; ``rows`` gives each rank the whole attention of its share of the step's
-    tokens over the replicated latent cache (data-parallel attention), so a rank reads 1/N of the
-    cache a step instead of all of it."""
+    tokens over the replicated latent cache (data-parallel attention), so a rank reads its rows'
+    part of the cache a step instead of all of it."""
 
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1

@@ -136,6 +136,9 @@ class MLAAttention:
 
     def forward(self, x, cos, sin, rope: Rope, backend, kv_cache, meta):
         share = meta.share
+        if share is None and self.tp is not None and self.tp.attention_rows:
+            # the head path would all-reduce N whole outputs: N times the attention, silently
+            raise RuntimeError("attention split by rows needs the step's row share (ModelRunner.run_model builds it)")
         if share is None:
             out = self._attend(x, self._latent(x, cos, sin, rope), cos, sin, rope, backend, kv_cache, meta)
             if self.tp is None:

@@ -56,7 +56,9 @@ class DecodeGraphs:
             if share is not None:
                 chunk = rows // share[1]
                 start = share[0] * chunk
-                meta.share = RowShare(start, start + chunk, chunk, rows, self._static_meta(chunk, block_size, start))
+                attended = self._static_meta(chunk, block_size, start)
+                attended.latents_written = True
+                meta.share = RowShare(start, start + chunk, chunk, rows, attended)
             graph = _runtime.CudaGraph(pool)
             self.logits[bs] = graph.capture(lambda meta=meta: forward_meta(meta))
             self.graphs[bs] = graph

@@ -188,7 +188,8 @@ class DSABackend(TritonMLABackend):
         if topk_pos is None and dense_from is None:
             raise ValueError("attention.backend 'dsa' runs deepseek_v32 checkpoints only (no top-k given); "
                              "use triton_mla for other MLA models")
-        write_latent_cache(latent, kv_cache, meta.slot_mapping)
+        if not meta.latents_written:
+            write_latent_cache(latent, kv_cache, meta.slot_mapping)
         if dense_from is None:
             return self._sparse(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, topk_pos)
         self.extend.run(meta.attn.extend_plan, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta)

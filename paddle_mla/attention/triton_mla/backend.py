@@ -180,7 +180,8 @@ class TritonMLABackend(MLABackend):
         write_latent_cache(latent, kv_cache, slot_mapping)
 
     def forward(self, q_nope, q_pe, latent, w_kc, w_vc, kv_cache, meta):
-        write_latent_cache(latent, kv_cache, meta.slot_mapping)
+        if not meta.latents_written:
+            write_latent_cache(latent, kv_cache, meta.slot_mapping)
         if meta.is_decode_only:
             return self._decode(q_nope, q_pe, w_kc, w_vc, kv_cache, meta, meta.num_reqs)
         if self.segmented:
