@@ -337,7 +337,9 @@ Exit codes:
               help="Requests of a warm-up run before timing each engine.")
 @click.option("--engines", type=click.Choice(["auto", "keep", "rebuild"]), default="auto", show_default=True,
               help="keep: build each engine once and keep all; rebuild: build one per run and drop it "
-                   "(auto: keep on CPU, rebuild on GPU where each engine sizes its cache from free memory).")
+                   "(auto: keep on CPU, rebuild on GPU where each engine sizes its cache from free memory, and "
+                   "wherever two configs use tensor parallelism: a process holds one tensor-parallel group at a "
+                   "time).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG plot here (needs matplotlib: pip install 'paddle-mla[plot]').")

@@ -146,3 +146,20 @@ def test_triton_mla_rows_match_native_tp1():
     one, _ = _generate(1, reqs, attention={"backend": "native"})
     two, _ = _generate(2, reqs, attention={"backend": "triton_mla"})
     assert two == one
+
+
+def test_bench_compares_the_two_splits_in_one_process():
+    """`paddle-mla bench` over two tensor-parallel configs (configs/bench/tp2_*.yaml): one group per
+    process, so auto rebuilds (and closes) each engine; keeping both is refused up front."""
+    from helpers.cli_harness import ROOT, invoke
+
+    configs = ["--config", str(ROOT / "configs/bench/tp2_heads.yaml"), "--config",
+               str(ROOT / "configs/bench/tp2_rows.yaml"), "--set", "device=cpu",
+               "--workload", "random:num_prompts=4,input_len=16,output_len=4", "--repeats", "1", "--warmup", "1"]
+    res = invoke(["bench", *configs])
+    assert res.exit_code == 0, res.stderr
+    assert "engines rebuild" in res.stderr
+    table = [line for line in res.stdout.splitlines() if line.startswith("| tp2_")]
+    assert [line.split("|")[1].strip() for line in table] == ["tp2_heads", "tp2_rows"]
+    keep = invoke(["bench", *configs, "--engines", "keep"])
+    assert keep.exit_code == 2 and "one tensor-parallel group at a time" in keep.stderr

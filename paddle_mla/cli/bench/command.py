@@ -94,7 +94,13 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
         _check_determinism(args, workload, build_llm, echo, out)
         return
     device = infos[0].device
-    keep = args.engines == "keep" or (args.engines == "auto" and device == "cpu")
+    # one tensor-parallel group per process (torch.distributed's default group): two TP engines
+    # cannot be alive at once
+    tp_configs = [s.name for s in specs if s.config.parallel.tensor_parallel_size > 1]
+    if args.engines == "keep" and len(tp_configs) > 1:
+        raise BenchUsageError(f"--engines keep: configs {', '.join(tp_configs)} use tensor parallelism, and a "
+                              "process holds one tensor-parallel group at a time; use --engines rebuild (or auto)")
+    keep = args.engines == "keep" or (args.engines == "auto" and device == "cpu" and len(tp_configs) < 2)
     from paddle_mla.sched.request import GenerationRequest, SamplingParams
 
     echo(f"bench: {len(specs)} configs x {args.repeats} repeats, workload {workload.describe()}, "

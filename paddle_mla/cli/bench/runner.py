@@ -132,6 +132,14 @@ def summarize(runs: list[RunResult]) -> dict[str, float]:
     return s
 
 
+def _close(llm: Any) -> None:
+    """Close an engine at once: a tensor-parallel one leaves its process group here (the next may
+    form its own), where dropping the last reference would leave it to the garbage collector."""
+    close = getattr(llm, "close", None)
+    if close is not None:
+        close()
+
+
 def run_bench(specs: list[ConfigSpec], workload: Workload, repeats: int, warmup_requests: int, keep_engines: bool,
               build_llm: Callable[[Any], Any], request_cls: type, params_cls: type,
               log: Callable[[str], None] = lambda _: None) -> list[ConfigResult]:
@@ -171,8 +179,11 @@ def run_bench(specs: list[ConfigSpec], workload: Workload, repeats: int, warmup_
             log(f"[{specs[i].name}] repeat {r + 1}/{repeats}: {run.requests_per_s:.2f} req/s, "
                 f"{run.output_tokens_per_s:.1f} out tok/s, {run.elapsed_s:.2f}s")
             if not keep_engines:
+                _close(llm)
                 del llm
                 gc.collect()
+    for llm in engines.values():
+        _close(llm)
     engines.clear()
     gc.collect()
     for res in results:
