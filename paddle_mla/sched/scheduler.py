@@ -69,9 +69,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.cached_prompt_tokens = 0   # prefix-cache hits at first admission (recomputes not counted)
-        # (head of the waiting queue, pool version, token budget) of the last admission that failed
-        # for want of blocks or budget. While all three are unchanged the attempt must fail again
-        # (see SeqBlocks.version), so a blocked step skips match_prefix/release: O(1), not O(prompt).
+        # the last failed admission's (waiting head, pool version, budget, prefills' reserve): while all
+        # four stay it fails again (SeqBlocks.version), so a blocked step skips match_prefix/release
         self._blocked: tuple | None = None
         # one block table per sequence: a decode that stays inside its last block needs no call
         # into the pool (the steady step's common row)
@@ -191,7 +190,8 @@ class Scheduler:
         reserved = None     # blocks per pool that the running prefills still take (_reserved)
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
-            if self._blocked is not None and self._blocked == (seq, self.kv.version, budget):
+            key = (seq, self.kv.version, budget, tuple(self._reserved(chunks)) if self.running else ())
+            if self._blocked == key:
                 break
             tokens = seq.token_ids()
             problem = self.kv.prompt_problem(len(tokens))
@@ -212,7 +212,7 @@ class Scheduler:
                     out.failed.append(seq)
                     continue
                 self.kv.give_up(seq, len(tokens))
-                self._blocked = (seq, self.kv.version, budget)
+                self._blocked = key
                 break
             cost = self._absorbed_cost(seq, n, num_cached)
             if cost and absorbed and absorbed + cost > absorbed_cap:
@@ -223,7 +223,7 @@ class Scheduler:
                     reserved = self._reserved(chunks)
                 if not self._fits_with(reserved, self.kv.prompt_need(seq, len(tokens) + 1, self._chunk(len(tokens)))):
                     self.kv.give_up(seq, len(tokens))
-                    self._blocked = (seq, self.kv.version, budget)
+                    self._blocked = key
                     break
             self.waiting.popleft()
             self.kv.hold(seq, num_cached + n)

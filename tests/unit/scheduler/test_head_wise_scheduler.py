@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.head_pool_fakes import FakeHeadCache, check_invariants, make_seq
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_scheduler import drive, next_token, workload
 
@@ -185,6 +185,8 @@ def trace(cls, prompts, pool, chunked, budget, max_num_seqs):
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), recycle=st.booleans(), prefix=st.booleans(), chunked=st.booleans(),
        budget=st.integers(3, 40), max_num_seqs=st.integers(1, 4), swa_blocks=st.integers(10, 30))
+# a prefill that completes gives back its reserve with no pool event: the memo must see that too
+@example(seed=7411, recycle=True, prefix=True, chunked=False, budget=3, max_num_seqs=3, swa_blocks=14)
 def test_blocked_head_memo_changes_no_head_wise_schedule(seed, recycle, prefix, chunked, budget, max_num_seqs,
                                                          swa_blocks):
     """The scheduler's blocked-head memo reads HeadWisePool.version: it must skip only retries
