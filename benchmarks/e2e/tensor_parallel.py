@@ -259,7 +259,8 @@ def main() -> None:
     ap.add_argument("--e2e", type=int, default=64, help="requests of 1024 in / 1024 out for the whole run (0: skip)")
     ap.add_argument("--engine-steps", type=int, default=128,
                     help="decode steps of the engine's own step time (generate, --batch prompts at --context; 0: skip)")
-    ap.add_argument("--engine-repeats", type=int, default=1, help="engine step: the median of this many timed pairs")
+    ap.add_argument("--engine-repeats", type=int, default=3,
+                    help="engine step: the median of this many timed pairs (an engine's first pair reads low)")
     ap.add_argument("--ep", action="store_true",
                     help="also run each TP size > 1 with parallel.expert_parallel (experts whole per rank)")
     ap.add_argument("--rows", action="store_true",
