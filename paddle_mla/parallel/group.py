@@ -8,9 +8,10 @@ vLLM does for MLA under TP. MLA's cache is one ``kv_lora_rank + qk_rope_head_dim
 token shared by all heads, so splitting the heads cannot split the cache; each rank computes the
 same latent (``kv_a_proj_with_mqa`` is replicated) and writes it into its own copy, with the same
 block ids, so the scheduler, block tables and prefix cache stay those of one engine. The cost is
-cache memory that does not shrink with N (the weights do); splitting it by request instead (data-
-parallel attention, as SGLang's DP-attention) needs a per-rank batch and an all-to-all around the
-MoE, which is a different engine shape.
+cache memory that does not shrink with N (the weights do). Under ``parallel.attention_split: rows``
+the cache stays replicated but each rank reads only its rows' part of it
+(``paddle_mla.attention.row_share``); splitting its memory by request too, as SGLang's
+DP-attention does, would need a scheduler and a block pool per rank.
 """
 
 from __future__ import annotations
