@@ -82,12 +82,13 @@ class RunInfo:
     backend: str                   # resolved attention backend
     model: str                     # as configured
     model_path: str                # the folder it loads
+    parallel: str = ""             # tensor parallelism and its splits ("": one GPU)
 
     def line(self) -> str:
         device = f"{self.device} ({self.device_name})" if self.device_name else self.device
         model = self.model if self.model == self.model_path else f"{self.model} ({self.model_path})"
         return (f"paddle-mla: runtime {self.runtime} {self.runtime_version}, device {device}, dtype {self.dtype}, "
-                f"backend {self.backend}, model {model}")
+                f"backend {self.backend}, model {model}" + (f", {self.parallel}" if self.parallel else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,9 +114,17 @@ def plan_run(cfg: EngineConfig, model: Any = None, device_kind: str | None = Non
 def run_info(plan: "RunPlan") -> RunInfo:
     """The run line's view of ``plan``."""
     model = plan.config.model
+    par = plan.config.parallel
+    parallel = []
+    if par.tensor_parallel_size > 1:
+        parallel.append(f"tensor parallel {par.tensor_parallel_size}")
+        if plan.family == "mla":    # GQA splits its KV heads whatever the key says
+            parallel.append(f"attention by {par.attention_split}")
+        if par.expert_parallel:
+            parallel.append("experts whole")
     return RunInfo(runtime=plan.runtime, runtime_version=plan.runtime_version, device=plan.device,
                    device_name=plan.device_name, dtype=plan.dtype, backend=plan.backend, model=model,
-                   model_path=str(model_dir(model)))
+                   model_path=str(model_dir(model)), parallel=", ".join(parallel))
 
 
 def describe_run(cfg: EngineConfig) -> tuple[RunInfo, EngineConfig]:

@@ -72,6 +72,20 @@ def test_attention_weights_are_whole_on_every_rank_and_bad_models_are_refused():
         local_arch(v32, 2, attention_rows=True)
 
 
+def test_run_line_names_the_split():
+    from paddle_mla.config.schema import config_from_dict
+    from paddle_mla.engine.run_info import describe_run
+
+    def line(**par):
+        cfg = config_from_dict({"runtime": "torch", "device": "cpu", "parallel": par})
+        return describe_run(cfg)[0].line()
+
+    assert line(tensor_parallel_size=2, attention_split="rows", expert_parallel=True).endswith(
+        ", tensor parallel 2, attention by rows, experts whole")
+    assert line(tensor_parallel_size=2).endswith(", tensor parallel 2, attention by heads")
+    assert "parallel" not in line(attention_split="rows")
+
+
 def test_bad_split_name_is_a_config_error():
     from paddle_mla.config.schema import ConfigError, config_from_dict
 
