@@ -219,8 +219,8 @@ class Scheduler:
                 self.kv.give_up(seq, len(tokens))   # next step (the cap is per step: not "blocked")
                 break
             if self.running:
-                if reserved is None:
-                    reserved = self._reserved(chunks)
+                if reserved is None:     # the memo key's, computed this iteration from the same state
+                    reserved = list(key[3])
                 if not self._fits_with(reserved, self.kv.prompt_need(seq, len(tokens) + 1, self._chunk(len(tokens)))):
                     self.kv.give_up(seq, len(tokens))
                     self._blocked = key
