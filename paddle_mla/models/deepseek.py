@@ -27,7 +27,7 @@ from paddle_mla.models.causal_lm import CausalLMBase, DecoderLayerBase
 from paddle_mla.models.moe import MoE, MoEExec
 from paddle_mla.models.fp8 import dense, linear   # linear: dense or FP8 block-scaled weights
 from paddle_mla.models.indexer import Indexer
-from paddle_mla.models.fused_ops import rms_norm, rope_rotate
+from paddle_mla.models.fused_ops import mla_latent, rms_norm, rope_rotate
 
 
 def llama3_inv_freq(inv, spec: RopeSpec):
@@ -110,6 +110,13 @@ class Rope:
             x1, x2 = xf[..., :half], xf[..., half:]
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
 
+    def split_apply(self, x, nope: int, cos, sin):
+        """x [T, H, nope + dim] (MLA's q) -> (x's first ``nope`` dims, contiguous; the rest roped)."""
+        fused = rope_rotate(x, cos, sin, self.spec.interleave, nope)
+        if fused is not None:
+            return fused
+        return x[..., :nope].contiguous(), self.apply(x[..., nope:], cos, sin)
+
 
 class MLAAttention:
     def __init__(self, arch: ModelArch, w: dict[str, Any], prefix: str, tp=None):
@@ -166,6 +173,9 @@ class MLAAttention:
         """The latent cache rows of ``x``: normalized compressed kv || roped k_pe."""
         d = self.dims
         ckv = linear(x, self.kv_a_proj, self.kv_a_bias)
+        fused = mla_latent(ckv, self.kv_a_norm, self.eps, cos, sin, rope.spec.interleave)
+        if fused is not None:
+            return fused
         c, k_pe = torch.split(ckv, [d.kv_lora_rank, d.qk_rope_head_dim], -1)
         return torch.cat([rms_norm(c, self.kv_a_norm, self.eps), rope.apply(k_pe, cos, sin)], -1)
 
@@ -180,12 +190,11 @@ class MLAAttention:
         else:
             q = linear(x, self.q_proj)
         q = q.view(T, d.num_heads, d.qk_nope_head_dim + d.qk_rope_head_dim)
-        q_nope, q_pe = torch.split(q, [d.qk_nope_head_dim, d.qk_rope_head_dim], -1)
-        q_pe = rope.apply(q_pe, cos, sin)
+        q_nope, q_pe = rope.split_apply(q, d.qk_nope_head_dim, cos, sin)
         sparse = {}
         if self.indexer is not None:   # DSA: attend only the indexer's top-k keys
             sparse["topk_pos"] = self.indexer.select(x, q_resid, cos, sin, backend, meta)
-        out = backend.forward(q_nope.contiguous(), q_pe.contiguous(), latent.contiguous(), self.w_kc, self.w_vc,
+        out = backend.forward(q_nope, q_pe, latent.contiguous(), self.w_kc, self.w_vc,
                               kv_cache, meta, **sparse)
         return out.reshape(T, d.num_heads * d.v_head_dim).to(x.dtype)
 

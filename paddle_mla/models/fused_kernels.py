@@ -43,8 +43,8 @@ def rms_norm_kernel_call(x, delta, weight, eps: float):
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xt, stride_xh, stride_ct, HALF: tl.constexpr,
-                 BLOCK_H: tl.constexpr, INTERLEAVE: tl.constexpr):
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, nope_ptr, H, stride_xt, stride_xh, stride_ct, HALF: tl.constexpr,
+                 BLOCK_H: tl.constexpr, INTERLEAVE: tl.constexpr, NOPE: tl.constexpr, BLOCK_NOPE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, HALF)
@@ -61,20 +61,73 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xt, stride_xh, stri
     o = out_ptr + (t * H + h[:, None]) * (2 * HALF)
     tl.store(o + i[None, :], (x1 * c - x2 * s).to(out_ptr.dtype.element_ty), mask=hm)
     tl.store(o + HALF + i[None, :], (x2 * c + x1 * s).to(out_ptr.dtype.element_ty), mask=hm)
+    if NOPE > 0:   # the NOPE dims before each head's rope dims, copied out contiguous
+        n = tl.arange(0, BLOCK_NOPE)[None, :]
+        nm = hm & (n < NOPE)
+        tl.store(nope_ptr + (t * H + h[:, None]) * NOPE + n, tl.load(row - NOPE + n, mask=nm), mask=nm)
 
 
-def rope_kernel_call(x, cos, sin, interleave: bool):
+def rope_kernel_call(x, cos, sin, interleave: bool, nope: int = 0):
     """x [T, H, D] or [T, D] (last dim contiguous, any row/head strides), cos/sin fp32 [T, D/2]
-    -> a new contiguous tensor laid out as (rotated firsts || rotated seconds), as Rope.apply."""
+    -> a new contiguous tensor laid out as (rotated firsts || rotated seconds), as Rope.apply.
+    ``nope`` > 0: ``x`` is the last D dims of heads of ``nope + D`` (q_pe of q), and the result is
+    (the first ``nope`` dims of each head as a new contiguous tensor, the rotated part): one pass
+    where a copy of q_nope and the rope were two."""
     squeeze = x.dim() == 2
     x3 = x.unsqueeze(1) if squeeze else x
     T, H, D = x3.shape
     out = torch.empty((T, H, D), dtype=x.dtype, device=x.device)
+    nope_out = torch.empty((T, H, nope), dtype=x.dtype, device=x.device) if nope else out
     if T:
         block_h = min(16, next_pow2(H))
-        _rope_kernel[(T, triton.cdiv(H, block_h))](x3, cos, sin, out, H, x3.stride(0), x3.stride(1), cos.stride(0),
-                                                     HALF=D // 2, BLOCK_H=block_h, INTERLEAVE=interleave)
-    return out.squeeze(1) if squeeze else out
+        _rope_kernel[(T, triton.cdiv(H, block_h))](x3, cos, sin, out, nope_out, H, x3.stride(0), x3.stride(1),
+                                                     cos.stride(0), HALF=D // 2, BLOCK_H=block_h, INTERLEAVE=interleave,
+                                                     NOPE=nope, BLOCK_NOPE=next_pow2(nope) if nope else 1)
+    rot = out.squeeze(1) if squeeze else out
+    return (nope_out.squeeze(1) if squeeze else nope_out, rot) if nope else rot
+
+
+@triton.jit
+def _mla_latent_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_ct, eps, RANK: tl.constexpr,
+                       BLOCK_R: tl.constexpr, HALF: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """Row t of kv_a's output (compressed kv of RANK dims || k_pe of 2*HALF) -> the latent cache row:
+    RMSNorm of the first part (rounded as ``_rms_norm_kernel``), RoPE of the second (as ``_rope_kernel``)."""
+    t = tl.program_id(0).to(tl.int64)
+    ty = out_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK_R)
+    m = cols < RANK
+    xf = tl.load(x_ptr + t * stride_xt + cols, mask=m, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / RANK + eps)
+    normed = (xf * rstd).to(ty)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0)
+    out = out_ptr + t * (RANK + 2 * HALF)
+    tl.store(out + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(ty), mask=m)
+    pe = x_ptr + t * stride_xt + RANK
+    i = tl.arange(0, HALF)
+    if INTERLEAVE:
+        x1 = tl.load(pe + 2 * i).to(tl.float32)
+        x2 = tl.load(pe + 2 * i + 1).to(tl.float32)
+    else:
+        x1 = tl.load(pe + i).to(tl.float32)
+        x2 = tl.load(pe + HALF + i).to(tl.float32)
+    c = tl.load(cos_ptr + t * stride_ct + i)
+    s = tl.load(sin_ptr + t * stride_ct + i)
+    tl.store(out + RANK + i, (x1 * c - x2 * s).to(ty))
+    tl.store(out + RANK + HALF + i, (x2 * c + x1 * s).to(ty))
+
+
+def mla_latent_call(x, weight, eps: float, cos, sin, interleave: bool):
+    """x [T, rank + rope] (last dim contiguous), weight [rank], cos/sin fp32 [T, rope/2] -> a new
+    contiguous [T, rank + rope]: rms_norm(x[:, :rank]) || rope(x[:, rank:])."""
+    T, width = x.shape
+    rank = weight.shape[0]
+    out = torch.empty((T, width), dtype=x.dtype, device=x.device)
+    if T:
+        block = next_pow2(rank)
+        _mla_latent_kernel[(T,)](x, weight, cos, sin, out, x.stride(0), cos.stride(0), float(eps), RANK=rank,
+                                 BLOCK_R=block, HALF=(width - rank) // 2, INTERLEAVE=interleave,
+                                 num_warps=4 if block <= 2048 else 8)
+    return out
 
 
 @triton.jit

@@ -1,6 +1,8 @@
 """Fused elementwise steps of the models: RMSNorm, the residual add fused with it (as transformers
 computes them: fp32 statistics, the normalised row cast to the model dtype, then times the weight
-in the model dtype), and RoPE's rotation (``rope_rotate``, used by ``Rope.apply``).
+in the model dtype), RoPE's rotation (``rope_rotate``, used by ``Rope.apply``; with MLA's q split
+off in the same pass), MLA's latent rows (``mla_latent``: the norm and the rope of kv_a's output in
+one pass) and DeepSeek's routing after the router GEMM (``route_topk``).
 
 On a GPU each runs as one Triton kernel per call (one read of each input, one write of each
 output). The plain-tensor form is ~7 passes over the activations: in the V2-Lite-dims 64 x 512
@@ -75,16 +77,33 @@ def add_rms_norm(residual, delta, weight, eps: float):
     return rms_norm_kernel_call(residual, delta, weight, eps)
 
 
-def rope_rotate(x, cos, sin, interleave: bool):
+def rope_rotate(x, cos, sin, interleave: bool, nope: int = 0):
     """``Rope.apply``'s rotation by the kernel, or None where the plain form must run. Needs an
-    even power-of-two rope dim, a contiguous last dim and fp32 cos/sin [T, D/2] rows."""
-    d = x.shape[-1]
+    even power-of-two rope dim, a contiguous last dim and fp32 cos/sin [T, D/2] rows.
+    ``nope`` > 0: ``x`` is [T, H, nope + D] (MLA's q) -> (its first ``nope`` dims of each head,
+    contiguous; the rest rotated), in one pass (``Rope.split_apply``)."""
+    d = x.shape[-1] - nope
     if not (x.is_cuda and x.stride(-1) == 1 and d >= 2 and d & (d - 1) == 0 and cos.stride(-1) == 1
             and cos.dtype == torch.float32 and cos.stride() == sin.stride() and _triton_ok()):
         return None
     from paddle_mla.models.fused_kernels import rope_kernel_call
 
-    return rope_kernel_call(x, cos, sin, interleave)
+    return rope_kernel_call(x[..., nope:] if nope else x, cos, sin, interleave, nope)
+
+
+def mla_latent(x, weight, eps: float, cos, sin, interleave: bool):
+    """MLA's latent cache rows from kv_a's output x [T, rank + rope]: rms_norm(x[:, :rank]) ||
+    rope(x[:, rank:]), by one kernel (one read of x, one write) where three kernels and a
+    concatenation ran; None where the plain form must run."""
+    rank, d = weight.shape[0], x.shape[-1] - weight.shape[0]
+    if not (x.dim() == 2 and x.stride(-1) == 1 and rank <= 16384 and d >= 2 and d & (d - 1) == 0
+            and x.dtype != torch.float64 and weight.dtype == x.dtype and weight.is_contiguous()
+            and x.is_cuda and cos.dtype == torch.float32 and cos.stride(-1) == 1 and cos.stride() == sin.stride()
+            and _triton_ok()):
+        return None
+    from paddle_mla.models.fused_kernels import mla_latent_call
+
+    return mla_latent_call(x, weight, eps, cos, sin, interleave)
 
 
 def indexer_rope_norm(q, k, cos, sin, rope_dim: int, norm_w, norm_b, eps: float):
@@ -100,3 +119,4 @@ def indexer_rope_norm(q, k, cos, sin, rope_dim: int, norm_w, norm_b, eps: float)
     from paddle_mla.models.fused_kernels import indexer_qk_call
 
     return indexer_qk_call(q, k, cos, sin, rope_dim, norm_w, norm_b, eps)
+

@@ -115,3 +115,58 @@ def test_indexer_kernel_matches_plain(mods, dtype_name, shape):
     for got, want in ((got_q, want_q), (got_k, want_k)):
         tol = 2 * _ulp(dtype_name) * float(want.abs().max()) + 1e-6
         assert float((got.cpu().float() - want).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("shape", [(7, 1, 24, 16), (5, 16, 128, 64), (3, 3, 20, 8)])   # T, H, nope, rope
+def test_rope_kernel_splits_mla_q(mods, dtype_name, interleave, shape):
+    """q [T, H, nope + rope] -> (q_nope contiguous, q_pe roped) in one kernel, as ``Rope.split_apply``'s
+    plain form: the nope part bit for bit (a copy), the rope part as the rope kernel's."""
+    _, kern = mods
+    from paddle_mla.models.arch import RopeSpec
+    from paddle_mla.models.deepseek import Rope
+    from paddle_mla.platform.tensor_api import torch
+
+    T, H, N, D = shape
+    dtype = getattr(torch, dtype_name)
+    rope = Rope(RopeSpec(dim=D, theta=10000.0, interleave=interleave), DEV)
+    rng = np.random.default_rng(N + H)
+    q = torch.from_numpy(rng.standard_normal((T, H, N + D)).astype(np.float32) * 2).to(DEV).to(dtype)
+    cos, sin = rope.cos_sin(torch.arange(7, 7 + T, device=DEV))
+    nope, pe = kern.rope_kernel_call(q[..., N:], cos, sin, interleave, N)
+    want_nope, want_pe = rope.split_apply(q.cpu(), N, cos.cpu(), sin.cpu())   # CPU tensors: the plain form
+    assert nope.is_contiguous() and pe.is_contiguous() and nope.shape == (T, H, N) and pe.shape == (T, H, D)
+    assert torch.equal(nope.cpu(), want_nope)
+    tol = 2 * _ulp(dtype_name) * float(want_pe.abs().max()) + 1e-6
+    assert float((pe.cpu().float() - want_pe.float()).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("rank_rope", [(512, 64), (32, 16), (24, 8)])
+def test_mla_latent_kernel_matches_plain(mods, dtype_name, interleave, rank_rope):
+    """kv_a's output -> rms_norm(compressed kv) || rope(k_pe) in one kernel, against the plain form
+    ``MLAAttention._latent`` runs on CPU (rank 24: not a power of two)."""
+    norm, kern = mods
+    from paddle_mla.models.arch import RopeSpec
+    from paddle_mla.models.deepseek import Rope
+    from paddle_mla.platform.tensor_api import torch
+
+    rank, D = rank_rope
+    T = 11
+    dtype = getattr(torch, dtype_name)
+    rope = Rope(RopeSpec(dim=D, theta=10000.0, interleave=interleave), DEV)
+    rng = np.random.default_rng(rank)
+    # a strided view, as kv_a's output is when the step's rows are cut (attention split by rows)
+    full = torch.from_numpy(rng.standard_normal((T, rank + D + 8)).astype(np.float32) * 2).to(DEV).to(dtype)
+    x = full[:, :rank + D]
+    w = torch.from_numpy(rng.uniform(0.5, 1.5, rank).astype(np.float32)).to(DEV).to(dtype)
+    cos, sin = rope.cos_sin(torch.arange(3, 3 + T, device=DEV))
+    got = kern.mla_latent_call(x, w, 1e-6, cos, sin, interleave)
+    xc, wc = x.cpu(), w.cpu()
+    want = torch.cat([norm._rms_norm_plain(xc[:, :rank], wc, 1e-6), rope.apply(xc[:, rank:], cos.cpu(), sin.cpu())], -1)
+    assert got.shape == (T, rank + D) and got.is_contiguous() and got.dtype == dtype
+    for a, b in ((got.cpu()[:, :rank], want[:, :rank]), (got.cpu()[:, rank:], want[:, rank:])):
+        tol = 2 * _ulp(dtype_name) * float(b.abs().max()) + 1e-6
+        assert float((a.float() - b.float()).abs().max()) <= tol

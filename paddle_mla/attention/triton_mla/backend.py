@@ -226,7 +226,10 @@ class TritonMLABackend(MLABackend):
             cfg = self.cfg_small if bs <= SMALL_BATCH and not self.deterministic else self.cfg
             mla_decode(q, kv_cache, meta.block_tables, meta.seq_lens_k_dev, out, self.ws, L, self.dims.softmax_scale,
                        cfg)
-        return self._bmm(out.transpose(0, 1), w_vc).transpose(0, 1)
+        # into [bs, H, v] rows, so that the model's [bs, H * v] is a view, not a copy
+        rows = torch.empty((bs, out.shape[1], w_vc.shape[-1]), dtype=out.dtype, device=out.device)
+        self._bmm(out.transpose(0, 1), w_vc, out=rows.transpose(0, 1))
+        return rows
 
     def _bmm(self, a, b, out=None):
         """The W_UK / W_UV products, whose M is the step's row count: batch-invariant under the mode.
