@@ -120,3 +120,31 @@ def indexer_rope_norm(q, k, cos, sin, rope_dim: int, norm_w, norm_b, eps: float)
 
     return indexer_qk_call(q, k, cos, sin, rope_dim, norm_w, norm_b, eps)
 
+
+def route_topk(spec, logits, bias):
+    """DeepSeek routing from the router's fp32 logits [T, E] by one kernel (``route_kernel``), or
+    None where the plain form must run; ``moe.route`` is the plain form and this one's oracle."""
+    args = route_kernel_args(spec)
+    if not (args and logits.is_cuda and logits.dtype == torch.float32 and logits.stride(-1) == 1 and _triton_ok()):
+        return None
+    from paddle_mla.models.route_kernel import route_call
+
+    return route_call(logits, bias if spec.topk_method == "noaux_tc" else None, **args)
+
+
+def route_kernel_args(spec) -> dict | None:
+    """``route_kernel.route_call``'s arguments for a MoE spec, or None where the kernel does not apply."""
+    E, k = spec.n_routed_experts, spec.num_experts_per_tok
+    method = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}.get(spec.topk_method)
+    groups = 1 if method == 0 else spec.n_group
+    if not (method is not None and spec.scoring_func in ("softmax", "sigmoid") and groups >= 1 and E % groups == 0
+            and E <= 1024 and 0 < k <= min(32, E) and (groups == 1 or 0 < spec.topk_group <= groups)):
+        return None
+    if spec.scale_after_norm:   # V3: normalise (optionally), then always scale
+        norm, scale = spec.norm_topk_prob, True
+    else:                       # V2: normalise instead of scaling
+        norm = spec.norm_topk_prob and k > 1
+        scale = not norm
+    return dict(groups=groups, topk_group=spec.topk_group if groups > 1 else 1, top_k=k,
+                sigmoid=spec.scoring_func == "sigmoid", method=method, norm=norm, scale=scale,
+                scaling=spec.routed_scaling_factor)

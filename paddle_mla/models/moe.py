@@ -38,6 +38,7 @@ from paddle_mla.platform.staging import host_values
 from paddle_mla.ops import batch_invariant
 from paddle_mla.models.arch import ModelArch, MoESpec
 from paddle_mla.models.fp8 import Fp8Weight, per_token_group_quant
+from paddle_mla.models.fused_ops import route_topk
 from paddle_mla.models.fused_moe.reference import routed_moe_reference
 
 MOE_IMPLS = ("auto", "reference", "triton")
@@ -138,8 +139,14 @@ def _act_quant(x):
 
 def route(spec: MoESpec, x, gate_w, bias=None):
     """DeepSeek routing -> (topk_ids [T, top_k] int64, topk_weights [T, top_k] float32), as transformers computes it."""
-    E = spec.n_routed_experts
     logits = batch_invariant.linear_for_mode(x.to(torch.float32), gate_w.to(torch.float32))
+    fused = route_topk(spec, logits, bias)   # one kernel on a GPU
+    return fused if fused is not None else route_plain(spec, logits, bias)
+
+
+def route_plain(spec: MoESpec, logits, bias=None):
+    """``route`` from the router's fp32 logits [T, E] in plain tensors: the CPU path and the kernel's oracle."""
+    E = spec.n_routed_experts
     if spec.scoring_func == "softmax":
         scores = torch.softmax(logits, dim=-1)
     elif spec.scoring_func == "sigmoid":

@@ -1,0 +1,90 @@
+"""The fused routing kernel (``route_kernel``) against ``moe.route_plain``, the plain form it
+replaces on GPUs: under TRITON_INTERPRET=1 on CPU and on a GPU.
+
+The same experts in the same order (random logits have no ties), and weights equal to a few fp32
+units in the last place (the kernel sums in another order; softmax and sigmoid use another exp).
+"""
+
+import numpy as np
+import pytest
+
+from paddle_mla.platform import runtime
+
+pytestmark = pytest.mark.triton
+
+DEV = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
+
+
+def _spec(E, k, method, scoring, groups, topk_group, norm, factor, after_norm=True):
+    from paddle_mla.models.arch import MoESpec
+
+    return MoESpec(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=0, first_k_dense_replace=0,
+                   moe_layer_freq=1, topk_method=method, scoring_func=scoring, n_group=groups, topk_group=topk_group,
+                   norm_topk_prob=norm, routed_scaling_factor=factor, scale_after_norm=after_norm)
+
+
+SPECS = {
+    "v2_lite": _spec(64, 6, "greedy", "softmax", 1, 1, False, 1.0, after_norm=False),
+    "v2": _spec(160, 6, "group_limited_greedy", "softmax", 8, 3, False, 16.0, after_norm=False),  # groups of 20
+    "v2_norm": _spec(160, 6, "group_limited_greedy", "softmax", 8, 3, True, 16.0, after_norm=False),
+    "v3": _spec(256, 8, "noaux_tc", "sigmoid", 8, 4, True, 2.5),
+    "v3_no_norm": _spec(256, 8, "noaux_tc", "sigmoid", 8, 4, False, 2.5),
+    "ernie": _spec(64, 8, "noaux_tc", "softmax", 1, 1, True, 1.0),      # one group: bias-ranked softmax
+    "odd": _spec(12, 3, "noaux_tc", "sigmoid", 3, 2, False, 1.5),       # groups of 4, 2 kept
+    "top1": _spec(24, 1, "greedy", "softmax", 1, 1, True, 1.0, after_norm=False),
+}
+
+
+def _t(a, dev=DEV):
+    from paddle_mla.platform.tensor_api import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(dev)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_kernel_matches_plain_routing(name, tokens):
+    from paddle_mla.models import fused_ops
+    from paddle_mla.models.moe import route_plain
+    from paddle_mla.models.route_kernel import route_call
+
+    spec = SPECS[name]
+    E = spec.n_routed_experts
+    rng = np.random.default_rng(E + tokens)
+    logits = rng.standard_normal((tokens, E)) * 2
+    bias = rng.standard_normal(E) * 0.1 if spec.topk_method == "noaux_tc" else None
+    args = fused_ops.route_kernel_args(spec)
+    assert args is not None
+    ids, w = route_call(_t(logits), _t(bias) if bias is not None else None, **args)
+    want_ids, want_w = route_plain(spec, _t(logits, "cpu"), _t(bias, "cpu") if bias is not None else None)
+    assert ids.shape == (tokens, spec.num_experts_per_tok) and str(ids.dtype).endswith("int64")
+    np.testing.assert_array_equal(ids.cpu().numpy(), want_ids.numpy())
+    np.testing.assert_allclose(w.cpu().numpy(), want_w.numpy(), rtol=4e-6, atol=0)
+
+
+def test_group_limit_takes_experts_from_kept_groups_only():
+    """A row whose best expert sits in a group with a poor group score: group-limited routing must
+    skip it (a greedy top-k would take it), in both forms."""
+    from paddle_mla.models import fused_ops
+    from paddle_mla.models.moe import route_plain
+    from paddle_mla.models.route_kernel import route_call
+
+    spec = _spec(8, 2, "noaux_tc", "sigmoid", 4, 2, True, 1.0)   # groups {0,1} {2,3} {4,5} {6,7}, 2 kept
+    # group scores (sum of the two best): g0 0+0 low, g1 high, g2 high, g3 has the best single expert
+    logits = np.array([[-4.0, -4.0, 2.0, 1.5, 1.8, 1.2, 3.0, -6.0]])
+    ids, w = route_call(_t(logits), _t(np.zeros(8)), **fused_ops.route_kernel_args(spec))
+    want_ids, want_w = route_plain(spec, _t(logits, "cpu"), _t(np.zeros(8), "cpu"))
+    assert sorted(ids.cpu().numpy()[0].tolist()) == [2, 4]   # expert 6 is best alone, its group is not kept
+    np.testing.assert_array_equal(ids.cpu().numpy(), want_ids.numpy())
+    np.testing.assert_allclose(w.cpu().numpy(), want_w.numpy(), rtol=4e-6, atol=0)
+
+
+def test_routing_args_refuse_what_the_kernel_cannot_do():
+    from paddle_mla.models import fused_ops
+
+    assert fused_ops.route_kernel_args(_spec(64, 6, "greedy", "softmax", 1, 1, False, 1.0)) is not None
+    assert fused_ops.route_kernel_args(_spec(64, 6, "greedy", "relu", 1, 1, False, 1.0)) is None
+    assert fused_ops.route_kernel_args(_spec(64, 6, "topk_other", "softmax", 1, 1, False, 1.0)) is None
+    assert fused_ops.route_kernel_args(_spec(60, 6, "noaux_tc", "sigmoid", 8, 4, True, 1.0)) is None   # 60 % 8
+    assert fused_ops.route_kernel_args(_spec(64, 6, "noaux_tc", "sigmoid", 8, 9, True, 1.0)) is None
+    assert fused_ops.route_kernel_args(_spec(64, 40, "greedy", "softmax", 1, 1, False, 1.0)) is None
