@@ -26,8 +26,8 @@ CATEGORIES = [
     ("sampling: argmax/logits", r"argmax|multinomial|exponential|logsumexp"),
     ("dense GEMM (cuBLAS)", r"gemm|gemv|cutlass|nvjet|xmma|cublas|ampere|magma|splitK|Kernel2|"
                             r"aten::(linear|mm|addmm|bmm|baddbmm|matmul)$"),
-    ("routing: topk/sort/softmax", r"topk|sort|softmax|radix|bitonic"),
-    ("norm (RMSNorm) / rope", r"rsqrt|norm|rope"),
+    ("routing: topk/sort/softmax", r"topk|sort|softmax|radix|bitonic|_route_kernel"),
+    ("norm (RMSNorm) / rope", r"rsqrt|norm|rope|_mla_latent_kernel"),
     ("copies", r"copy|Memcpy|Memset|fill|cat|index|gather|scatter|embedding"),
     ("elementwise/reduce", r"elementwise|vectorized|reduce|unrolled"),
 ]

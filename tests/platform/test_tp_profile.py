@@ -46,6 +46,8 @@ NAMES = {
     "aten::linear": "dense GEMM / linear (incl. lm_head, router)",
     "_rms_norm_kernel": "norm / rope / elementwise / copies",
     "_rope_kernel": "norm / rope / elementwise / copies",
+    "_mla_latent_kernel": "norm / rope / elementwise / copies",
+    "_route_kernel": "MoE routing / align / top-k sum",
     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
     "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)":
         "norm / rope / elementwise / copies",
