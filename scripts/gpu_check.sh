@@ -28,6 +28,10 @@ python3 -m pytest -q -p no:cacheprovider -m gpu tests $(printf -- '--ignore=%s '
 python3 scripts/pytest_shards.py -n 14 --timeout 300 --log "$OUT/gqa_gpu_tests_full.txt" -- -m gpu $GQA_GPU_TESTS 2>&1 \
   | tee "$OUT/gqa_gpu_tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=== the fused norm/rope/latent/routing kernels and the batch-invariant ones against their plain forms, on the GPU"
+python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_kernels.py tests/kernels/test_route_kernel.py \
+  tests/kernels/test_batch_invariant.py 2>&1 | tee "$OUT/fused_kernel_tests.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "=== decode kernel benchmark"
 python3 -m benchmarks.kernels.mla_decode --json "$OUT/bench_mla_decode.json" 2>&1 | tee "$OUT/bench_mla_decode.md" || status=1
 echo "=== decode kernel variants (dv_split / block_h vs today's config vs SGLang)"
