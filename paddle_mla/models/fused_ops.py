@@ -137,8 +137,11 @@ def route_kernel_args(spec) -> dict | None:
     E, k = spec.n_routed_experts, spec.num_experts_per_tok
     method = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}.get(spec.topk_method)
     groups = 1 if method == 0 else spec.n_group
+    # noaux_tc scores a group by its two best experts: groups of one have no such score (the plain
+    # form's top-2 raises there)
     if not (method is not None and spec.scoring_func in ("softmax", "sigmoid") and groups >= 1 and E % groups == 0
-            and E <= 1024 and 0 < k <= min(32, E) and (groups == 1 or 0 < spec.topk_group <= groups)):
+            and E <= 1024 and 0 < k <= min(32, E) and (groups == 1 or 0 < spec.topk_group <= groups)
+            and (method != 2 or E // groups >= 2)):
         return None
     if spec.scale_after_norm:   # V3: normalise (optionally), then always scale
         norm, scale = spec.norm_topk_prob, True

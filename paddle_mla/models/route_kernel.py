@@ -41,18 +41,23 @@ def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUP
     choice = s
     if HAS_BIAS:
         choice = s + tl.load(bias_ptr + flat, mask=valid, other=0.0)
+    # a NaN score (a NaN or inf logit upstream) is never the best: every pick below then stays an
+    # expert of this row, as torch.topk's do, where a NaN would match no maximum
+    choice = tl.where(choice != choice, neg, choice)
     if METHOD != 0:
         cv = tl.where(valid, choice, neg)
         best = tl.max(cv, 1)
         if METHOD == 2:   # a group's score: the sum of its two best
             first = tl.min(tl.where(cv == best[:, None], j, BLOCK_S), 1)
             best += tl.max(tl.where(j == first[:, None], neg, cv), 1)
-        gs = tl.where(gi < GROUPS, best, neg)
+        open_g = gi < GROUPS
+        gs = tl.where(open_g, best, neg)
         keep = gi < 0
         for _ in tl.static_range(TOPK_GROUP):
             top = tl.max(gs, 0)
-            pick = tl.min(tl.where(gs == top, gi, BLOCK_G), 0)
+            pick = tl.min(tl.where(open_g & (gs == top), gi, BLOCK_G), 0)
             keep = keep | (gi == pick)
+            open_g = open_g & (gi != pick)
             gs = tl.where(gi == pick, neg, gs)
         if METHOD == 2:
             choice = tl.where(keep[:, None], choice, neg)

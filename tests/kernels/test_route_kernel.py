@@ -88,3 +88,28 @@ def test_routing_args_refuse_what_the_kernel_cannot_do():
     assert fused_ops.route_kernel_args(_spec(60, 6, "noaux_tc", "sigmoid", 8, 4, True, 1.0)) is None   # 60 % 8
     assert fused_ops.route_kernel_args(_spec(64, 6, "noaux_tc", "sigmoid", 8, 9, True, 1.0)) is None
     assert fused_ops.route_kernel_args(_spec(64, 40, "greedy", "softmax", 1, 1, False, 1.0)) is None
+    assert fused_ops.route_kernel_args(_spec(8, 2, "noaux_tc", "sigmoid", 8, 4, True, 1.0)) is None   # groups of 1
+
+
+@pytest.mark.parametrize("name", ["v2_lite", "v2", "v3"])
+def test_a_row_of_nan_logits_still_routes_to_experts_of_the_model(name):
+    """A NaN logit (softmax: the whole row's scores) must not make the kernel pick past the experts:
+    the MoE's one-token path indexes the weights by these ids. The other rows are untouched."""
+    from paddle_mla.models import fused_ops
+    from paddle_mla.models.moe import route_plain
+    from paddle_mla.models.route_kernel import route_call
+
+    spec = SPECS[name]
+    E, k = spec.n_routed_experts, spec.num_experts_per_tok
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((3, E))
+    logits[1, 5] = np.nan
+    logits[2, :] = np.nan
+    bias = rng.standard_normal(E) * 0.1 if spec.topk_method == "noaux_tc" else None
+    ids, w = route_call(_t(logits), _t(bias) if bias is not None else None, **fused_ops.route_kernel_args(spec))
+    ids = ids.cpu().numpy()
+    for row in ids:
+        assert ((row >= 0) & (row < E)).all() and len(set(row.tolist())) == k, row
+    want_ids, want_w = route_plain(spec, _t(logits[:1], "cpu"), _t(bias, "cpu") if bias is not None else None)
+    np.testing.assert_array_equal(ids[:1], want_ids.numpy())
+    np.testing.assert_allclose(w.cpu().numpy()[:1], want_w.numpy(), rtol=4e-6, atol=0)
