@@ -63,6 +63,15 @@ class MoESpec:
             return i in self.moe_layers
         return i >= self.first_k_dense_replace and i % max(self.moe_layer_freq, 1) == 0
 
+    def weight_rule(self) -> tuple[bool, bool]:
+        """(normalise the top-k weights to sum 1, then multiply them by routed_scaling_factor): V3
+        normalises where norm_topk_prob says and always scales; V2's own code normalises instead of
+        scaling (a single expert's weight is never normalised there)."""
+        if self.scale_after_norm:
+            return self.norm_topk_prob, True
+        norm = self.norm_topk_prob and self.num_experts_per_tok > 1
+        return norm, not norm
+
 
 @dataclass
 class IndexerSpec:

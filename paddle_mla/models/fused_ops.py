@@ -143,11 +143,7 @@ def route_kernel_args(spec) -> dict | None:
             and E <= 1024 and 0 < k <= min(32, E) and (groups == 1 or 0 < spec.topk_group <= groups)
             and (method != 2 or E // groups >= 2)):
         return None
-    if spec.scale_after_norm:   # V3: normalise (optionally), then always scale
-        norm, scale = spec.norm_topk_prob, True
-    else:                       # V2: normalise instead of scaling
-        norm = spec.norm_topk_prob and k > 1
-        scale = not norm
+    norm, scale = spec.weight_rule()
     return dict(groups=groups, topk_group=spec.topk_group if groups > 1 else 1, top_k=k,
                 sigmoid=spec.scoring_func == "sigmoid", method=method, norm=norm, scale=scale,
                 scaling=spec.routed_scaling_factor)

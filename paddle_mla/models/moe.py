@@ -174,13 +174,10 @@ def route_plain(spec: MoESpec, logits, bias=None):
         raise ValueError(f"unsupported topk_method {spec.topk_method!r}")
     idx = torch.topk(choice, spec.num_experts_per_tok, dim=-1)[1]
     weights = scores.gather(1, idx)
-    if spec.scale_after_norm:   # V3: normalise (optionally), then always scale
-        if spec.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        weights = weights * spec.routed_scaling_factor
-    elif spec.norm_topk_prob and spec.num_experts_per_tok > 1:   # V2's own code: normalise instead of scaling
+    norm, scale = spec.weight_rule()
+    if norm:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    else:
+    if scale:
         weights = weights * spec.routed_scaling_factor
     return idx, weights
 
