@@ -10,6 +10,31 @@ from paddle_mla.platform.triton_host import next_pow2
 
 
 @triton.jit
+def _rms_normed(xf, w_ptr, cols, mask, n, eps, out_ptr):
+    """fp32 row ``xf`` (``n`` valid of its columns) -> RMSNorm times the weight in ``out_ptr``'s dtype,
+    rounded where transformers rounds: the normalised row to the model dtype, then the product."""
+    ty = out_ptr.dtype.element_ty
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
+    normed = (xf * rstd).to(ty)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    return (w.to(tl.float32) * normed.to(tl.float32)).to(ty)
+
+
+@triton.jit
+def _rope_rotated(row, i, mask, c, s, HALF: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """RoPE of the rope dims at ``row`` (indices ``i`` of HALF pairs: (x0, x1), (x2, x3)... when
+    INTERLEAVE, else (x_i, x_{i+HALF})) by fp32 cos ``c`` / sin ``s`` -> (rotated firsts, rotated
+    seconds) in fp32: the half-split layout ``Rope.apply`` gives."""
+    if INTERLEAVE:
+        x1 = tl.load(row + 2 * i, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(row + 2 * i + 1, mask=mask, other=0.0).to(tl.float32)
+    else:
+        x1 = tl.load(row + i, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(row + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -20,12 +45,7 @@ def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, eps, HAS_DELTA: tl.co
         x = (x.to(tl.float32) + tl.load(d_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32))
         x = x.to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + row * N + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    normed = (xf * rstd).to(y_ptr.dtype.element_ty)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    y = (w.to(tl.float32) * normed.to(tl.float32)).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + row * N + cols, y, mask=mask)
+    tl.store(y_ptr + row * N + cols, _rms_normed(x.to(tl.float32), w_ptr, cols, mask, N, eps, y_ptr), mask=mask)
 
 
 def rms_norm_kernel_call(x, delta, weight, eps: float):
@@ -50,17 +70,12 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, nope_ptr, H, stride_xt, strid
     i = tl.arange(0, HALF)
     hm = (h < H)[:, None]
     row = x_ptr + t * stride_xt + h[:, None] * stride_xh
-    if INTERLEAVE:
-        x1 = tl.load(row + 2 * i[None, :], mask=hm, other=0.0).to(tl.float32)
-        x2 = tl.load(row + 2 * i[None, :] + 1, mask=hm, other=0.0).to(tl.float32)
-    else:
-        x1 = tl.load(row + i[None, :], mask=hm, other=0.0).to(tl.float32)
-        x2 = tl.load(row + HALF + i[None, :], mask=hm, other=0.0).to(tl.float32)
     c = tl.load(cos_ptr + t * stride_ct + i)[None, :]
     s = tl.load(sin_ptr + t * stride_ct + i)[None, :]
+    y1, y2 = _rope_rotated(row, i[None, :], hm, c, s, HALF, INTERLEAVE)
     o = out_ptr + (t * H + h[:, None]) * (2 * HALF)
-    tl.store(o + i[None, :], (x1 * c - x2 * s).to(out_ptr.dtype.element_ty), mask=hm)
-    tl.store(o + HALF + i[None, :], (x2 * c + x1 * s).to(out_ptr.dtype.element_ty), mask=hm)
+    tl.store(o + i[None, :], y1.to(out_ptr.dtype.element_ty), mask=hm)
+    tl.store(o + HALF + i[None, :], y2.to(out_ptr.dtype.element_ty), mask=hm)
     if NOPE > 0:   # the NOPE dims before each head's rope dims, copied out contiguous
         n = tl.arange(0, BLOCK_NOPE)[None, :]
         nm = hm & (n < NOPE)
@@ -91,29 +106,20 @@ def rope_kernel_call(x, cos, sin, interleave: bool, nope: int = 0):
 def _mla_latent_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_ct, eps, RANK: tl.constexpr,
                        BLOCK_R: tl.constexpr, HALF: tl.constexpr, INTERLEAVE: tl.constexpr):
     """Row t of kv_a's output (compressed kv of RANK dims || k_pe of 2*HALF) -> the latent cache row:
-    RMSNorm of the first part (rounded as ``_rms_norm_kernel``), RoPE of the second (as ``_rope_kernel``)."""
+    RMSNorm of the first part and RoPE of the second, by the helpers the norm and rope kernels use."""
     t = tl.program_id(0).to(tl.int64)
     ty = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_R)
     m = cols < RANK
     xf = tl.load(x_ptr + t * stride_xt + cols, mask=m, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / RANK + eps)
-    normed = (xf * rstd).to(ty)
-    w = tl.load(w_ptr + cols, mask=m, other=0.0)
     out = out_ptr + t * (RANK + 2 * HALF)
-    tl.store(out + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(ty), mask=m)
-    pe = x_ptr + t * stride_xt + RANK
+    tl.store(out + cols, _rms_normed(xf, w_ptr, cols, m, RANK, eps, out_ptr), mask=m)
     i = tl.arange(0, HALF)
-    if INTERLEAVE:
-        x1 = tl.load(pe + 2 * i).to(tl.float32)
-        x2 = tl.load(pe + 2 * i + 1).to(tl.float32)
-    else:
-        x1 = tl.load(pe + i).to(tl.float32)
-        x2 = tl.load(pe + HALF + i).to(tl.float32)
     c = tl.load(cos_ptr + t * stride_ct + i)
     s = tl.load(sin_ptr + t * stride_ct + i)
-    tl.store(out + RANK + i, (x1 * c - x2 * s).to(ty))
-    tl.store(out + RANK + HALF + i, (x2 * c + x1 * s).to(ty))
+    y1, y2 = _rope_rotated(x_ptr + t * stride_xt + RANK, i, i < HALF, c, s, HALF, INTERLEAVE)
+    tl.store(out + RANK + i, y1.to(ty))
+    tl.store(out + RANK + HALF + i, y2.to(ty))
 
 
 def mla_latent_call(x, weight, eps: float, cos, sin, interleave: bool):
