@@ -94,6 +94,10 @@ class ParallelConfig:
     expert_parallel: bool = False
     attention_split: Literal["heads", "rows"] = "heads"
 
+    @property
+    def attention_rows(self) -> bool:
+        return self.attention_split == "rows"
+
 
 @dataclass
 class EngineConfig:

@@ -114,7 +114,7 @@ class TPDriver:
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "joining")
                 par = self.config.parallel
-                self.group = TPGroup.join(0, rdzv, store, par.expert_parallel, par.attention_split == "rows")
+                self.group = TPGroup.join(0, rdzv, store, par.expert_parallel, par.attention_rows)
                 runner = ModelRunner(self.config, self.model_dir, tp=self.group, eos_token_ids=eos_token_ids)
                 for rank, conn in enumerate(self.conns, start=1):
                     self._wait_for(rank, conn, "ready")

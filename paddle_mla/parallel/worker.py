@@ -130,7 +130,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         conn.send(("joining",))      # imports done: rank 0 now waits in the rendezvous, not before
         par = spec.config.parallel
         group = TPGroup.join(spec.rank, spec.rdzv, expert_parallel=par.expert_parallel,
-                             attention_rows=par.attention_split == "rows")
+                             attention_rows=par.attention_rows)
         runner = ModelRunner(spec.config, spec.model_dir, tp=group)
         # head-wise SWA: the input state rebuilds the table rows from the scheduler's deltas with the
         # pool's layout; rank 0's scheduler allocates, this copy only describes (the same on every rank)

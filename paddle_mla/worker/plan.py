@@ -136,7 +136,7 @@ def kv_layout(cfg: EngineConfig, arch: "ModelArch") -> KVLayout:
     from paddle_mla.models.sharding import local_arch
 
     par = cfg.parallel
-    local = local_arch(arch, par.tensor_parallel_size, par.attention_split == "rows")
+    local = local_arch(arch, par.tensor_parallel_size, par.attention_rows)
     gqa = local.family == "gqa"
     # ConfigError on MLA checkpoints, for a ratio that is not a whole number of KV heads, or for SWA
     # and full heads that do not split evenly over the tensor-parallel ranks
