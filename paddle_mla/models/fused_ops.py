@@ -124,8 +124,10 @@ def indexer_rope_norm(q, k, cos, sin, rope_dim: int, norm_w, norm_b, eps: float)
 def route_topk(spec, logits, bias):
     """DeepSeek routing from the router's fp32 logits [T, E] by one kernel (``route_kernel``), or
     None where the plain form must run; ``moe.route`` is the plain form and this one's oracle."""
+    if not (logits.is_cuda and logits.dtype == torch.float32 and logits.stride(-1) == 1 and _triton_ok()):
+        return None
     args = route_kernel_args(spec)
-    if not (args and logits.is_cuda and logits.dtype == torch.float32 and logits.stride(-1) == 1 and _triton_ok()):
+    if args is None:
         return None
     from paddle_mla.models.route_kernel import route_call
 

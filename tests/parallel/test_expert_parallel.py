@@ -102,6 +102,7 @@ def test_each_rank_loads_its_whole_experts_fused(tiny, tmp_path):
 def test_ranks_partial_moe_sums_to_the_whole():
     """Two ranks' MoE layers (their experts, the same routing) add up to the one-rank layer, and
     each adds something (the routing reaches both ranks)."""
+    from paddle_mla.models.arch import MoESpec
     from paddle_mla.models.moe import MoE, MoEExec
     from paddle_mla.platform.tensor_api import torch
     from types import SimpleNamespace
@@ -109,8 +110,9 @@ def test_ranks_partial_moe_sums_to_the_whole():
     E, h, inter, T = 6, 16, 8, 12
     g = np.random.default_rng(0)
     t = lambda *s: torch.from_numpy(g.standard_normal(s).astype(np.float32))  # noqa: E731
-    spec = SimpleNamespace(n_routed_experts=E, scoring_func="softmax", topk_method="greedy", num_experts_per_tok=2,
-                           scale_after_norm=False, norm_topk_prob=True, routed_scaling_factor=1.0)
+    spec = MoESpec(n_routed_experts=E, num_experts_per_tok=2, n_shared_experts=0, first_k_dense_replace=0,
+                   moe_layer_freq=1, topk_method="greedy", scoring_func="softmax", n_group=1, topk_group=1,
+                   norm_topk_prob=True, routed_scaling_factor=1.0, scale_after_norm=False)
     arch = SimpleNamespace(moe=spec)
     full = {"m.gate.weight": t(E, h), "m.experts.gate": t(E, inter, h), "m.experts.up": t(E, inter, h),
             "m.experts.down": t(E, h, inter)}
