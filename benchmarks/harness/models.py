@@ -116,9 +116,9 @@ def routed_distinct(runner, batch) -> list[int]:
     """Distinct experts each MoE layer selects in one eager step of ``batch`` (graphs bypassed)."""
     seen, real_route, graphs = [], moe_mod.route, runner.graphs
 
-    def recording(spec, x, gate_w, bias=None):
-        ids, w = real_route(spec, x, gate_w, bias)
-        seen.append(int(torch.unique(ids).numel()))
+    def recording(spec, *args):
+        ids, w = real_route(spec, *args)
+        seen.append(int(torch.unique(ids[:, :spec.num_experts_per_tok]).numel()))   # not the shared pieces
         return ids, w
     moe_mod.route, runner.graphs = recording, None
     try:

@@ -83,9 +83,8 @@ class CausalLMBase:
         """Size the fused MoE buffers for calls of up to ``max_num_tokens`` tokens (once, at start-up)."""
         moe = next((layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)), None)
         if moe is not None:
-            s = self.arch.moe
-            # this rank's experts (all of them, unless expert parallel)
-            self.moe_exec.reserve(max_num_tokens, s.num_experts_per_tok, moe.w_gate.shape[0], moe.inter_size,
+            # this rank's experts (all of them, unless expert parallel), with the shared ones folded in
+            self.moe_exec.reserve(max_num_tokens, moe.pairs_per_token, moe.w_gate.shape[0], moe.inter_size,
                                   self.arch.hidden_size, fp8=moe.fp8)
 
     def compute_logits(self, hidden_rows):

@@ -121,9 +121,10 @@ def indexer_rope_norm(q, k, cos, sin, rope_dim: int, norm_w, norm_b, eps: float)
     return indexer_qk_call(q, k, cos, sin, rope_dim, norm_w, norm_b, eps)
 
 
-def route_topk(spec, logits, bias):
+def route_topk(spec, logits, bias, extra: int = 0):
     """DeepSeek routing from the router's fp32 logits [T, E] by one kernel (``route_kernel``), or
-    None where the plain form must run; ``moe.route`` is the plain form and this one's oracle."""
+    None where the plain form must run; ``moe.route`` is the plain form and this one's oracle.
+    ``extra``: columns of the shared experts' pieces after the routed ones (``route_call``)."""
     if not (logits.is_cuda and logits.dtype == torch.float32 and logits.stride(-1) == 1 and _triton_ok()):
         return None
     args = route_kernel_args(spec)
@@ -131,7 +132,7 @@ def route_topk(spec, logits, bias):
         return None
     from paddle_mla.models.route_kernel import route_call
 
-    return route_call(logits, bias if spec.topk_method == "noaux_tc" else None, **args)
+    return route_call(logits, bias if spec.topk_method == "noaux_tc" else None, extra=extra, **args)
 
 
 def route_kernel_args(spec) -> dict | None:

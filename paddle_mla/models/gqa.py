@@ -72,8 +72,8 @@ class GQAAttention:
 def _moe(arch: ModelArch, w: dict[str, Any], p: str, moe_exec: MoEExec) -> MoE:
     """The routed MoE; ernie4_5_moe's correction bias [1, E] (``moe_statics``) becomes the router's [E]."""
     bias = w.get(p + "moe_statics.e_score_correction_bias")
-    if bias is not None:
-        w = {**w, p + "gate.e_score_correction_bias": bias.reshape(-1)}
+    if bias is not None:   # into the model's own dict: MoE lets go of the expert tensors it replaces
+        w[p + "gate.e_score_correction_bias"] = bias.reshape(-1)
     return MoE(arch, w, p, moe_exec, DenseMLP)
 
 

@@ -137,11 +137,66 @@ def _act_quant(x):
     return per_token_group_quant(x, 128)
 
 
-def route(spec: MoESpec, x, gate_w, bias=None):
-    """DeepSeek routing -> (topk_ids [T, top_k] int64, topk_weights [T, top_k] float32), as transformers computes it."""
+def route(spec: MoESpec, x, gate_w, bias=None, shared_pieces: int = 0):
+    """DeepSeek routing -> (topk_ids [T, top_k] int64, topk_weights [T, top_k] float32), as transformers
+    computes it; ``shared_pieces`` > 0 appends that many columns, ids E, E + 1, ... with weight 1
+    (the shared experts folded into the routed ones: ``fold_shared_experts``)."""
     logits = batch_invariant.linear_for_mode(x.to(torch.float32), gate_w.to(torch.float32))
-    fused = route_topk(spec, logits, bias)   # one kernel on a GPU
-    return fused if fused is not None else route_plain(spec, logits, bias)
+    fused = route_topk(spec, logits, bias, shared_pieces)   # one kernel on a GPU
+    if fused is not None:
+        return fused
+    ids, weights = route_plain(spec, logits, bias)
+    if not shared_pieces:
+        return ids, weights
+    T, E = ids.shape[0], spec.n_routed_experts
+    extra = torch.arange(E, E + shared_pieces, dtype=ids.dtype, device=ids.device).unsqueeze(0).expand(T, -1)
+    return torch.cat([ids, extra], 1), torch.cat([weights, torch.ones_like(weights[:, :1]).expand(T, shared_pieces)], 1)
+
+
+def fold_shared_experts(experts: list, shared) -> tuple[list, int] | None:
+    """The shared experts as extra routed experts of weight 1: (gate, up, down stacked with them,
+    their count), or None where they cannot join.
+
+    A SwiGLU MLP of width n * I is the sum of n MLPs of width I (its gate/up rows and down columns
+    cut in n), so shared experts of n_shared * I (this rank's share under TP: n_shared * I / tp, as
+    the routed experts' I / tp) become n experts that every token takes. The fused MoE then runs them
+    in its grouped GEMMs and sums them in fp32 with the routed ones, where a separate MLP cost three
+    GEMMs, the activation, the product and the add (about 20 µs a layer at a decode batch on an
+    H200, for weights that take 5 µs to read). transformers adds the two outputs in the model dtype;
+    here the one sum rounds once. Both must be plain tensors of one dtype, or FP8 of one block size
+    that the cut keeps whole; a shared MLP with biases (ERNIE's use_bias) stays separate."""
+    if any(b is not None for b in (shared.gate_b, shared.up_b, shared.down_b)):
+        return None
+    gate, up, down = experts
+    parts = (gate, up, down, shared.gate, shared.up, shared.down)
+    if all(isinstance(t, Fp8Weight) for t in parts):
+        block = gate.block
+        if any(tuple(t.block) != tuple(block) or t.kernel != gate.kernel for t in parts):
+            return None
+    elif any(isinstance(t, Fp8Weight) for t in parts) or len({t.dtype for t in parts}) != 1:
+        return None
+    else:
+        block = None
+    inter, hidden = gate.shape[1], gate.shape[2]
+    width = shared.gate.shape[0]
+    if width % inter or tuple(shared.gate.shape) != (width, hidden) or tuple(shared.down.shape) != (hidden, width):
+        return None
+    n = width // inter
+    if block is not None and (inter % block[0] or inter % block[1]):
+        return None
+
+    def rows(t, first):    # gate/up [n * R, C] -> [n, R, C]; down [R, n * C] -> [n, R, C]
+        if first:
+            return t.reshape(n, t.shape[0] // n, t.shape[1])
+        return t.reshape(t.shape[0], n, t.shape[1] // n).permute(1, 0, 2)
+
+    def stack(routed, piece, first):
+        if block is None:
+            return torch.cat([routed, rows(piece, first).contiguous()], 0)
+        return Fp8Weight(torch.cat([routed.weight, rows(piece.weight, first).contiguous()], 0),
+                         torch.cat([routed.scale_inv, rows(piece.scale_inv, first).contiguous()], 0),
+                         routed.block, routed.kernel)
+    return [stack(gate, shared.gate, True), stack(up, shared.up, True), stack(down, shared.down, False)], n
 
 
 def route_plain(spec: MoESpec, logits, bias=None):
@@ -199,13 +254,30 @@ class MoE:
         self.expert_first = int(w.get(p + "experts.first", 0))
         self.expert_parallel = self.w_gate.shape[0] < self.spec.n_routed_experts
         self.shared = shared_mlp(w, p + "shared_experts.") if (p + "shared_experts.gate_proj.weight") in w else None
+        # shared experts as routed rows E.. (expert parallel keeps them apart: another rank's id
+        # shifted by ``expert_first`` could land on those rows)
+        self.shared_pieces = 0
+        folded = None if self.shared is None or self.expert_parallel else fold_shared_experts(experts, self.shared)
+        if folded is not None:
+            (self.w_gate, self.w_up, self.w_down), self.shared_pieces = folded
+            self.shared = None
+            # the stacks are copies: the weights dict lets go of what they replace, so building a
+            # model holds one layer's experts twice at most, not all of them
+            for key in ("experts.gate", "experts.up", "experts.down", "shared_experts.gate_proj.weight",
+                        "shared_experts.up_proj.weight", "shared_experts.down_proj.weight"):
+                w.pop(p + key, None)
 
     @property
     def inter_size(self) -> int:
         return self.w_gate.shape[1]
 
+    @property
+    def pairs_per_token(self) -> int:
+        """(token, expert) pairs a token makes: its top-k and the shared experts' pieces."""
+        return self.spec.num_experts_per_tok + self.shared_pieces
+
     def forward(self, x):
-        topk_ids, topk_weights = route(self.spec, x, self.gate_w, self.bias)
+        topk_ids, topk_weights = route(self.spec, x, self.gate_w, self.bias, self.shared_pieces)
         if self.expert_parallel:
             topk_ids = topk_ids - self.expert_first
         out = self.exec.run(x, self.w_gate, self.w_up, self.w_down, topk_ids, topk_weights,

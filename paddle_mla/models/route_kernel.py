@@ -22,8 +22,8 @@ from paddle_mla.platform.triton_host import next_pow2
 @triton.jit
 def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUPS: tl.constexpr, GS: tl.constexpr,
                   TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr, SIGMOID: tl.constexpr, METHOD: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, BLOCK_G: tl.constexpr,
-                  BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, EXTRA: tl.constexpr,
+                  BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     gi = tl.arange(0, BLOCK_G)
     g = gi[:, None]
@@ -78,23 +78,28 @@ def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUP
         ws = ws / (tl.sum(ws, 0) + 1e-20)
     if SCALE:
         ws = ws * scaling
-    tl.store(ids_ptr + t * TOP_K + ki, ids, mask=ki < TOP_K)
-    tl.store(w_ptr + t * TOP_K + ki, ws, mask=ki < TOP_K)
+    # the shared experts' pieces (``moe.fold_shared_experts``): ids E, E + 1, ..., weight 1
+    ids = tl.where(ki >= TOP_K, (GROUPS * GS + ki - TOP_K).to(tl.int64), ids)
+    ws = tl.where(ki >= TOP_K, 1.0, ws)
+    tl.store(ids_ptr + t * (TOP_K + EXTRA) + ki, ids, mask=ki < TOP_K + EXTRA)
+    tl.store(w_ptr + t * (TOP_K + EXTRA) + ki, ws, mask=ki < TOP_K + EXTRA)
 
 
 def route_call(logits, bias, groups: int, topk_group: int, top_k: int, sigmoid: bool, method: int,
-               norm: bool, scale: bool, scaling: float):
-    """fp32 logits [T, E] (last dim contiguous) -> (ids int64 [T, top_k], weights fp32 [T, top_k]).
+               norm: bool, scale: bool, scaling: float, extra: int = 0):
+    """fp32 logits [T, E] (last dim contiguous) -> (ids int64 [T, top_k + extra], weights fp32 [T, top_k + extra]).
     ``method``: 0 greedy, 1 group-limited greedy (a group's score: its best), 2 noaux_tc (the sum of
-    its two best, over scores plus ``bias``); ``fused_ops.route_kernel_args`` maps a MoE spec to these."""
+    its two best, over scores plus ``bias``); ``fused_ops.route_kernel_args`` maps a MoE spec to these.
+    ``extra`` columns follow the routed ones: ids E .. E + extra - 1 with weight 1 (shared experts)."""
     T, E = logits.shape
-    ids = torch.empty((T, top_k), dtype=torch.int64, device=logits.device)
-    weights = torch.empty((T, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((T, top_k + extra), dtype=torch.int64, device=logits.device)
+    weights = torch.empty((T, top_k + extra), dtype=torch.float32, device=logits.device)
     if T:
         gs = E // groups
         _route_kernel[(T,)](logits, bias if bias is not None else logits, ids, weights, logits.stride(0),
                             float(scaling), GROUPS=groups, GS=gs, TOPK_GROUP=topk_group, TOP_K=top_k,
                             SIGMOID=sigmoid, METHOD=method, HAS_BIAS=bias is not None, NORM=norm, SCALE=scale,
-                            BLOCK_G=next_pow2(groups), BLOCK_S=next_pow2(gs), BLOCK_K=next_pow2(top_k),
+                            EXTRA=extra, BLOCK_G=next_pow2(groups), BLOCK_S=next_pow2(gs),
+                            BLOCK_K=next_pow2(top_k + extra),
                             num_warps=4 if E <= 256 else 8)
     return ids, weights

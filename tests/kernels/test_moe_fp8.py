@@ -17,14 +17,15 @@ from paddle_mla.models.tiny import tiny_config, tiny_weights
 from paddle_mla.platform.tensor_api import torch
 
 
-def _fp8_expert_checkpoint(path, block, **dims):
-    """The tiny V3 config (``dims`` overriding its sizes) with every routed expert weight in FP8."""
+def _fp8_expert_checkpoint(path, block, shared=False, **dims):
+    """The tiny V3 config (``dims`` overriding its sizes) with every routed expert weight in FP8
+    (``shared``: the shared experts' too, as DeepSeek-V3's checkpoint has them)."""
     cfg = dict(tiny_config("deepseek_v3", 512, 0, 1), **dims)
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block),
                                   "activation_scheme": "dynamic"}
     tensors, raw = {}, {}
     for name, w in tiny_weights(cfg, 3).items():
-        if ".mlp.experts." in name:
+        if ".mlp.experts." in name or (shared and ".mlp.shared_experts." in name):
             tensors[name], tensors[name + "_scale_inv"] = _quantize_blocks(w, block)
             raw[name] = "F8_E4M3"
         else:
@@ -61,7 +62,8 @@ def test_fp8_experts_run_dequantized_on_cpu(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [5, 300])
-def test_fp8_experts_kept_on_gpu_match_dequantized_reference(tmp_path, tokens):
+@pytest.mark.parametrize("shared_fp8", [False, True])
+def test_fp8_experts_kept_on_gpu_match_dequantized_reference(tmp_path, tokens, shared_fp8):
     from paddle_mla.platform import runtime
     from paddle_mla.models.fp8 import fp8_kernels_available
     from paddle_mla.models.fused_moe.reference import act_qdq_reference, routed_moe_reference
@@ -72,8 +74,8 @@ def test_fp8_experts_kept_on_gpu_match_dequantized_reference(tmp_path, tokens):
     if not ok:
         pytest.skip(why)
     dev = runtime.device_string("gpu")
-    path = _fp8_expert_checkpoint(tmp_path / "fp8", (128, 128), hidden_size=256, moe_intermediate_size=256,
-                                  intermediate_size=256)
+    path = _fp8_expert_checkpoint(tmp_path / "fp8", (128, 128), shared_fp8, hidden_size=256,
+                                  moe_intermediate_size=256, intermediate_size=256)
     model = load_model(str(path), torch.bfloat16, dev, quantization="fp8", progress=False)
     model.reserve_moe_workspace(512)                   # the engine's start-up: the FP8 workspace
     moe = model.layers[1].mlp
@@ -82,11 +84,14 @@ def test_fp8_experts_kept_on_gpu_match_dequantized_reference(tmp_path, tokens):
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(tokens, 256, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
     out = moe.forward(x).to(torch.float32)
-    ids, weights = route(moe.spec, x, moe.gate_w, moe.bias)
+    # FP8 shared experts join the FP8 stacks (moe.fold_shared_experts) as rows E..; bf16 ones stay apart
+    assert (moe.shared is None, moe.shared_pieces) == ((True, 1) if shared_fp8 else (False, 0))
+    ids, weights = route(moe.spec, x, moe.gate_w, moe.bias, moe.shared_pieces)
     deq = [w.dequantize(torch.float32) for w in (moe.w_gate, moe.w_up, moe.w_down)]
     # the fp32 reference on the dequantized experts, with the w8a8 activation quant mirrored (as
     # tests/kernels/test_fused_moe_gpu.py): what is left is bf16 rounding and summation order
     ref = routed_moe_reference(x.to(torch.float32), *deq, ids, weights, act_qdq=act_qdq_reference)
-    ref = ref + moe.shared.forward(x).to(torch.float32)
+    if moe.shared is not None:
+        ref = ref + moe.shared.forward(x).to(torch.float32)
     rel = float((out - ref).norm() / ref.norm())
     assert torch.isfinite(out).all() and rel <= 2e-2, rel

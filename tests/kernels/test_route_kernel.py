@@ -62,6 +62,29 @@ def test_kernel_matches_plain_routing(name, tokens):
     np.testing.assert_allclose(w.cpu().numpy(), want_w.numpy(), rtol=4e-6, atol=0)
 
 
+@pytest.mark.parametrize("name,extra", [("v2_lite", 2), ("v3", 1), ("top1", 3)])
+def test_kernel_appends_shared_pieces(name, extra):
+    """The shared experts' columns (``moe.fold_shared_experts``): ids E.., weight 1, after routed
+    columns that are the plain form's, normalised and scaled without them."""
+    from paddle_mla.models import fused_ops
+    from paddle_mla.models.moe import route_plain
+    from paddle_mla.models.route_kernel import route_call
+
+    spec = SPECS[name]
+    E, k = spec.n_routed_experts, spec.num_experts_per_tok
+    rng = np.random.default_rng(7 * E + extra)
+    logits = rng.standard_normal((9, E)) * 2
+    bias = rng.standard_normal(E) * 0.1 if spec.topk_method == "noaux_tc" else None
+    ids, w = route_call(_t(logits), _t(bias) if bias is not None else None, extra=extra,
+                        **fused_ops.route_kernel_args(spec))
+    want_ids, want_w = route_plain(spec, _t(logits, "cpu"), _t(bias, "cpu") if bias is not None else None)
+    assert ids.shape == (9, k + extra)
+    np.testing.assert_array_equal(ids[:, :k].cpu().numpy(), want_ids.numpy())
+    np.testing.assert_array_equal(ids[:, k:].cpu().numpy(), np.tile(np.arange(E, E + extra), (9, 1)))
+    np.testing.assert_allclose(w[:, :k].cpu().numpy(), want_w.numpy(), rtol=4e-6, atol=0)
+    np.testing.assert_array_equal(w[:, k:].cpu().numpy(), np.ones((9, extra), np.float32))
+
+
 def test_group_limit_takes_experts_from_kept_groups_only():
     """A row whose best expert sits in a group with a poor group score: group-limited routing must
     skip it (a greedy top-k would take it), in both forms."""

@@ -142,7 +142,9 @@ def _generate(model_dir, tp: int, expert_parallel: bool, prompts, new_tokens: in
         "scheduler": {"enable_chunked_prefill": True, "max_num_batched_tokens": 8, "max_num_seqs": 3},
         "parallel": {"tensor_parallel_size": tp, "expert_parallel": expert_parallel}}))
     try:
-        rows = [layer.mlp.w_gate.shape[0] for layer in llm.runner.model.layers if isinstance(layer.mlp, MoE)]
+        # routed rows (TP=1 stacks the shared experts' pieces after them; expert parallel keeps them apart)
+        rows = [layer.mlp.w_gate.shape[0] - layer.mlp.shared_pieces for layer in llm.runner.model.layers
+                if isinstance(layer.mlp, MoE)]
         params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
         outs = llm.generate([GenerationRequest(i, p, params) for i, p in enumerate(prompts)], use_tqdm=False)
         assert [o.error for o in outs] == [None] * len(prompts)
