@@ -42,6 +42,10 @@ from paddle_mla.models.fused_ops import route_topk
 from paddle_mla.models.fused_moe.reference import routed_moe_reference
 
 MOE_IMPLS = ("auto", "reference", "triton")
+# the most tokens a call runs the shared experts folded in (``MoE.folds_shared``): at 64 rows the
+# folded layer took 0.93-0.97x the separate one on an H200 (V2-Lite and V3 dims, TP 1 and 2), at
+# 128 rows 0.99-1.05x, at 256 rows up to 1.08x (docs/benchmarks_history.md, "Shared experts folded")
+FOLD_MAX_TOKENS = 64
 
 
 def select_moe_impl(device_kind: str) -> str:
@@ -80,10 +84,12 @@ class MoEExec:
         self.workspace = MoEWorkspace(max_tokens, top_k, num_experts, inter, hidden, self.dtype, self.device,
                                       fp8=fp8, chunk_tokens=chunk_tokens)
 
-    def run(self, x, w_gate, w_up, w_down, topk_ids, topk_weights, n_routed: int | None = None):
+    def run(self, x, w_gate, w_up, w_down, topk_ids, topk_weights, n_routed: int | None = None,
+            max_top_k: int | None = None):
         """Routed experts; ``w_*`` are dense tensors, or Fp8Weight (triton only, see ``runs_fp8``).
         ``topk_ids`` are rows of the stacked ``w_*``; ids outside them (other ranks' experts) add nothing.
-        ``n_routed``: the model's expert count when the ``w_*`` hold fewer (expert parallel)."""
+        ``n_routed``: the model's expert count when the ``w_*`` hold fewer (expert parallel);
+        ``max_top_k``: the most columns a call of this layer has (sizes a workspace made here)."""
         if self.impl == "reference":
             moe = routed_moe_chosen if self.device == "cpu" else routed_moe_reference
             return moe(x, w_gate, w_up, w_down, topk_ids, topk_weights)
@@ -91,7 +97,7 @@ class MoEExec:
 
         fp8 = isinstance(w_gate, Fp8Weight)
         if self.workspace is None:   # tools that skip the engine's start-up: one chunk-sized workspace
-            self.reserve(8192, topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1], x.shape[1], fp8=fp8)
+            self.reserve(8192, max_top_k or topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1], x.shape[1], fp8=fp8)
         if fp8:
             return fused_moe(x, w_gate.weight, w_up.weight, w_down.weight, topk_ids, topk_weights, self.workspace,
                              w_gate.scale_inv, w_up.scale_inv, w_down.scale_inv, act_quant=_act_quant, n_routed=n_routed)
@@ -199,6 +205,24 @@ def fold_shared_experts(experts: list, shared) -> tuple[list, int] | None:
     return [stack(gate, shared.gate, True), stack(up, shared.up, True), stack(down, shared.down, False)], n
 
 
+def unfolded_shared(gate, up, down, n: int, prefix: str) -> dict:
+    """The shared MLP's weights (``prefix`` + gate/up/down_proj.weight) back from the last ``n``
+    experts of the stacks: gate and up are views; down is a view for one piece and a copy for more
+    (its columns were cut into the pieces)."""
+    def rows(t, first):
+        E = t.shape[0] - n
+        if first:
+            return t[E:].reshape(n * t.shape[1], t.shape[2])
+        return t[E:].permute(1, 0, 2).reshape(t.shape[1], n * t.shape[2])
+
+    def back(t, first):
+        if isinstance(t, Fp8Weight):
+            return Fp8Weight(rows(t.weight, first), rows(t.scale_inv, first), t.block, t.kernel)
+        return rows(t, first)
+    return {prefix + "gate_proj.weight": back(gate, True), prefix + "up_proj.weight": back(up, True),
+            prefix + "down_proj.weight": back(down, False)}
+
+
 def route_plain(spec: MoESpec, logits, bias=None):
     """``route`` from the router's fp32 logits [T, E] in plain tensors: the CPU path and the kernel's oracle."""
     E = spec.n_routed_experts
@@ -260,7 +284,9 @@ class MoE:
         folded = None if self.shared is None or self.expert_parallel else fold_shared_experts(experts, self.shared)
         if folded is not None:
             (self.w_gate, self.w_up, self.w_down), self.shared_pieces = folded
-            self.shared = None
+            # calls of more tokens run the shared MLP apart, over the same rows of the stacks
+            self.shared = shared_mlp(unfolded_shared(self.w_gate, self.w_up, self.w_down, self.shared_pieces,
+                                                     p + "shared_experts."), p + "shared_experts.")
             # the stacks are copies: the weights dict lets go of what they replace, so building a
             # model holds one layer's experts twice at most, not all of them
             for key in ("experts.gate", "experts.up", "experts.down", "shared_experts.gate_proj.weight",
@@ -273,15 +299,23 @@ class MoE:
 
     @property
     def pairs_per_token(self) -> int:
-        """(token, expert) pairs a token makes: its top-k and the shared experts' pieces."""
+        """(token, expert) pairs a token makes at most: its top-k and the shared experts' pieces."""
         return self.spec.num_experts_per_tok + self.shared_pieces
 
+    def folds_shared(self, tokens: int) -> bool:
+        """Whether a call of ``tokens`` runs the shared experts as routed pieces. Up to FOLD_MAX_TOKENS
+        that saves the separate MLP's launches; past it the grouped GEMM's 16-64-row tiles read each
+        piece's weights once per tile where one dense GEMM reads them once. Under ``deterministic:
+        true`` always, so that no row's sum follows the batch."""
+        return self.shared_pieces > 0 and (tokens <= FOLD_MAX_TOKENS or batch_invariant.enabled())
+
     def forward(self, x):
-        topk_ids, topk_weights = route(self.spec, x, self.gate_w, self.bias, self.shared_pieces)
+        pieces = self.shared_pieces if self.folds_shared(x.shape[0]) else 0
+        topk_ids, topk_weights = route(self.spec, x, self.gate_w, self.bias, pieces)
         if self.expert_parallel:
             topk_ids = topk_ids - self.expert_first
         out = self.exec.run(x, self.w_gate, self.w_up, self.w_down, topk_ids, topk_weights,
-                            self.spec.n_routed_experts if self.expert_parallel else None)
-        if self.shared is not None:
+                            self.spec.n_routed_experts if self.expert_parallel else None, self.pairs_per_token)
+        if self.shared is not None and not pieces:
             out = out + self.shared.forward(x)
         return out

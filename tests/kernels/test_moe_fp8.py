@@ -84,14 +84,17 @@ def test_fp8_experts_kept_on_gpu_match_dequantized_reference(tmp_path, tokens, s
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(tokens, 256, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
     out = moe.forward(x).to(torch.float32)
-    # FP8 shared experts join the FP8 stacks (moe.fold_shared_experts) as rows E..; bf16 ones stay apart
-    assert (moe.shared is None, moe.shared_pieces) == ((True, 1) if shared_fp8 else (False, 0))
-    ids, weights = route(moe.spec, x, moe.gate_w, moe.bias, moe.shared_pieces)
+    # FP8 shared experts join the FP8 stacks (moe.fold_shared_experts) as rows E..; bf16 ones stay
+    # apart. 5 tokens run them folded, 300 apart (MoE.folds_shared) over the stacks' rows
+    assert moe.shared_pieces == (1 if shared_fp8 else 0)
+    pieces = moe.shared_pieces if moe.folds_shared(tokens) else 0
+    assert pieces == (1 if shared_fp8 and tokens == 5 else 0)
+    ids, weights = route(moe.spec, x, moe.gate_w, moe.bias, pieces)
     deq = [w.dequantize(torch.float32) for w in (moe.w_gate, moe.w_up, moe.w_down)]
     # the fp32 reference on the dequantized experts, with the w8a8 activation quant mirrored (as
     # tests/kernels/test_fused_moe_gpu.py): what is left is bf16 rounding and summation order
     ref = routed_moe_reference(x.to(torch.float32), *deq, ids, weights, act_qdq=act_qdq_reference)
-    if moe.shared is not None:
+    if not pieces:
         ref = ref + moe.shared.forward(x).to(torch.float32)
     rel = float((out - ref).norm() / ref.norm())
     assert torch.isfinite(out).all() and rel <= 2e-2, rel

@@ -47,18 +47,41 @@ def _apart(spec, w, x):
 
 
 @pytest.mark.parametrize("pieces", [1, 2, 3])
-def test_folded_layer_equals_separate_shared_mlp(pieces):
+@pytest.mark.parametrize("tokens", [11, 100])
+def test_folded_layer_equals_separate_shared_mlp(pieces, tokens):
+    """Up to FOLD_MAX_TOKENS the pieces run in the routed sum; past it the shared MLP runs apart over
+    the stacks' rows. Both give the separate MLP's layer."""
+    from paddle_mla.models.moe import FOLD_MAX_TOKENS
+
     spec = _spec()
     w = _weights(pieces)
-    x = torch.from_numpy((np.random.default_rng(1).standard_normal((T, H))).astype(np.float32))
+    x = torch.from_numpy((np.random.default_rng(1).standard_normal((tokens, H))).astype(np.float32))
     want = _apart(spec, dict(w), x)
     moe = MoE(SimpleNamespace(moe=spec), w, "m.", MoEExec("cpu", torch.float32), DenseMLP)
-    assert moe.shared is None and moe.shared_pieces == pieces
+    assert moe.shared_pieces == pieces and moe.folds_shared(tokens) == (tokens <= FOLD_MAX_TOKENS)
     assert tuple(moe.w_gate.shape) == (E + pieces, INTER, H) and moe.pairs_per_token == 2 + pieces
     assert "m.experts.gate" not in w and "m.shared_experts.down_proj.weight" not in w   # the dict let go
+    # the apart form reads the stacks' rows: gate and up are views of them
+    assert moe.shared.gate.data_ptr() == moe.w_gate[E:].data_ptr()
+    assert moe.shared.up.data_ptr() == moe.w_up[E:].data_ptr()
     got = moe.forward(x)
     assert float(want.abs().max()) > 0.1
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_deterministic_mode_folds_every_call():
+    """Under ``deterministic: true`` a row's sum must not follow the batch: one form for all sizes."""
+    from paddle_mla.models.moe import FOLD_MAX_TOKENS
+    from paddle_mla.ops import batch_invariant
+
+    moe = MoE(SimpleNamespace(moe=_spec()), _weights(2), "m.", MoEExec("cpu", torch.float32), DenseMLP)
+    big = FOLD_MAX_TOKENS + 1
+    assert not moe.folds_shared(big)
+    batch_invariant.set_enabled(True)
+    try:
+        assert moe.folds_shared(big) and moe.folds_shared(1)
+    finally:
+        batch_invariant.set_enabled(False)
 
 
 def test_route_appends_the_pieces_with_weight_one():
@@ -102,6 +125,7 @@ def test_refusals_keep_the_shared_mlp():
     # a bias on the shared MLP (ERNIE's use_bias): no piece can carry it
     moe = MoE(SimpleNamespace(moe=spec), _weights(1, bias=True), "m.", MoEExec("cpu", torch.float32), DenseMLP)
     assert moe.shared is not None and moe.shared_pieces == 0 and moe.w_gate.shape[0] == E
+    assert not moe.folds_shared(1)
     # a width that is not a multiple of the routed one
     w = _weights(1)
     for k in ("gate_proj", "up_proj"):
@@ -137,4 +161,4 @@ def test_tiny_deepseek_models_fold_their_shared_experts(tmp_path):
         save_file(tiny_weights(cfg, 0), path / "model.safetensors")
         model = load_model(str(path), torch.float32, "cpu", progress=False)
         moes = [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)]
-        assert moes and all(m.shared is None and m.shared_pieces == pieces for m in moes), name
+        assert moes and all(m.shared_pieces == pieces for m in moes), name

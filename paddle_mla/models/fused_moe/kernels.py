@@ -74,8 +74,9 @@ class MoEWorkspace:
         self.down_out = torch.empty(pairs, hidden, dtype=dtype, device=device)
 
     def fits(self, top_k: int, num_experts: int, inter: int, hidden: int, dtype, fp8: bool) -> bool:
-        return (top_k, num_experts, inter, hidden, dtype, fp8) == (
-            self.top_k, self.num_experts, self.inter, self.hidden, self.dtype, self.fp8)
+        """Fewer pairs a token than reserved fit too (a MoE layer's calls without its shared pieces)."""
+        return 0 < top_k <= self.top_k and (num_experts, inter, hidden, dtype, fp8) == (
+            self.num_experts, self.inter, self.hidden, self.dtype, self.fp8)
 
 
 def _launch_gemm(a, b, b2, c, a_scale, b_scale, b2_scale, c_scale, topk_weights, sorted_ids, expert_ids, total,
@@ -165,7 +166,7 @@ def fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, workspace: MoEWor
         cfg = config or get_config(m, E, N, K, top_k, dtype_name, device_name(x), batch_invariant.enabled())
         ids, weights = ids_all[start:start + m], w_all[start:start + m]
         num_pairs = m * top_k
-        if m == 1 and cfg["BLOCK_M"] in workspace.single:
+        if m == 1 and cfg["BLOCK_M"] in workspace.single and top_k == workspace.top_k:
             # a foreign id becomes -1, a block the GEMMs skip (ids are in [0, E) unless expert parallel)
             (sorted_ids, total) = workspace.single[cfg["BLOCK_M"]]
             expert_ids = ids.reshape(-1) if E == n_routed else \
