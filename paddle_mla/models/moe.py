@@ -43,8 +43,8 @@ from paddle_mla.models.fused_moe.reference import routed_moe_reference
 
 MOE_IMPLS = ("auto", "reference", "triton")
 # the most tokens a call runs the shared experts folded in (``MoE.folds_shared``): at 64 rows the
-# folded layer took 0.93-0.97x the separate one on an H200 (V2-Lite and V3 dims, TP 1 and 2), at
-# 128 rows 0.99-1.05x, at 256 rows up to 1.08x (docs/benchmarks_history.md, "Shared experts folded")
+# folded layer took 0.93-1.00x the separate one on an H200 (V2-Lite and V3 dims, TP 1 and 2), at
+# 128 rows 0.99-1.05x, at 256 rows up to 1.08x (BENCHMARKS.md, "Shared experts folded into the fused MoE")
 FOLD_MAX_TOKENS = 64
 
 
