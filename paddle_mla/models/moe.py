@@ -166,10 +166,10 @@ def fold_shared_experts(experts: list, shared) -> tuple[list, int] | None:
     A SwiGLU MLP of width n * I is the sum of n MLPs of width I (its gate/up rows and down columns
     cut in n), so shared experts of n_shared * I (this rank's share under TP: n_shared * I / tp, as
     the routed experts' I / tp) become n experts that every token takes. The fused MoE then runs them
-    in its grouped GEMMs and sums them in fp32 with the routed ones, where a separate MLP cost three
-    GEMMs, the activation, the product and the add (about 20 µs a layer at a decode batch on an
-    H200, for weights that take 5 µs to read). transformers adds the two outputs in the model dtype;
-    here the one sum rounds once. Both must be plain tensors of one dtype, or FP8 of one block size
+    in its grouped GEMMs and sums them in fp32 with the routed ones, where a separate MLP costs three
+    GEMMs, the activation, the product and the add (on an H200, V2-Lite and V3 dims at TP 1 and 2,
+    the layer takes 2-17 µs less at 64 tokens and 3-19 µs less at one; BENCHMARKS.md). transformers
+    adds the two outputs in the model dtype; here the one sum rounds once. Both must be plain tensors of one dtype, or FP8 of one block size
     that the cut keeps whole; a shared MLP with biases (ERNIE's use_bias) stays separate."""
     if any(b is not None for b in (shared.gate_b, shared.up_b, shared.down_b)):
         return None
