@@ -169,8 +169,9 @@ def fold_shared_experts(experts: list, shared) -> tuple[list, int] | None:
     in its grouped GEMMs and sums them in fp32 with the routed ones, where a separate MLP costs three
     GEMMs, the activation, the product and the add (on an H200, V2-Lite and V3 dims at TP 1 and 2,
     the layer takes 2-17 µs less at 64 tokens and 3-19 µs less at one; BENCHMARKS.md). transformers
-    adds the two outputs in the model dtype; here the one sum rounds once. Both must be plain tensors of one dtype, or FP8 of one block size
-    that the cut keeps whole; a shared MLP with biases (ERNIE's use_bias) stays separate."""
+    adds the two outputs in the model dtype; here the one sum rounds once. Both must be plain tensors
+    of one dtype, or FP8 of one block size that the cut keeps whole; a shared MLP with biases
+    (ERNIE's use_bias) stays separate."""
     if any(b is not None for b in (shared.gate_b, shared.up_b, shared.down_b)):
         return None
     gate, up, down = experts

@@ -14,6 +14,7 @@ from paddle_mla.models.arch import MoESpec
 from paddle_mla.models.deepseek import DenseMLP
 from paddle_mla.models.fp8 import Fp8Weight
 from paddle_mla.models.moe import MoE, MoEExec, fold_shared_experts, route
+from paddle_mla.platform import runtime
 from paddle_mla.platform.tensor_api import torch
 
 E, H, INTER, T = 6, 16, 8, 11
@@ -162,3 +163,15 @@ def test_tiny_deepseek_models_fold_their_shared_experts(tmp_path):
         model = load_model(str(path), torch.float32, "cpu", progress=False)
         moes = [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)]
         assert moes and all(m.shared_pieces == pieces for m in moes), name
+
+
+@pytest.mark.skipif(runtime.is_paddle(), reason="the benchmark selects the torch runtime (CUDA graphs, triton.testing)")
+def test_fold_benchmark_smoke_runs_both_forms():
+    """The benchmark program behind BENCHMARKS.md's fold figures, on CPU: both layers agree, and the
+    engine's layer folds only the small call."""
+    from benchmarks.kernels.moe_shared_fold import main
+
+    rows = main(["--smoke"])
+    assert [(r["tp"], r["tokens"], r["folds"]) for r in rows] == [(1, 3, True), (1, 65, False), (2, 3, True),
+                                                                   (2, 65, False)]
+    assert all(r["rel_diff"] <= 1e-6 and r["apart_us"] > 0 and r["folded_us"] > 0 for r in rows)
