@@ -106,9 +106,25 @@ def plan_run(cfg: EngineConfig, model: Any = None, device_kind: str | None = Non
     check_model(cfg.model)
     if model is not None:
         arch = model.arch
+    elif cfg.model == TINY:
+        arch = load_arch(ensure_tiny_model())
     else:
-        arch = load_arch(ensure_tiny_model() if cfg.model == TINY else model_dir(cfg.model))
+        arch = checkpoint_arch(cfg.model)
     return resolve_plan(cfg, arch, device_kind)
+
+
+def checkpoint_arch(model: str):
+    """The architecture of the checkpoint folder ``model``; a config.json that is not JSON or names
+    no supported model is the model path's problem (one line), not a traceback."""
+    from paddle_mla.models import load_arch
+
+    try:
+        return load_arch(model_dir(model))
+    except json.JSONDecodeError as e:
+        raise ModelPathError(f"model folder {model}: config.json is not valid JSON (line {e.lineno}: {e.msg})") from e
+    except (ValueError, KeyError, TypeError) as e:
+        what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        raise ModelPathError(f"model folder {model}: config.json cannot be read as a supported model: {what}") from e
 
 
 def run_info(plan: "RunPlan") -> RunInfo:

@@ -116,6 +116,19 @@ def test_bad_model_paths_each_get_their_own_message(model_paths, no_model_load, 
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("text,needle", [('{"model_type": ', "config.json is not valid JSON (line 1"),
+                                         ('{"model_type": "mamba"}', "unsupported model_type 'mamba'"),
+                                         ("{}", "cannot be read as a supported model")])
+def test_a_broken_config_json_is_one_line(tmp_path, no_model_load, text, needle):
+    """A checkpoint folder whose config.json is not JSON or names no supported model: the model
+    path's one-line error and exit 2, in generate and in bench."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(text)
+    _one_error_line(invoke(["generate", "--model", str(bad)], input=LINE), str(bad), needle)
+    _one_error_line(invoke(["bench", "--workload", "random:num_prompts=1", "--set", f"model={bad}"]), needle)
+
+
 def test_the_messages_differ(model_paths):
     from paddle_mla.engine.run_info import model_problem
 
