@@ -4,7 +4,7 @@
 # by side under one time limit (LIMIT seconds), then the memory-profile test alone (it reads the
 # GPU's free memory, which the shards beside it would change), and, by default, the Triton kernels'
 # tests against their plain forms (marked triton, not gpu: on CPU they run under the interpreter,
-# here on the GPU, bf16 included). Logs land in $OUT (or ./.bench_out).
+# here on the GPU, bf16 included; the fused MoE's align among them). Logs land in $OUT (or ./.bench_out).
 #   SHARDS=4 LIMIT=500 bash scripts/gpu_tests.sh [test files...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +36,7 @@ if [ ${#alone[@]} -gt 0 ]; then
   python3 -m pytest -q -p no:cacheprovider -m gpu "${alone[@]}" 2>&1 | tee -a "$OUT/gpu_tests.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_kernels.py tests/kernels/test_route_kernel.py \
-    tests/kernels/test_batch_invariant.py 2>&1 | tee -a "$OUT/gpu_tests.txt"
+    tests/kernels/test_batch_invariant.py tests/kernels/test_fused_moe.py 2>&1 | tee -a "$OUT/gpu_tests.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 exit "$status"

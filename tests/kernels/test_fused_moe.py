@@ -58,20 +58,29 @@ class TestFusedKernels:
 
     @pytest.mark.parametrize("block_m", [16, 64])
     @pytest.mark.parametrize("pattern", ["random", "two_full_rest_empty", "one_token_per_expert_skew"])
-    @pytest.mark.parametrize("M,e,top_k", [(83, E, TOP_K), (200, 160, 4)])   # 160 experts: many label programs
-    def test_align(self, pattern, block_m, M, e, top_k):
+    @pytest.mark.parametrize("M,e,top_k", [(83, E, TOP_K), (200, 160, 4), (700, 20, 3)])   # 160: many label programs
+    @pytest.mark.parametrize("one_program", [True, False])
+    @pytest.mark.parametrize("held", ["all", "middle"])
+    def test_align(self, pattern, block_m, M, e, top_k, one_program, held):
+        """Both forms: one program (here for every size; 2100 pairs loop over its chunks) and the wide one.
+        ``middle``: the rank holds experts [2, e - 2) (expert parallel): ids shifted by 2, the pairs of
+        other ranks' experts (negative or past the rank's count) take no slot."""
         from paddle_mla.models.fused_moe.align import AlignBuffers, moe_align
 
-        ids = _t(routing(pattern, M, e, top_k, seed=M)[0])
-        E, TOP_K = e, top_k
+        lo, E = (0, e) if held == "all" else (2, e - 4)
+        ids = _t(routing(pattern, M, e, top_k, seed=M)[0] - lo)
+        TOP_K = top_k
         buf = AlignBuffers(M * TOP_K, E, DEV)
-        sorted_ids, expert_ids, total = moe_align(ids, buf, block_m)
+        buf.sorted_ids.fill_(-7)                # stale values from an earlier call must not survive
+        buf.expert_ids.fill_(-7)
+        sorted_ids, expert_ids, total = moe_align(ids, buf, block_m, one_program=one_program)
         s, ex, tot = sorted_ids.cpu().numpy(), expert_ids.cpu().numpy(), int(total.cpu().numpy()[0])
         flat = ids.cpu().numpy().reshape(-1)
-        counts = np.bincount(flat, minlength=E)
+        mine = (flat >= 0) & (flat < E)
+        counts = np.bincount(flat[mine], minlength=E)
         assert tot == int(sum(-(-c // block_m) * block_m for c in counts))
         valid = s[:tot][s[:tot] < M * TOP_K]
-        assert sorted(valid.tolist()) == list(range(M * TOP_K)), "every pair exactly once"
+        assert sorted(valid.tolist()) == np.flatnonzero(mine).tolist(), "every held pair exactly once"
         assert (s[tot:] == M * TOP_K).all() and (ex[-(-tot // block_m):] == -1).all()
         for b in range(tot // block_m):
             rows = s[b * block_m:(b + 1) * block_m]
@@ -173,3 +182,23 @@ def test_batch_invariant_config_follows_m_only_on_wgmma_tiles():
     for m in (1, 8192):
         assert lc.get_config(m, E, N, K, top_k, "fp8_w8a8", "Other GPU", batch_invariant=True) == \
             lc.batch_invariant_config("fp8_w8a8")
+
+
+@pytest.mark.skipif(runtime.is_paddle(), reason="the benchmark selects the torch runtime (CUDA graphs)")
+def test_align_picks_one_program_for_decode_sized_calls():
+    """The bound the H200 figures set (align.py's docstring): V2-Lite's 66 columns up to 1024 pairs
+    (128 tokens), V3's 257 up to 256 pairs (28 tokens)."""
+    from paddle_mla.models.fused_moe.align import picks_one_program
+
+    assert picks_one_program(1024, 66) and not picks_one_program(1032, 66)
+    assert picks_one_program(256, 257) and not picks_one_program(264, 257)
+
+
+@pytest.mark.skipif(runtime.is_paddle(), reason="the benchmark selects the torch runtime (CUDA graphs)")
+def test_align_benchmark_smoke_compares_both_forms():
+    """The program behind BENCHMARKS.md's align figures, on CPU: both forms give the same plan."""
+    from benchmarks.kernels.moe_align import main
+
+    rows = main(["--smoke"])
+    assert [(r["tokens"], r["pairs"], r["picked"]) for r in rows] == [(3, 12, "one"), (40, 160, "one")]
+    assert all(r["same"] for r in rows)
