@@ -10,7 +10,8 @@ of the wide form cost more than their work. Larger calls spread each step over p
 kernels after a fill and a zeroing). The bound is the one program's histogram work, pairs x bins
 (next power of two of E): measured on an H200 inside CUDA graphs (``benchmarks.kernels.moe_align``),
 one program takes 0.32-0.75x the wide form's time up to 1024 pairs at 66 experts (V2-Lite's
-routed + shared) and up to 288 at 257 (V3's), and loses past 1536 and 576 pairs.
+routed + shared) and up to 288 at 257 (V3's), and loses past 1536 and 576 pairs; 2^17 takes it to
+1024 and 256 pairs there.
 Slots inside an expert are in arbitrary order; that changes which rows share a GEMM tile, not any
 row's result (rows of a tile are independent, the top-k sum runs later in a fixed order).
 Padding slots hold ``num_pairs`` (an invalid pair id the GEMMs mask out). Pairs whose expert id is
