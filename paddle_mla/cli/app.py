@@ -256,14 +256,14 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
     backend, KV layout, memory budget, CUDA-graph sizes, max_model_len).
 
     A bench workload file (one workload with `kind`, or name: workload entries, such as
-    configs/bench/workloads.yaml) is recognised and checked as workloads; --set does not apply
-    to it. A config loads no weights: the model path is checked (a local folder with config.json,
-    or tiny, built on first use), the runtime selected, and the plan resolved from the config and
-    the checkpoint's config.json, with backend/feature combinations checked against the backend
-    capability table. A config that names device: gpu is planned for a GPU on any machine;
-    device auto is planned for this machine's device. A plan that does not resolve (a bench
-    config's stand-in model, a device auto combination this machine cannot run) is noted, not an
-    error: the checkpoint and the device are checked again at start-up.
+    configs/bench/workloads.yaml) is recognised and checked as workloads; --set does not apply to
+    it. A config loads no weights: the model path is checked (a local folder whose config.json names
+    a supported model, or tiny, built on first use), the runtime selected, and the plan resolved
+    from the config and the checkpoint's config.json, with backend/feature combinations checked
+    against the backend capability table. A config that names device: gpu is planned for a GPU on
+    any machine; device auto is planned for this machine's device. A plan that does not resolve (a
+    bench config's stand-in model, a device auto combination this machine cannot run) is noted, not
+    an error: the checkpoint and the device are checked again at start-up.
 
     \b
     Examples:

@@ -38,7 +38,7 @@ def validate_files(configs: tuple[str, ...], overrides: tuple[str, ...]) -> int:
     import yaml
 
     from paddle_mla.cli.bench.workloads import is_workload_file
-    from paddle_mla.engine.run_info import model_problem
+    from paddle_mla.engine.run_info import TINY, ModelPathError, checkpoint_arch, model_problem
 
     failed = 0
     workloads = [p for p in configs if is_workload_file(p)]
@@ -58,6 +58,13 @@ def validate_files(configs: tuple[str, ...], overrides: tuple[str, ...]) -> int:
         try:
             cfg = load_config(path, overrides)
             problem = model_problem(cfg.model)
+            if problem is None and cfg.model != TINY:
+                # a checkpoint whose config.json cannot be read is an error of this file, as a
+                # missing folder is (generate and bench refuse it too), not a plan that does not resolve
+                try:
+                    checkpoint_arch(cfg.model)
+                except ModelPathError as exc:
+                    problem = str(exc)
             if problem:
                 raise ConfigError([f"'model': {problem}"])
         except ConfigError as exc:

@@ -234,6 +234,8 @@ def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
 def load_arch(model_dir: str | Path) -> ModelArch:
     model_dir = Path(model_dir)
     cfg = json.loads((model_dir / "config.json").read_text())
+    if not isinstance(cfg, dict):
+        raise TypeError(f"its top level is a JSON {type(cfg).__name__}, not an object")
     gen_path = model_dir / "generation_config.json"
     gen = json.loads(gen_path.read_text()) if gen_path.exists() else None
     return parse_arch(cfg, gen)

@@ -118,15 +118,24 @@ def test_bad_model_paths_each_get_their_own_message(model_paths, no_model_load, 
 
 @pytest.mark.parametrize("text,needle", [('{"model_type": ', "config.json is not valid JSON (line 1"),
                                          ('{"model_type": "mamba"}', "unsupported model_type 'mamba'"),
-                                         ("{}", "cannot be read as a supported model")])
+                                         ("{}", "cannot be read as a supported model"),
+                                         ("[]", "its top level is a JSON list, not an object")])
 def test_a_broken_config_json_is_one_line(tmp_path, no_model_load, text, needle):
     """A checkpoint folder whose config.json is not JSON or names no supported model: the model
-    path's one-line error and exit 2, in generate and in bench."""
+    path's one-line error and exit 2, in generate and in bench; validate lists it as the config's
+    error and exits 2, printing nothing for that config."""
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text(text)
     _one_error_line(invoke(["generate", "--model", str(bad)], input=LINE), str(bad), needle)
     _one_error_line(invoke(["bench", "--workload", "random:num_prompts=1", "--set", f"model={bad}"]), needle)
+    config = str(ROOT / "configs/tiny.yaml")
+    res = invoke(["validate", config, "--set", f"model={bad}"])
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 2 and lines[0] == f"{config}: 1 error", res.stderr
+    assert lines[1].startswith(f"  - 'model': model folder {bad}: ") and needle in lines[1], res.stderr
+    assert res.stdout == ""
 
 
 def test_the_messages_differ(model_paths):
