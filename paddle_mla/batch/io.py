@@ -120,25 +120,45 @@ def prepare_resume(path: str | Path) -> ResumeState:
     return state
 
 
+def os_error_text(exc: OSError) -> str:
+    """An OSError as its reason alone ("No space left on device (errno 28)"); the caller names the path."""
+    return f"{exc.strerror} (errno {exc.errno})" if exc.strerror else str(exc)
+
+
+class OutputWriteError(Exception):
+    """The output cannot be written (a full disk, a closed pipe): one line naming where and why.
+    What was written before stays (a torn last line at most, which ``--resume`` cuts)."""
+
+
 class OutputWriter:
     """Append-only JSONL writer: one write per record, flushed at once, fsynced periodically.
-    ``path`` None or '-' writes to stdout."""
+    ``path`` None or '-' writes to stdout. An OSError of the output is an OutputWriteError."""
 
     def __init__(self, path: str | Path | None, append: bool, fsync_interval_s: float = 2.0):
         self._own = path is not None and str(path) != "-"
+        self._where = f"the output file {path}" if self._own else "the output to stdout"
         # unbuffered: each record reaches the kernel in one write, so a kill leaves at most a torn last line
-        self._file: IO[bytes] = (open(path, "ab" if append else "wb", buffering=0)  # noqa: SIM115 (closed by close())
-                                 if self._own else sys.stdout.buffer)
+        try:
+            self._file: IO[bytes] = (open(path, "ab" if append else "wb", buffering=0)  # noqa: SIM115 (see close())
+                                     if self._own else sys.stdout.buffer)
+        except OSError as exc:
+            raise self._error(exc) from None
         self._interval = fsync_interval_s
         self._last_sync = time.monotonic()
         self.lines = 0
 
+    def _error(self, exc: OSError) -> OutputWriteError:
+        return OutputWriteError(f"cannot write {self._where}: {os_error_text(exc)}")
+
     def write(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
         view = memoryview(data)
-        while view:
-            view = view[self._file.write(view):]
-        self._file.flush()
+        try:
+            while view:
+                view = view[self._file.write(view):]
+            self._file.flush()
+        except OSError as exc:
+            raise self._error(exc) from None
         self.lines += 1
         if time.monotonic() - self._last_sync >= self._interval:
             self.sync()

@@ -21,7 +21,8 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_LINE_ERRORS, EXIT_INTERRUPTED = 0, 1, 2
 _EXIT_CODES = """\b
 Exit codes:
   0    every line succeeded
-  1    internal error (the output so far is intact: rerun with --resume)
+  1    internal error, or --output / --summary cannot be written (e.g. a full disk); the output so
+       far is intact: rerun with --resume
   2    bad arguments or configuration (each error is printed)
   3    some lines were answered with an error line
   130  interrupted by SIGINT, also during start-up (rerun with --resume; --summary is still written)"""

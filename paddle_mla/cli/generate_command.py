@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paddle_mla.batch.io import OutputWriter, ResumeError, count_input_lines, iter_input, prepare_resume
+from paddle_mla.batch.io import (
+    OutputWriteError,
+    OutputWriter,
+    ResumeError,
+    count_input_lines,
+    iter_input,
+    os_error_text,
+    prepare_resume,
+)
 from paddle_mla.batch.run import BatchSummary, run_batch
 from paddle_mla.cli import interrupts
 from paddle_mla.cli.paths import existing_output_problem, output_file_problem
@@ -102,20 +110,27 @@ def run(args: GenerateArgs, select_runtime: Callable[[Any], str], build_llm: Cal
         if not (isinstance(exc, KeyboardInterrupt) or interrupts.received()):
             raise
     state.summary.interrupted = True
-    _write_summary(args, state)
+    problem = _write_summary(args, state)
+    if problem:
+        echo(f"error: {problem}")
     echo(INTERRUPTED)
     return EXIT_INTERRUPTED
 
 
-def _write_summary(args: GenerateArgs, state: _RunState) -> None:
+def _write_summary(args: GenerateArgs, state: _RunState) -> str | None:
+    """Write --summary; why it could not be written (one line), or None."""
     if not args.summary_path:
-        return
+        return None
     data = state.summary.to_dict()
     data.update(config=args.config_path, output=None if args.output_path == "-" else args.output_path,
                 errors_before_resume=state.prior_errors, **state.run_desc)
     if state.failure:
         data["failure"] = state.failure
-    Path(args.summary_path).write_text(json.dumps(data, indent=2) + "\n")
+    try:
+        Path(args.summary_path).write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        return f"cannot write --summary {args.summary_path}: {os_error_text(exc)}"
+    return None
 
 
 def _run(args: GenerateArgs, state: _RunState, select_runtime, build_llm, request_cls, echo) -> int:
@@ -163,24 +178,29 @@ def _run(args: GenerateArgs, state: _RunState, select_runtime, build_llm, reques
     summary = state.summary
     summary.load_s = time.perf_counter() - t0
     llm.reset_stats()
-    writer = OutputWriter(None if to_stdout else args.output_path, append=args.resume)
+    writer = None
     source = nullcontext(sys.stdin.buffer) if args.input_path == "-" else open(args.input_path, "rb")  # noqa: SIM115
     try:
         with source as stream:
+            writer = OutputWriter(None if to_stdout else args.output_path, append=args.resume)
             run_batch(llm, iter_input(stream), writer, request_cls=request_cls(), done=done, total=total,
                       progress=args.progress, summary=summary)
     except KeyboardInterrupt:
         summary.interrupted = True
-    except DataParallelError as exc:     # a replica died: what was written stays; --resume completes it
+    # a replica died, or the output cannot take more (a full disk): what was written stays, and
+    # --resume completes it
+    except (DataParallelError, OutputWriteError) as exc:
         state.failure = str(exc)
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
         if hasattr(llm, "close"):
             llm.close()                  # data-parallel replicas stop here, not at interpreter exit
     echo(summary.text())
-    _write_summary(args, state)
-    if state.failure:
-        echo(f"error: {state.failure}")
+    failures = [state.failure, _write_summary(args, state)]
+    if any(failures):
+        for failure in filter(None, failures):
+            echo(f"error: {failure}")
         return EXIT_INTERNAL
     if summary.interrupted:
         echo(INTERRUPTED)

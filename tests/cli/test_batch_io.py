@@ -1,11 +1,12 @@
 """Output writing, resume bookkeeping, ordering and laziness of the generate loop (fake engine)."""
 
 import json
+import os
 
 import pytest
 from helpers.fake_llm import FakeLLM
 
-from paddle_mla.batch.io import OutputWriter, ResumeError, iter_input, prepare_resume, record_key
+from paddle_mla.batch.io import OutputWriteError, OutputWriter, ResumeError, iter_input, prepare_resume, record_key
 from paddle_mla.batch.run import run_batch
 from paddle_mla.config.schema import EngineConfig
 from paddle_mla.sched.request import GenerationRequest
@@ -68,6 +69,14 @@ def test_writer_appends_and_flushes_each_line(tmp_path):
     w.write({"id": 2})
     w.close()
     assert [r["id"] for r in records(out)] == [1, 2]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux: a device that is always full)")
+def test_a_write_error_names_the_output():
+    w = OutputWriter("/dev/full", append=False)
+    with pytest.raises(OutputWriteError, match=r"^cannot write the output file /dev/full: .* \(errno 28\)$"):
+        w.write({"id": 1})
+    w.close()
 
 
 def _lines(n, bad_every=0):

@@ -1,7 +1,9 @@
 """paddle-mla CLI: help texts, validate, exit codes, config errors, and generate on a corpus of bad
 inputs (under the fake engine, and the real one on the tiny model)."""
 
+import errno
 import json
+import os
 
 import pytest
 import yaml
@@ -159,6 +161,28 @@ def test_bad_input_corpus(engine, tmp_path, monkeypatch):
     assert clamped["finish_reason"] == "length"
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["errors"] == sum(1 for r in recs if r.get("error") is not None) and s["ok"] + s["errors"] == len(recs)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux: a device that is always full)")
+def test_a_full_disk_is_one_error_line_naming_the_file(tmp_path, monkeypatch):
+    """A write error of --output or --summary (a full disk) is one line naming the path and the OS
+    error, exit 1; the summary records it."""
+    inp = _write(tmp_path / "in.jsonl", [{"id": i, "prompt": "Hi", "max_tokens": 2} for i in range(3)])
+    full = f"{os.strerror(errno.ENOSPC)} (errno {errno.ENOSPC})"
+    summary = tmp_path / "s.json"
+    res = invoke(["generate", "-i", str(inp), "-o", "/dev/full", "--no-progress", "--summary", str(summary)], "fake",
+                 monkeypatch)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error")]
+    assert res.exit_code == 1, res.stderr
+    assert errors == [f"error: cannot write the output file /dev/full: {full}"] and "Traceback" not in res.stderr
+    assert json.loads(summary.read_text())["failure"] == errors[0].removeprefix("error: ")
+    out = tmp_path / "out.jsonl"
+    res = invoke(["generate", "-i", str(inp), "-o", str(out), "--no-progress", "--summary", "/dev/full"], "fake",
+                 monkeypatch)
+    assert res.exit_code == 1, res.stderr
+    assert [line for line in res.stderr.splitlines() if line.startswith("error")] == \
+        [f"error: cannot write --summary /dev/full: {full}"]
+    assert [r["id"] for r in read_jsonl(out)] == [0, 1, 2]          # the output itself is complete
 
 
 @pytest.mark.skipif(not REAL_ENGINE, reason="needs the real engine")
