@@ -8,18 +8,18 @@ Accepted forms (one JSON object per line)::
     {"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": {"prompt": "..", "model": ".."}}
     {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [..]}}
 
-Exactly one of prompt / messages / prompt_token_ids. Sampling fields: see ``SAMPLING_FIELDS``; a
-JSON null means "use the config default". ``logprobs``: on plain lines true/false or an integer k
-(logprobs with k alternatives, as OpenAI completions), with ``top_logprobs: k`` beside true; in an
-OpenAI body, as OpenAI has it: chat ``logprobs: true`` + ``top_logprobs: k``, completions
-``logprobs: k``. An OpenAI line needs its ``custom_id``; chat bodies may spell the limit
-``max_completion_tokens`` (OpenAI's current name; not with ``max_tokens``); ``user`` is accepted and
-ignored, ``stream`` must be false (a batch answers whole responses). A key repeated in one object is
-an error. Length policy (as vLLM): a prompt of max_model_len tokens or more is an error; a longer
-max_tokens is cut by the engine, which says so in the output's warnings. A request without
-a seed gets one derived from the config seed and its line number, so reruns and resumed runs
-sample the same tokens. A model without a tokenizer runs only ``prompt_token_ids`` lines without
-stop strings (the others get a ``no_tokenizer`` error).
+Exactly one of prompt / messages / prompt_token_ids (checked in ``prompt``). Sampling fields: see
+``SAMPLING_FIELDS``; a JSON null means "use the config default". ``logprobs``: on plain lines
+true/false or an integer k (logprobs with k alternatives, as OpenAI completions), with
+``top_logprobs: k`` beside true; in an OpenAI body, as OpenAI has it: chat ``logprobs: true`` +
+``top_logprobs: k``, completions ``logprobs: k``. An OpenAI line needs its ``custom_id``; chat
+bodies may spell the limit ``max_completion_tokens`` (OpenAI's current name; not with
+``max_tokens``); ``user`` is accepted and ignored, ``stream`` must be false (a batch answers whole
+responses). A key repeated in one object is an error. Length policy (as vLLM): a prompt of
+max_model_len tokens or more is an error; a longer max_tokens is cut by the engine, which says so in
+the output's warnings. A request without a seed gets one derived from the config seed and its line
+number, so reruns and resumed runs sample the same tokens. A model without a tokenizer runs only
+``prompt_token_ids`` lines without stop strings (the others get a ``no_tokenizer`` error).
 
 This module imports no tensor library: the caller passes the engine's tokenizer, the default
 SamplingParams and the GenerationRequest class.
@@ -36,16 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from paddle_mla.engine.tokenizer import NoTokenizerError
+from paddle_mla.batch.prompt import PROMPT_FIELDS, LineError, is_int, is_token_ids, prompt_ids
 
-PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids")
 # field -> (type check, description used in messages)
-_INT = (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+_INT = (is_int, "an integer")
 _NUM = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), "a finite number")
 _BOOL = (lambda v: isinstance(v, bool), "true or false")
 _STOP = (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
          "a string or a list of strings")
-_IDS = (lambda v: isinstance(v, list) and all(_INT[0](t) for t in v), "a list of integers")
+_IDS = (is_token_ids, "a list of integers")
 _LOGPROBS = (lambda v: _BOOL[0](v) or _INT[0](v), "true, false or an integer (alternatives per token)")
 SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_tokens": _INT, "temperature": _NUM, "top_p": _NUM, "top_k": _INT, "seed": _INT,
@@ -64,17 +63,7 @@ BODY_FIELDS = {
     CHAT_URL: tuple(f for f in ("model", "user", "stream", *PROMPT_FIELDS, *SAMPLING_FIELDS, "max_completion_tokens")
                     if f not in ("prompt", "prompt_token_ids")),
 }
-MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_TOP_LOGPROBS = 20                 # as engine.request.MAX_TOP_LOGPROBS (this module imports no engine code)
-
-
-class LineError(Exception):
-    """A line that cannot run; ``kind`` is the error type written to the output."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
 
 
 @dataclass
@@ -228,51 +217,6 @@ def _logprob_params(fields: dict[str, Any], valid: tuple[str, ...]) -> dict[str,
     return {"logprobs": enabled, "top_logprobs": top if enabled else 0}
 
 
-def _prompt_ids(fields: dict[str, Any], ctx: Context) -> tuple[list[int], str | None]:
-    given = [f for f in PROMPT_FIELDS if fields.get(f) is not None]
-    if not given:
-        raise LineError("invalid_request", "missing prompt: give one of 'prompt', 'messages', 'prompt_token_ids'")
-    if len(given) > 1:
-        raise LineError("invalid_request", f"give only one of {', '.join(PROMPT_FIELDS)}; got {' and '.join(given)}")
-    field = given[0]
-    value = fields[field]
-    vocab = ctx.tokenizer.vocab_size
-    if field == "prompt":
-        if not isinstance(value, str):
-            raise LineError("invalid_request", f"'prompt' must be a string, got {type(value).__name__}"
-                            " (token ids go in 'prompt_token_ids')")
-        if not value:
-            raise LineError("invalid_request", "'prompt' is empty")
-        try:
-            ids = list(ctx.tokenizer.encode(value))
-        except NoTokenizerError as exc:
-            raise LineError("no_tokenizer", str(exc)) from None
-        if not ids:
-            raise LineError("invalid_request", "'prompt' encodes to no tokens")
-        return ids, value
-    if field == "messages":
-        if not isinstance(value, list) or not value:
-            raise LineError("invalid_request", "'messages' must be a non-empty list of {role, content} objects")
-        for i, msg in enumerate(value):
-            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str) \
-                    or msg.get("role") not in MESSAGE_ROLES:
-                raise LineError("invalid_request", f"messages[{i}] must be an object with 'role' (one of "
-                                f"{', '.join(MESSAGE_ROLES)}) and a string 'content', got {json.dumps(msg)[:200]}")
-        try:
-            ids = list(ctx.tokenizer.apply_chat_template(value))
-        except NoTokenizerError as exc:
-            raise LineError("no_tokenizer", str(exc)) from None
-        except ValueError as exc:
-            raise LineError("no_chat_template", f"cannot use 'messages': {exc}; send 'prompt' instead") from None
-        return ids, None
-    if not _IDS[0](value) or not value:
-        raise LineError("invalid_request", "'prompt_token_ids' must be a non-empty list of integers")
-    bad = next((t for t in value if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise LineError("token_out_of_range", f"'prompt_token_ids' holds {bad}, outside the vocabulary [0, {vocab})")
-    return list(value), None
-
-
 def build_request(parsed: Parsed, line_no: int, ctx: Context) -> Any:
     """Validate the request body of a line; return a GenerationRequest (id = line_no)."""
     fields, valid = _body(parsed)
@@ -296,7 +240,7 @@ def build_request(parsed: Parsed, line_no: int, ctx: Context) -> Any:
     if updates.get("stop") and not getattr(ctx.tokenizer, "has_text", True):
         raise LineError("no_tokenizer", "'stop' strings need a tokenizer, and the model folder has no "
                         "tokenizer.json; use 'stop_token_ids'")
-    ids, prompt = _prompt_ids(fields, ctx)
+    ids, prompt = prompt_ids(fields, ctx.tokenizer)
     limit = ctx.max_model_len
     if len(ids) >= limit:
         raise LineError("prompt_too_long", f"the prompt has {len(ids)} tokens; max_model_len is {limit}, so a prompt "

@@ -1,0 +1,80 @@
+"""The prompt of a line: ``prompt`` / ``messages`` / ``prompt_token_ids`` -> token ids, or the
+LineError that says what is wrong with it (``parse`` checks the rest of the line).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from paddle_mla.engine.tokenizer import NoTokenizerError
+
+PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids")
+MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class LineError(Exception):
+    """A line that cannot run; ``kind`` is the error type written to the output."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_token_ids(v: Any) -> bool:
+    return isinstance(v, list) and all(is_int(t) for t in v)
+
+
+def chat_message(i: int, msg: Any) -> dict[str, Any]:
+    """``messages[i]``, checked."""
+    if not isinstance(msg, dict) or not isinstance(msg.get("content"), str) or msg.get("role") not in MESSAGE_ROLES:
+        raise LineError("invalid_request", f"messages[{i}] must be an object with 'role' (one of "
+                        f"{', '.join(MESSAGE_ROLES)}) and a string 'content', got {json.dumps(msg)[:200]}")
+    return msg
+
+
+def prompt_ids(fields: dict[str, Any], tokenizer: Any) -> tuple[list[int], str | None]:
+    """The token ids of the one prompt field of ``fields``, and its text for a ``prompt``."""
+    given = [f for f in PROMPT_FIELDS if fields.get(f) is not None]
+    if not given:
+        raise LineError("invalid_request", "missing prompt: give one of 'prompt', 'messages', 'prompt_token_ids'")
+    if len(given) > 1:
+        raise LineError("invalid_request", f"give only one of {', '.join(PROMPT_FIELDS)}; got {' and '.join(given)}")
+    field = given[0]
+    value = fields[field]
+    vocab = tokenizer.vocab_size
+    if field == "prompt":
+        if not isinstance(value, str):
+            raise LineError("invalid_request", f"'prompt' must be a string, got {type(value).__name__}"
+                            " (token ids go in 'prompt_token_ids')")
+        if not value:
+            raise LineError("invalid_request", "'prompt' is empty")
+        try:
+            ids = list(tokenizer.encode(value))
+        except NoTokenizerError as exc:
+            raise LineError("no_tokenizer", str(exc)) from None
+        if not ids:
+            raise LineError("invalid_request", "'prompt' encodes to no tokens")
+        return ids, value
+    if field == "messages":
+        if not isinstance(value, list) or not value:
+            raise LineError("invalid_request", "'messages' must be a non-empty list of {role, content} objects")
+        messages = [chat_message(i, msg) for i, msg in enumerate(value)]
+        try:
+            ids = list(tokenizer.apply_chat_template(messages))
+        except NoTokenizerError as exc:
+            raise LineError("no_tokenizer", str(exc)) from None
+        except ValueError as exc:
+            raise LineError("no_chat_template", f"cannot use 'messages': {exc}; send 'prompt' instead") from None
+        return ids, None
+    if not is_token_ids(value) or not value:
+        raise LineError("invalid_request", "'prompt_token_ids' must be a non-empty list of integers")
+    bad = next((t for t in value if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise LineError("token_out_of_range", f"'prompt_token_ids' holds {bad}, outside the vocabulary [0, {vocab})")
+    return list(value), None
