@@ -1,5 +1,8 @@
 """The prompt of a line: ``prompt`` / ``messages`` / ``prompt_token_ids`` -> token ids, or the
 LineError that says what is wrong with it (``parse`` checks the rest of the line).
+
+Text must be valid Unicode: JSON can spell a lone surrogate (``"\\ud800"``), which no tokenizer
+encodes.
 """
 
 from __future__ import annotations
@@ -30,11 +33,22 @@ def is_token_ids(v: Any) -> bool:
     return isinstance(v, list) and all(is_int(t) for t in v)
 
 
+def check_unicode(text: str, where: str) -> str:
+    """``text``, refused (naming ``where``) if it holds a lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LineError("invalid_request", f"{where} is not valid Unicode: lone surrogate "
+                        f"\\u{ord(text[exc.start]):04x} at character {exc.start + 1}") from None
+    return text
+
+
 def chat_message(i: int, msg: Any) -> dict[str, Any]:
     """``messages[i]``, checked."""
     if not isinstance(msg, dict) or not isinstance(msg.get("content"), str) or msg.get("role") not in MESSAGE_ROLES:
         raise LineError("invalid_request", f"messages[{i}] must be an object with 'role' (one of "
                         f"{', '.join(MESSAGE_ROLES)}) and a string 'content', got {json.dumps(msg)[:200]}")
+    check_unicode(msg["content"], f"messages[{i}].content")
     return msg
 
 
@@ -54,6 +68,7 @@ def prompt_ids(fields: dict[str, Any], tokenizer: Any) -> tuple[list[int], str |
                             " (token ids go in 'prompt_token_ids')")
         if not value:
             raise LineError("invalid_request", "'prompt' is empty")
+        check_unicode(value, "'prompt'")
         try:
             ids = list(tokenizer.encode(value))
         except NoTokenizerError as exc:

@@ -210,3 +210,14 @@ def test_a_repeated_key_is_refused_not_read_one_way():
     err = error_of(b'{"custom_id": "r", "url": "/v1/completions", '
                    b'"body": {"prompt": "a", "max_tokens": 1, "max_tokens": 2}}')
     assert err.kind == "invalid_json" and "'max_tokens'" in err.message
+
+
+@pytest.mark.parametrize("raw,message", [
+    (b'{"prompt": "ab\\ud800"}', "'prompt' is not valid Unicode: lone surrogate \\ud800 at character 3"),
+    (b'{"messages": [{"role": "system", "content": "ok"}, {"role": "user", "content": "\\udfff"}]}',
+     "messages[1].content is not valid Unicode: lone surrogate \\udfff at character 1"),
+])
+def test_a_lone_surrogate_is_named_not_passed_to_the_tokenizer(raw, message):
+    err = error_of(raw, tokenizer=ByteTokenizer(chat_template=True))
+    assert (err.kind, err.message) == ("invalid_request", message)
+    assert build(b'{"prompt": "\\ud83d\\ude00"}').prompt == "\U0001f600"    # a surrogate pair is one character
