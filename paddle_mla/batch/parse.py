@@ -8,9 +8,10 @@ Accepted forms (one JSON object per line)::
     {"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": {"prompt": "..", "model": ".."}}
     {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [..]}}
 
-Exactly one of prompt / messages / prompt_token_ids (checked in ``prompt``). Sampling fields: see
-``SAMPLING_FIELDS``; a JSON null means "use the config default". ``logprobs``: on plain lines
-true/false or an integer k (logprobs with k alternatives, as OpenAI completions), with
+Exactly one of prompt / messages / prompt_token_ids (checked in ``prompt``: message content may be
+OpenAI's list of text parts, an OpenAI completions prompt a list holding one prompt). Sampling
+fields: see ``SAMPLING_FIELDS``; a JSON null means "use the config default". ``logprobs``: on plain
+lines true/false or an integer k (logprobs with k alternatives, as OpenAI completions), with
 ``top_logprobs: k`` beside true; in an OpenAI body, as OpenAI has it: chat ``logprobs: true`` +
 ``top_logprobs: k``, completions ``logprobs: k``. An OpenAI line needs its ``custom_id``; chat
 bodies may spell the limit ``max_completion_tokens`` (OpenAI's current name; not with
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from paddle_mla.batch.prompt import PROMPT_FIELDS, LineError, is_int, is_token_ids, prompt_ids
+from paddle_mla.batch.prompt import PROMPT_FIELDS, LineError, is_int, is_token_ids, one_prompt, prompt_ids
 
 # field -> (type check, description used in messages)
 _INT = (is_int, "an integer")
@@ -166,6 +167,8 @@ def _body(parsed: Parsed) -> tuple[dict[str, Any], tuple[str, ...]]:
         raise LineError("invalid_request", f"'messages' go to {CHAT_URL!r}; {COMPLETIONS_URL!r} takes 'prompt'")
     if url == CHAT_URL and body.get("messages") is None and any(body.get(f) is not None for f in PROMPT_FIELDS):
         raise LineError("invalid_request", f"{CHAT_URL!r} takes 'messages'; prompts go to {COMPLETIONS_URL!r}")
+    if url == COMPLETIONS_URL and isinstance(body.get("prompt"), list):
+        body = one_prompt(body)
     if body.get("stream") not in (None, False):
         raise LineError("invalid_request", f"'stream' must be false in a batch (each answer is written whole), "
                         f"got {json.dumps(body['stream'])}")

@@ -2,7 +2,9 @@
 LineError that says what is wrong with it (``parse`` checks the rest of the line).
 
 Text must be valid Unicode: JSON can spell a lone surrogate (``"\\ud800"``), which no tokenizer
-encodes.
+encodes. ``messages`` content is a string or OpenAI's list of parts, of which text parts are read
+(joined by newlines, as vLLM joins them for a text-only model) and any other part is refused. An
+OpenAI completions ``prompt`` may be a list holding one prompt.
 """
 
 from __future__ import annotations
@@ -44,11 +46,31 @@ def check_unicode(text: str, where: str) -> str:
 
 
 def chat_message(i: int, msg: Any) -> dict[str, Any]:
-    """``messages[i]``, checked."""
-    if not isinstance(msg, dict) or not isinstance(msg.get("content"), str) or msg.get("role") not in MESSAGE_ROLES:
+    """``messages[i]`` checked, with its content as one string. Content given as OpenAI's list of
+    parts is its text parts joined by newlines (as vLLM joins them for a text-only model); other
+    parts (images, audio, files) are refused: the models here read text only."""
+    if not isinstance(msg, dict) or msg.get("role") not in MESSAGE_ROLES or \
+            not isinstance(msg.get("content"), (str, list)):
         raise LineError("invalid_request", f"messages[{i}] must be an object with 'role' (one of "
-                        f"{', '.join(MESSAGE_ROLES)}) and a string 'content', got {json.dumps(msg)[:200]}")
-    check_unicode(msg["content"], f"messages[{i}].content")
+                        f"{', '.join(MESSAGE_ROLES)}) and a 'content' string or list of text parts, "
+                        f"got {json.dumps(msg)[:200]}")
+    content = msg["content"]
+    if isinstance(content, list):
+        if not content:
+            raise LineError("invalid_request", f"messages[{i}].content is an empty list")
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(check_unicode(part["text"], f"messages[{i}].content[{j}].text"))
+            elif isinstance(kind, str) and kind != "text":
+                raise LineError("invalid_request", f"messages[{i}].content[{j}] is a part of type {kind!r}; this "
+                                "engine reads text only (parts of type 'text')")
+            else:
+                raise LineError("invalid_request", f"messages[{i}].content[{j}] must be "
+                                f'{{"type": "text", "text": "..."}}, got {json.dumps(part)[:200]}')
+        return {**msg, "content": "\n".join(texts)}
+    check_unicode(content, f"messages[{i}].content")
     return msg
 
 
@@ -93,3 +115,27 @@ def prompt_ids(fields: dict[str, Any], tokenizer: Any) -> tuple[list[int], str |
     if bad is not None:
         raise LineError("token_out_of_range", f"'prompt_token_ids' holds {bad}, outside the vocabulary [0, {vocab})")
     return list(value), None
+
+
+def one_prompt(body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI completions body whose ``prompt`` is a list, as OpenAI allows, with that prompt as
+    this parser takes it: a list of one string is that string, a list of token ids (or a list of
+    one such list) is ``prompt_token_ids``. Several prompts are refused: a line gets one answer."""
+    prompt = body["prompt"]
+    if not prompt:
+        raise LineError("invalid_request", "'prompt' is an empty list")
+    if is_token_ids(prompt):
+        ids = prompt
+    elif len(prompt) == 1 and isinstance(prompt[0], str):
+        return {**body, "prompt": prompt[0]}
+    elif len(prompt) == 1 and is_token_ids(prompt[0]) and prompt[0]:
+        ids = prompt[0]
+    elif all(isinstance(p, str) or is_token_ids(p) for p in prompt):
+        raise LineError("invalid_request", f"'prompt' holds {len(prompt)} prompts; give one prompt per line "
+                        "(each line is answered by one completion object)")
+    else:
+        raise LineError("invalid_request", "'prompt' must be a string, a list of one string, or a list of "
+                        "token ids")
+    if body.get("prompt_token_ids") is not None:
+        raise LineError("invalid_request", "give only one of prompt, prompt_token_ids; got both")
+    return {**body, "prompt": None, "prompt_token_ids": ids}

@@ -182,7 +182,9 @@ def generate(config_path: str | None, input_path: str, output_path: str, model: 
     alternatives per token (0..20); top_logprobs: k beside logprobs: true. OpenAI bodies spell
     them as OpenAI does (chat: logprobs true + top_logprobs, max_tokens or max_completion_tokens;
     completions: logprobs k); model and user are not used, stream must be false, custom_id is
-    required.
+    required. A message's content is a string or a list of text parts ({"type": "text", "text":
+    ...}, joined by newlines; other parts are refused); a /v1/completions prompt may be a list
+    holding one prompt (one string, or token ids).
 
     \b
     Output lines:

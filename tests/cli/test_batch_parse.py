@@ -216,8 +216,45 @@ def test_a_repeated_key_is_refused_not_read_one_way():
     (b'{"prompt": "ab\\ud800"}', "'prompt' is not valid Unicode: lone surrogate \\ud800 at character 3"),
     (b'{"messages": [{"role": "system", "content": "ok"}, {"role": "user", "content": "\\udfff"}]}',
      "messages[1].content is not valid Unicode: lone surrogate \\udfff at character 1"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "x\\ud83d"}]}]}',
+     "messages[0].content[0].text is not valid Unicode: lone surrogate \\ud83d at character 2"),
 ])
 def test_a_lone_surrogate_is_named_not_passed_to_the_tokenizer(raw, message):
     err = error_of(raw, tokenizer=ByteTokenizer(chat_template=True))
     assert (err.kind, err.message) == ("invalid_request", message)
     assert build(b'{"prompt": "\\ud83d\\ude00"}').prompt == "\U0001f600"    # a surrogate pair is one character
+
+
+def test_chat_content_may_be_a_list_of_text_parts():
+    tok = ByteTokenizer(chat_template=True)
+    parts = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]
+    req = build({"messages": [{"role": "user", "content": parts}]}, tokenizer=tok)
+    assert req.prompt_token_ids == tok.encode("<user>Hi\nthere\n<assistant>")           # joined by newlines
+    req = build(_openai({"messages": [{"role": "user", "content": parts[:1]}]}, url="/v1/chat/completions"),
+                tokenizer=tok)
+    assert req.prompt_token_ids == tok.encode("<user>Hi\n<assistant>")
+    for content, needle in (
+            ([parts[0], {"type": "image_url", "image_url": {"url": "http://x/a.png"}}],
+             "messages[0].content[1] is a part of type 'image_url'; this engine reads text only"),
+            ([{"type": "text", "text": 5}], 'messages[0].content[0] must be {"type": "text", "text": "..."}'),
+            (["Hi"], 'messages[0].content[0] must be {"type": "text", "text": "..."}'),
+            ([], "messages[0].content is an empty list"),
+            ({"type": "text", "text": "Hi"}, "a 'content' string or list of text parts")):
+        err = error_of({"messages": [{"role": "user", "content": content}]}, tokenizer=tok)
+        assert err.kind == "invalid_request" and needle in err.message, (content, err.message)
+
+
+def test_an_openai_completions_prompt_list_holds_one_prompt():
+    assert build(_openai({"prompt": ["abc"]})).prompt_token_ids == ByteTokenizer().encode("abc")
+    assert build(_openai({"prompt": [[5, 6, 7]]})).prompt_token_ids == [5, 6, 7]
+    assert build(_openai({"prompt": [5, 6, 7]})).prompt_token_ids == [5, 6, 7]
+    for prompt, needle in ((["a", "b"], "'prompt' holds 2 prompts; give one prompt per line"),
+                           ([[5], [6], [7]], "'prompt' holds 3 prompts; give one prompt per line"),
+                           ([], "'prompt' is an empty list"),
+                           ([{"text": "a"}], "'prompt' must be a string, a list of one string, or a list")):
+        err = error_of(_openai({"prompt": prompt}))
+        assert err.kind == "invalid_request" and needle in err.message, (prompt, err.message)
+    assert "give only one of" in error_of(_openai({"prompt": [[5]], "prompt_token_ids": [6]})).message
+    assert error_of(_openai({"prompt": [[300]]})).kind == "token_out_of_range"
+    # a plain line keeps one spelling per field: token ids go in prompt_token_ids
+    assert "token ids go in 'prompt_token_ids'" in error_of({"prompt": ["abc"]}).message
