@@ -16,11 +16,12 @@ lines true/false or an integer k (logprobs with k alternatives, as OpenAI comple
 ``top_logprobs: k``, completions ``logprobs: k``. An OpenAI line needs its ``custom_id``; chat
 bodies may spell the limit ``max_completion_tokens`` (OpenAI's current name; not with
 ``max_tokens``); ``user`` is accepted and ignored, ``stream`` must be false (a batch answers whole
-responses). A key repeated in one object is an error. Length policy (as vLLM): a prompt of
-max_model_len tokens or more is an error; a longer max_tokens is cut by the engine, which says so in
-the output's warnings. A request without a seed gets one derived from the config seed and its line
-number, so reruns and resumed runs sample the same tokens. A model without a tokenizer runs only
-``prompt_token_ids`` lines without stop strings (the others get a ``no_tokenizer`` error).
+responses). A key repeated in one object is an error; its line keeps its id unless the id itself is
+given twice with different values. Length policy (as vLLM): a prompt of max_model_len tokens or more
+is an error; a longer max_tokens is cut by the engine, which says so in the output's warnings. A
+request without a seed gets one derived from the config seed and its line number, so reruns and
+resumed runs sample the same tokens. A model without a tokenizer runs only ``prompt_token_ids``
+lines without stop strings (the others get a ``no_tokenizer`` error).
 
 This module imports no tensor library: the caller passes the engine's tokenizer, the default
 SamplingParams and the GenerationRequest class.
@@ -94,6 +95,9 @@ class Parsed:
     id_field: str                  # "id" or "custom_id": the key echoed in the output
     id: Any                        # None when the line has no id
     fields: dict[str, Any]         # the whole JSON object
+    # a fault found while parsing that leaves the id known (a repeated key): ``build_request``
+    # raises it, so the error line keeps its id and is keyed by it as every other error line is
+    problem: LineError | None = None
 
 
 def id_key(value: Any) -> str:
@@ -112,15 +116,27 @@ def _unknown(name: str, valid: tuple[str, ...], where: str) -> LineError:
     return LineError("unknown_field", f"unknown field '{name}'{where}{hint}")
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's keys, each once: JSON parsers differ on a repeated key (the last wins in
-    Python's), so a line that repeats one is refused rather than read one way silently."""
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise LineError("invalid_json", f"key '{key}' appears twice in one object")
-        obj[key] = value
-    return obj
+class _RepeatedKeys:
+    """``object_pairs_hook`` noting repeated keys: JSON parsers differ on a repeated key (the last
+    wins in Python's), so a line that repeats one is refused rather than read one way silently.
+    Objects complete inside out, so the last object built is the line's own: its repeated keys
+    say whether the id is still known (one value, however often it is given) or not."""
+
+    def __init__(self) -> None:
+        self.first: str | None = None                  # the first repeated key of the line
+        self.outer: dict[str, list[Any]] = {}          # repeated key -> its values, in the last object built
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        repeated: dict[str, list[Any]] = {}
+        for key, value in pairs:
+            if key in obj:
+                self.first = self.first or key
+                repeated.setdefault(key, [obj[key]]).append(value)
+            else:
+                obj[key] = value
+        self.outer = repeated
+        return obj
 
 
 def split_line(raw: bytes) -> Parsed:
@@ -129,8 +145,9 @@ def split_line(raw: bytes) -> Parsed:
         text = raw.decode("utf-8").removeprefix("\ufeff")   # a byte-order mark (editors add one to a file)
     except UnicodeDecodeError as exc:
         raise LineError("invalid_json", f"line is not valid UTF-8: {exc}") from None
+    repeats = _RepeatedKeys()
     try:
-        obj = json.loads(text, object_pairs_hook=_unique_keys)
+        obj = json.loads(text, object_pairs_hook=repeats)
     except json.JSONDecodeError as exc:
         raise LineError("invalid_json", f"line is not valid JSON: {exc}") from None
     except RecursionError:
@@ -139,9 +156,16 @@ def split_line(raw: bytes) -> Parsed:
         raise LineError("invalid_request", f"a line must be a JSON object, got {type(obj).__name__}")
     id_field = "custom_id" if "custom_id" in obj or "body" in obj else "id"
     ident = obj.get(id_field)
+    problem = None
+    if repeats.first is not None:
+        problem = LineError("invalid_json", f"key '{repeats.first}' appears twice in one object")
+        if len({id_key(v) for v in repeats.outer.get(id_field, [ident])}) > 1:
+            ident = None                               # two different ids: the line is keyed by its number
     if ident is not None and not (isinstance(ident, str) or _INT[0](ident)):
+        if problem is not None:
+            raise problem
         raise LineError("invalid_request", f"'{id_field}' must be a string or an integer, got {json.dumps(ident)}")
-    return Parsed(id_field, ident, obj)
+    return Parsed(id_field, ident, obj, problem)
 
 
 def _body(parsed: Parsed) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -222,6 +246,8 @@ def _logprob_params(fields: dict[str, Any], valid: tuple[str, ...]) -> dict[str,
 
 def build_request(parsed: Parsed, line_no: int, ctx: Context) -> Any:
     """Validate the request body of a line; return a GenerationRequest (id = line_no)."""
+    if parsed.problem is not None:
+        raise parsed.problem
     fields, valid = _body(parsed)
     for name in fields:
         if name not in valid:

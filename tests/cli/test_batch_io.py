@@ -143,3 +143,29 @@ def test_resume_skips_done_ids_and_lines(tmp_path):
     w.close()
     assert s.skipped == 3 and s.requests == 1
     assert [r.get("id") for r in records(out)] == ["a", None, "a", "b"]
+
+
+def test_a_line_with_a_repeated_key_keeps_its_id_and_resumes_by_it(tmp_path):
+    """A repeated key is an error line that keeps the id the line still names (and always its line
+    number); --resume keys it as it keys every other error line, so it is neither lost nor doubled."""
+    llm = FakeLLM(EngineConfig())
+    out = tmp_path / "o.jsonl"
+    lines = [(1, b'{"id": "a", "prompt": "x", "prompt": "y"}'), (2, b'{"id": "b", "id": "c", "prompt": "x"}'),
+             (3, b'{"id": "d", "prompt": "ok"}'), (5, b'{"id": "a", "prompt": "again"}')]
+    w = OutputWriter(out, append=False)
+    run_batch(llm, lines[:2], w, request_cls=GenerationRequest, progress=False)
+    w.close()
+    first, second = records(out)
+    assert first == {"id": "a", "error": {"type": "invalid_json", "message": "key 'prompt' appears twice in one "
+                                          "object"}, "line": 1}
+    assert second == {"id": None, "error": {"type": "invalid_json", "message": "key 'id' appears twice in one "
+                                            "object"}, "line": 2}
+    state = prepare_resume(out)
+    assert state.done == {'id:"a"', "line:2"}
+    w = OutputWriter(out, append=True)
+    s = run_batch(llm, lines, w, request_cls=GenerationRequest, done=state.done, progress=False)
+    w.close()
+    assert s.skipped == 2 and s.requests == 2
+    recs = records(out)
+    assert [(r.get("id"), r.get("line")) for r in recs] == [("a", 1), (None, 2), ("d", None), ("a", 5)]
+    assert recs[2]["finish_reason"] == "length" and recs[3]["error"]["type"] == "duplicate_id"

@@ -212,6 +212,20 @@ def test_a_repeated_key_is_refused_not_read_one_way():
     assert err.kind == "invalid_json" and "'max_tokens'" in err.message
 
 
+@pytest.mark.parametrize("raw,ident", [
+    (b'{"id": "d", "prompt": "a", "prompt": "b"}', "d"),                   # the id itself is given once
+    (b'{"id": "d", "id": "d", "prompt": "a"}', "d"),                       # twice, with one value
+    (b'{"id": "a", "id": "b", "prompt": "x"}', None),                      # two ids: keyed by line number
+    (b'{"custom_id": "r", "url": "/v1/completions", "body": {"prompt": "a", "prompt": "b"}}', "r"),
+])
+def test_a_repeated_key_keeps_the_id_it_leaves_known(raw, ident):
+    parsed = split_line(raw)
+    assert parsed.id == ident
+    with pytest.raises(LineError) as info:
+        build_request(parsed, 1, ctx())
+    assert info.value.kind == "invalid_json" and "appears twice in one object" in info.value.message
+
+
 @pytest.mark.parametrize("raw,message", [
     (b'{"prompt": "ab\\ud800"}', "'prompt' is not valid Unicode: lone surrogate \\ud800 at character 3"),
     (b'{"messages": [{"role": "system", "content": "ok"}, {"role": "user", "content": "\\udfff"}]}',
