@@ -143,7 +143,7 @@ def main() -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Engine config YAML (default: the built-in tiny model config).")
 @click.option("-i", "--input", "input_path", default="-", show_default=True, metavar="FILE",
-              help="Input JSONL file, '-' for stdin.")
+              help="Input JSONL file or pipe (e.g. <(zcat in.jsonl.gz)), '-' for stdin.")
 @click.option("-o", "--output", "output_path", default="-", show_default=True, metavar="FILE",
               help="Output JSONL file, '-' for stdout. An existing non-empty file needs --resume or --overwrite.")
 @click.option("--model", "model", default=None, metavar="PATH",

@@ -30,7 +30,7 @@ from paddle_mla.batch.io import (
 )
 from paddle_mla.batch.run import BatchSummary, run_batch
 from paddle_mla.cli import interrupts
-from paddle_mla.cli.paths import existing_output_problem, output_file_problem
+from paddle_mla.cli.paths import existing_output_problem, input_problem, is_regular_file, output_file_problem
 from paddle_mla.config.schema import ConfigError, load_config
 from paddle_mla.engine.run_info import ModelPathError, model_problem
 
@@ -69,8 +69,9 @@ def check_paths(args: GenerateArgs) -> None:
         raise GenerateUsageError("--resume and --overwrite exclude each other")
     if args.resume and to_stdout:
         raise GenerateUsageError("--resume needs --output FILE (it appends to that file)")
-    if args.input_path != "-" and not Path(args.input_path).is_file():
-        raise GenerateUsageError(f"--input {args.input_path} is not a file")
+    problem = input_problem(args.input_path) if args.input_path != "-" else None
+    if problem:
+        raise GenerateUsageError(problem)
     problems = []
     if not to_stdout:
         if args.input_path != "-" and Path(args.output_path).resolve() == Path(args.input_path).resolve():
@@ -167,7 +168,9 @@ def _run(args: GenerateArgs, state: _RunState, select_runtime, build_llm, reques
         echo(note)
     if args.input_path == "-" and stdin_is_terminal():
         echo(STDIN_HINT)
-    total = count_input_lines(args.input_path) if args.progress and args.input_path != "-" else None
+    # a pipe is read once, so its lines are not counted ahead (the bar counts up, as for stdin)
+    counted = args.progress and args.input_path != "-" and is_regular_file(args.input_path)
+    total = count_input_lines(args.input_path) if counted else None
     if not args.progress:
         os.environ["TQDM_DISABLE"] = "1"    # also the weight-loading bar, which the engine draws
     interrupts.pause_point("load")

@@ -1,9 +1,12 @@
-"""Checks of the files a command will write, run before any model loads (fail before work)."""
+"""Checks of the paths a command reads and writes, run before any model loads (fail before work)."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from paddle_mla.batch.io import os_error_text
 
 
 def output_file_problem(path: str, option: str) -> str | None:
@@ -34,3 +37,24 @@ def existing_output_problem(path: str, resume: bool, overwrite: bool) -> str | N
         return None
     return (f"--output {path} already exists ({size} bytes); pass --resume to continue it, or --overwrite to "
             "replace it")
+
+
+def input_problem(path: str) -> str | None:
+    """Why ``path`` cannot be read as --input, in one line; None when it can. A FIFO or a character
+    device (``-i <(cmd)``, ``/dev/stdin``) is read as a stream, once, as stdin is."""
+    try:
+        mode = Path(path).stat().st_mode
+    except FileNotFoundError:
+        return f"--input {path} does not exist"
+    except OSError as exc:
+        return f"--input {path} cannot be read: {os_error_text(exc)}"
+    if stat.S_ISDIR(mode):
+        return f"--input {path} is a directory; give a JSONL file"
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        return f"--input {path} is not a file, a pipe or a character device"
+    return None
+
+
+def is_regular_file(path: str) -> bool:
+    """Whether ``path`` can be read twice (counted for the progress bar, then run): a pipe cannot."""
+    return Path(path).is_file()

@@ -4,6 +4,7 @@ inputs (under the fake engine, and the real one on the tiny model)."""
 import errno
 import json
 import os
+import threading
 
 import pytest
 import yaml
@@ -169,6 +170,35 @@ def test_bad_input_corpus(engine, tmp_path, monkeypatch):
     assert clamped["finish_reason"] == "length"
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["errors"] == sum(1 for r in recs if r.get("error") is not None) and s["ok"] + s["errors"] == len(recs)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
+def test_input_from_a_pipe_is_read_once_as_a_stream(tmp_path, monkeypatch):
+    """-i <(cmd) names a pipe: it runs, every line once and in order, with the progress bar on (a
+    pipe cannot be counted ahead); --resume with it runs too (it rereads the output, not the input)."""
+    lines = [{"id": f"p{i}", "prompt": f"Hello {i}", "max_tokens": 2} for i in range(5)]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    fifo = tmp_path / "in.fifo"
+    out = tmp_path / "out.jsonl"
+    for args in ([], ["-o", str(out), "--resume"]):
+        os.mkfifo(fifo)
+        feeder = threading.Thread(target=fifo.write_bytes, args=(data,), daemon=True)
+        feeder.start()
+        try:
+            res = invoke(["generate", "-i", str(fifo), *args], "fake", monkeypatch)
+        finally:
+            if feeder.is_alive():        # the command never opened the pipe: let the feeder go
+                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+            feeder.join(5)
+            fifo.unlink()
+        assert res.exit_code == 0, res.stderr
+        recs = [json.loads(x) for x in res.stdout.splitlines()] if not args else read_jsonl(out)
+        assert [r["id"] for r in recs] == [x["id"] for x in lines] and "5 lines" in res.stderr
+    res = invoke(["generate", "-i", "-"], "fake", monkeypatch, input=data)          # "-" is stdin
+    assert res.exit_code == 0 and [json.loads(x)["id"] for x in res.stdout.splitlines()] == [x["id"] for x in lines]
+    for path, needle in ((tmp_path, "is a directory"), (tmp_path / "missing.jsonl", "does not exist")):
+        res = invoke(["generate", "-i", str(path)], "fake", monkeypatch)
+        assert res.exit_code == 2 and f"error: --input {path} {needle}" in res.stderr, res.stderr
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux: a device that is always full)")
