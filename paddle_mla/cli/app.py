@@ -283,17 +283,20 @@ def validate(configs: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 @main.command("make-tiny-model", short_help="Write a tiny random checkpoint to try things on CPU.", epilog="""\b
 Exit codes:
   0    written (the folder is printed)
-  2    bad arguments, or the runtime is not installed
+  2    bad arguments, OUT_DIR is not empty (without --force), or the runtime is not installed
   130  interrupted by SIGINT""")
 @click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Write into OUT_DIR even if it is not empty (its files of the same "
+              "names are replaced, others stay).")
 @click.option("--arch", type=click.Choice(["deepseek_v3", "deepseek_v2", "deepseek_v32"]), default="deepseek_v3", show_default=True,
               help="Model family of the tiny checkpoint.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
-def make_tiny_model_cmd(out_dir: str, arch: str, seed: int) -> None:
+def make_tiny_model_cmd(out_dir: str, force: bool, arch: str, seed: int) -> None:
     """Write a tiny random checkpoint (config.json, safetensors, tokenizer) to OUT_DIR.
 
     It runs on CPU in seconds and is what the tests and the default config (model: tiny) use.
-    Uses the runtime named by PADDLE_MLA_RUNTIME (default: auto).
+    Uses the runtime named by PADDLE_MLA_RUNTIME (default: auto). An OUT_DIR that already holds
+    files is refused unless --force is given.
 
     \b
     Examples:
@@ -302,8 +305,12 @@ def make_tiny_model_cmd(out_dir: str, arch: str, seed: int) -> None:
       paddle-mla generate --set model=/tmp/tiny-v2 -i prompts.jsonl
     """
     interrupts.arm()
+    from paddle_mla.cli.paths import nonempty_folder_problem
     from paddle_mla.platform import runtime
 
+    problem = nonempty_folder_problem(out_dir, force)
+    if problem:
+        _fail(problem)
     try:
         runtime.select()
     except (RuntimeError, ValueError) as exc:

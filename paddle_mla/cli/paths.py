@@ -58,3 +58,12 @@ def input_problem(path: str) -> str | None:
 def is_regular_file(path: str) -> bool:
     """Whether ``path`` can be read twice (counted for the progress bar, then run): a pipe cannot."""
     return Path(path).is_file()
+
+
+def nonempty_folder_problem(path: str, force: bool) -> str | None:
+    """A folder that already holds files is not written into without ``--force`` (it may hold a
+    checkpoint someone needs); None when it may be written."""
+    p = Path(path).expanduser()
+    if force or not p.is_dir() or next(p.iterdir(), None) is None:
+        return None
+    return f"{path} exists and is not empty; pass --force to write the tiny checkpoint into it anyway"

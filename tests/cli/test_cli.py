@@ -248,3 +248,21 @@ def test_make_tiny_model_then_generate_with_it(arch, tmp_path):
     assert res.exit_code == 0, res.stderr
     assert len(json.loads(res.stdout)["token_ids"]) == 2
     assert invoke(["make-tiny-model", str(tmp_path / "x"), "--arch", "llama"]).exit_code == 2
+
+
+def test_make_tiny_model_keeps_a_folder_that_holds_files_unless_forced(tmp_path):
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    (target / "config.json").write_text('{"model_type": "deepseek_v3", "mine": true}\n')
+    res = invoke(["make-tiny-model", str(target)])
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    refusal = f"error: {target} exists and is not empty; pass --force to write the tiny checkpoint into it anyway"
+    assert res.stderr.splitlines() == [refusal]
+    assert [p.name for p in target.iterdir()] == ["config.json"] and "mine" in (target / "config.json").read_text()
+    res = invoke(["make-tiny-model", str(target), "--force", "--seed", "3"])
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.strip() == str(target) and "mine" not in (target / "config.json").read_text()
+    assert (target / "model.safetensors").exists() and (target / "tokenizer.json").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert invoke(["make-tiny-model", str(empty)]).exit_code == 0            # an empty folder is written into
