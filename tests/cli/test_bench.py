@@ -42,6 +42,21 @@ def test_requests_are_seeded_and_avoid_special_tokens():
         build_requests(parse_workload("long-context:input_len=100"), tok, GenerationRequest, SamplingParams, 64)
 
 
+def test_the_longest_sequence_is_known_from_the_workload_alone():
+    from paddle_mla.cli.bench.workloads import check_fits, longest_sequence
+
+    assert longest_sequence(parse_workload("random:input_len=100,output_len=10,range_ratio=0.5")) == 150 + 15
+    assert longest_sequence(parse_workload("shared-prefix:prefix_len=8,suffix_len=3,output_len=2")) == 13
+    w = parse_workload("long-context:input_len=100,seed=7").with_seed_offset(3)
+    check_fits(w, 116)
+    with pytest.raises(WorkloadError) as info:
+        check_fits(w, 115)
+    assert str(info.value).startswith("workload 'long-context:num_prompts=4,input_len=100,output_len=16,"
+                                      "range_ratio=0.0' needs up to 116 tokens") and "seed" not in str(info.value)
+    with pytest.raises(WorkloadError, match="^workload 'long-context:input_len=100' needs"):
+        check_fits(w, 115, "long-context:input_len=100")
+
+
 def test_configs_are_interleaved_and_args_checked(tmp_path, monkeypatch):
     a, b = ROOT / "configs/bench/baseline.yaml", ROOT / "configs/bench/prefix.yaml"
     res = invoke(["bench", "--config", str(a), "--config", str(b), "--workload",

@@ -71,6 +71,23 @@ def test_bench_bad_paths_fail_before_any_engine_runs(tmp_path, no_model_load, ar
     _one_error_line(res, *needles)
 
 
+@pytest.mark.parametrize("workload,sets,needles", [
+    ("long-context:num_prompts=1,input_len=4096", [],
+     ["workload 'long-context:num_prompts=1,input_len=4096' needs up to 4112 tokens", "max_model_len is 2048"]),
+    ("random:num_prompts=2,input_len=40,output_len=30,range_ratio=0.5", ["--set", "max_model_len=64"],
+     ["workload 'random:num_prompts=2,input_len=40,output_len=30,range_ratio=0.5' needs up to 105 tokens",
+      "max_model_len is 64", "shorten input_len/output_len"]),
+    ("shared-prefix:prefix_len=60,suffix_len=8", ["--set", "max_model_len=64"],
+     ["needs up to 100 tokens", "shorten prefix_len/suffix_len/output_len"]),
+])
+def test_bench_refuses_a_workload_longer_than_max_model_len_before_any_engine(no_model_load, workload, sets,
+                                                                               needles):
+    """From the config and the checkpoint's config.json alone, quoting the workload as given (no
+    derived seed)."""
+    line = _one_error_line(invoke(["bench", "--workload", workload, "--repeats", "1", *sets]), *needles)
+    assert "seed=" not in line and not no_model_load
+
+
 def test_existing_output_needs_resume_or_overwrite(tmp_path, monkeypatch):
     from helpers.cli_harness import read_jsonl
 

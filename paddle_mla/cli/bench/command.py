@@ -56,10 +56,10 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
         echo: Callable[[str], None], out: Callable[[str], None]) -> None:
     from paddle_mla.cli.bench.report import bench_document, check_matplotlib, markdown_table, write_json, write_plot
     from paddle_mla.cli.bench.runner import run_bench
-    from paddle_mla.cli.bench.workloads import WorkloadError, parse_workload
+    from paddle_mla.cli.bench.workloads import WorkloadError, check_fits, parse_workload
 
     from paddle_mla.cli.paths import output_file_problem
-    from paddle_mla.engine.run_info import ModelPathError, describe_run, model_problem
+    from paddle_mla.engine.run_info import ModelPathError, model_problem, plan_run, run_info
 
     try:
         workload = parse_workload(args.workload)
@@ -85,9 +85,15 @@ def run(args: BenchArgs, select_runtime: Callable[[Any], str], build_llm: Callab
         raise BenchUsageError("; ".join(problems))
     rt = select_runtime(specs[0].config)
     try:
-        infos = [describe_run(spec.config)[0] for spec in specs]
+        plans = [plan_run(spec.config) for spec in specs]
     except (ModelPathError, RuntimeError) as exc:
         raise BenchUsageError(str(exc)) from None
+    for spec, plan in zip(specs, plans):     # from the config and the checkpoint, before any engine is built
+        try:
+            check_fits(workload, plan.max_model_len, args.workload)
+        except WorkloadError as exc:
+            raise BenchUsageError(f"{exc}{f' (config {spec.name})' if len(specs) > 1 else ''}") from None
+    infos = [run_info(plan) for plan in plans]
     for spec, info in zip(specs, infos):      # the first line says what runs (the baseline)
         echo(info.line() + (f" [config {spec.name}]" if len(specs) > 1 else ""))
     if args.check_determinism:

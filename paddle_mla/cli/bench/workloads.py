@@ -44,8 +44,8 @@ class Workload:
     params: dict[str, Any]
     name: str = ""
 
-    def describe(self) -> str:
-        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in self.params.items())
+    def describe(self, seed: bool = True) -> str:
+        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in self.params.items() if seed or k != "seed")
 
     def with_seed_offset(self, offset: int) -> Workload:
         return dataclasses.replace(self, params={**self.params, "seed": self.params["seed"] + offset})
@@ -188,15 +188,39 @@ def special_token_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
+def _length_range(mean: int, ratio: float) -> tuple[int, int]:
+    """The lengths a ``mean`` length with ``range_ratio`` ``ratio`` is drawn from (inclusive)."""
+    return max(1, int(mean * (1 - ratio))), max(1, int(mean * (1 + ratio)))
+
+
+def longest_sequence(w: Workload) -> int:
+    """The most tokens one request of ``w`` can need: its longest prompt and output together."""
+    p = w.params
+    if w.kind == "shared-prefix":
+        return p["prefix_len"] + p["suffix_len"] + p["output_len"]
+    return _length_range(p["input_len"], p["range_ratio"])[1] + _length_range(p["output_len"], p["range_ratio"])[1]
+
+
+def check_fits(w: Workload, max_model_len: int, given: str | None = None) -> None:
+    """Refuse a workload whose requests may not fit ``max_model_len``, quoting it as ``given`` (what
+    the user wrote; by default its kind and parameters, without the seed, which a repeat derives)."""
+    need = longest_sequence(w)
+    if need > max_model_len:
+        raise WorkloadError(f"workload {given or w.describe(seed=False)!r} needs up to {need} tokens per sequence "
+                            f"(prompt + output); max_model_len is {max_model_len}: shorten "
+                            f"{'prefix_len/suffix_len' if w.kind == 'shared-prefix' else 'input_len'}/output_len")
+
+
 def build_requests(w: Workload, tokenizer: Any, request_cls: type, params_cls: type, max_model_len: int) -> list:
     """The workload's requests (GenerationRequest), identical for every config given the same seed."""
+    check_fits(w, max_model_len)
     p = w.params
     rng = np.random.default_rng(p["seed"])
     allowed = np.setdiff1d(np.arange(tokenizer.vocab_size), np.fromiter(special_token_ids(tokenizer), dtype=np.int64))
     n = p["num_prompts"]
 
     def lengths(mean: int, ratio: float) -> np.ndarray:
-        lo, hi = max(1, int(mean * (1 - ratio))), max(1, int(mean * (1 + ratio)))
+        lo, hi = _length_range(mean, ratio)
         return rng.integers(lo, hi + 1, size=n)
 
     def tokens(k: int) -> list[int]:
@@ -212,10 +236,6 @@ def build_requests(w: Workload, tokenizer: Any, request_cls: type, params_cls: t
     else:
         prompts = [tokens(int(k)) for k in lengths(p["input_len"], p["range_ratio"])]
         outs = lengths(p["output_len"], p["range_ratio"])
-    longest = max(len(a) + int(b) for a, b in zip(prompts, outs))
-    if longest > max_model_len:
-        raise WorkloadError(f"workload {w.describe()} needs {longest} tokens per sequence; max_model_len is "
-                            f"{max_model_len}: shorten input_len/prefix_len/output_len")
     return [request_cls(id=i, prompt_token_ids=ids,
                         params=params_cls(temperature=0.0, max_tokens=int(k), ignore_eos=True, seed=0))
             for i, (ids, k) in enumerate(zip(prompts, outs))]
