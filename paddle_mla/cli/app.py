@@ -25,7 +25,8 @@ Exit codes:
        far is intact: rerun with --resume
   2    bad arguments or configuration (each error is printed)
   3    some lines were answered with an error line
-  130  interrupted by SIGINT, also during start-up (rerun with --resume; --summary is still written)"""
+  130  interrupted by SIGINT, also during start-up (with -o FILE, rerun with --resume; --summary is
+       still written)"""
 
 SET_OPTION = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                           help="Override a config key, e.g. --set scheduler.max_num_seqs=8 (repeatable).")

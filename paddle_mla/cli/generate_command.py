@@ -3,8 +3,9 @@
 Order (fail before work): arguments and every path to be written are checked, the config
 loaded, the model folder checked and ``--resume`` prepared before the runtime is even selected;
 then the resolved run is described on the first stderr line, and only then the model loads.
-SIGINT at any point exits 130 with ``INTERRUPTED`` and still writes the summary ("interrupted":
-true; before the model has loaded its counts are zero).
+SIGINT at any point exits 130 with ``INTERRUPTED`` (``INTERRUPTED_STDOUT`` for ``-o -``, which
+--resume cannot continue) and still writes the summary ("interrupted": true; before the model has
+loaded its counts are zero).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from paddle_mla.engine.run_info import ModelPathError, model_problem
 
 EXIT_OK, EXIT_INTERNAL, EXIT_LINE_ERRORS, EXIT_INTERRUPTED = 0, 1, 3, 130
 INTERRUPTED = "interrupted: the output so far is intact; rerun with --resume"
+# --resume appends to --output FILE; lines that went to stdout cannot be continued by it
+INTERRUPTED_STDOUT = ("interrupted: the lines answered so far went to stdout; a run written to stdout cannot be "
+                      "resumed (give -o FILE for a run that can be)")
 STDIN_HINT = ("reading prompts from stdin (Ctrl-D to end); use -i FILE to read a file, "
               "see paddle-mla generate --help")
 
@@ -114,8 +118,13 @@ def run(args: GenerateArgs, select_runtime: Callable[[Any], str], build_llm: Cal
     problem = _write_summary(args, state)
     if problem:
         echo(f"error: {problem}")
-    echo(INTERRUPTED)
+    echo(interrupted_message(args))
     return EXIT_INTERRUPTED
+
+
+def interrupted_message(args: GenerateArgs) -> str:
+    """The line an interrupted run ends with: how to go on from what was written."""
+    return INTERRUPTED_STDOUT if args.output_path == "-" else INTERRUPTED
 
 
 def _write_summary(args: GenerateArgs, state: _RunState) -> str | None:
@@ -206,9 +215,9 @@ def _run(args: GenerateArgs, state: _RunState, select_runtime, build_llm, reques
             echo(f"error: {failure}")
         return EXIT_INTERNAL
     if summary.interrupted:
-        echo(INTERRUPTED)
+        echo(interrupted_message(args))
         return EXIT_INTERRUPTED
     return EXIT_LINE_ERRORS if summary.errors or state.prior_errors else EXIT_OK
 
 
-__all__ = ["ConfigError", "GenerateArgs", "GenerateUsageError", "INTERRUPTED", "run"]
+__all__ = ["ConfigError", "GenerateArgs", "GenerateUsageError", "INTERRUPTED", "INTERRUPTED_STDOUT", "run"]

@@ -13,7 +13,7 @@ import time
 import pytest
 from helpers.cli_harness import REAL_ENGINE, ROOT, default_sigint, read_jsonl
 
-from paddle_mla.cli.generate_command import INTERRUPTED
+from paddle_mla.cli.generate_command import INTERRUPTED, INTERRUPTED_STDOUT
 from paddle_mla.cli.interrupts import PAUSE_ANNOUNCEMENT, PAUSE_ENV
 from paddle_mla.platform import runtime
 
@@ -49,12 +49,12 @@ def _stderr_reader(proc):
     return lines
 
 
-def _check_interrupted(proc, lines):
+def _check_interrupted(proc, lines, message=INTERRUPTED):
     proc.wait(timeout=120)
     time.sleep(0.1)
     err = "".join(lines)
     assert proc.returncode == 130, err[-3000:]
-    assert INTERRUPTED in err and "Aborted!" not in err and "Traceback" not in err, err[-3000:]
+    assert message in err and "Aborted!" not in err and "Traceback" not in err, err[-3000:]
     return err
 
 
@@ -120,7 +120,7 @@ def test_sigint_during_start_up_of_the_real_cli_exits_130(tmp_path):
     lines = _stderr_reader(proc)
     assert _wait_for(lambda: any(x.startswith("paddle-mla: runtime") for x in lines)), "".join(lines)
     proc.send_signal(signal.SIGINT)
-    _check_interrupted(proc, lines)
+    assert "--resume" not in _check_interrupted(proc, lines, INTERRUPTED_STDOUT)     # its output went to stdout
     proc.stdin.close()
 
 
@@ -182,6 +182,48 @@ def test_an_error_that_follows_a_sigint_is_reported_as_the_interrupt(tmp_path, m
     monkeypatch.setattr(cli, "select_runtime", broken_import)
     with pytest.raises(ImportError, match="partially initialized"):
         invoke(["generate", "-i", str(inp), "-o", str(out), "--overwrite", "--no-progress"], "fake", monkeypatch)
+
+
+class _InterruptedLLM:
+    """The fake engine, with a Ctrl-C after its first output line."""
+
+    def __init__(self, cfg):
+        from helpers.fake_llm import FakeLLM
+
+        self._llm = FakeLLM(cfg, fail_over=None)
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def stream(self, requests):
+        for i, out in enumerate(self._llm.stream(requests)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield out
+
+
+@pytest.mark.parametrize("when", ["start-up", "run"])
+def test_the_interrupt_hint_fits_where_the_output_went(when, tmp_path, monkeypatch):
+    """--resume continues an --output file; output to stdout cannot be continued, so its hint says so
+    instead of naming --resume."""
+    from helpers.cli_harness import invoke
+
+    from paddle_mla.cli import app as cli
+    from paddle_mla.cli import interrupts
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _input(inp, 3)
+    for output, message in (("-", INTERRUPTED_STDOUT), (str(out), INTERRUPTED)):
+        monkeypatch.setattr(interrupts, "_state", interrupts._SigintState())
+        if when == "start-up":
+            monkeypatch.setattr(cli, "select_runtime", _interrupted_import)
+        monkeypatch.setattr(cli, "build_llm", _InterruptedLLM)
+        res = invoke(["generate", "-i", str(inp), "-o", output, "--no-progress", "--max-tokens", "2"])
+        assert res.exit_code == 130, res.stderr
+        assert res.stderr.splitlines()[-1] == message and "Traceback" not in res.stderr
+        assert ("--resume" in res.stderr) == (output != "-")
+        written = res.stdout.splitlines() if output == "-" else read_jsonl(out) if out.exists() else []
+        assert len(written) == (1 if when == "run" else 0)
 
 
 def test_the_pause_hook_does_nothing_when_unset(monkeypatch):
