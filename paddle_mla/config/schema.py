@@ -212,6 +212,8 @@ def _check_ranges(cfg: EngineConfig, errors: list[str]) -> None:
         if not cond:
             errors.append(msg)
 
+    need(cfg.model.strip() != "", "'model' (the model path) is empty; give a local checkpoint folder "
+         "(config.json + *.safetensors), or tiny for the built-in test model")
     need(cfg.cache.block_size > 0 and cfg.cache.block_size & (cfg.cache.block_size - 1) == 0,
          f"'cache.block_size' is {cfg.cache.block_size}; allowed: a power of two >= 1")
     need(cfg.cache.num_blocks == AUTO or cfg.cache.num_blocks > 0,

@@ -155,6 +155,17 @@ def test_a_broken_config_json_is_one_line(tmp_path, no_model_load, text, needle)
     assert res.stdout == ""
 
 
+def test_an_empty_model_path_is_named_as_such(no_model_load):
+    """--set model= (or --model "") is an empty model path, said so, not a folder without a name."""
+    for args in (["generate", "--set", "model="], ["generate", "--model", ""],
+                 ["validate", str(ROOT / "configs/tiny.yaml"), "--set", "model="],
+                 ["bench", "--workload", "random:num_prompts=1", "--set", "model="]):
+        res = invoke(args, input=LINE)
+        assert res.exit_code == 2, (args, res.stderr)
+        assert "'model' (the model path) is empty" in res.stderr and "model folder  " not in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+
+
 def test_the_messages_differ(model_paths):
     from paddle_mla.engine.run_info import model_problem
 

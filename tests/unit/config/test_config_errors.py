@@ -27,3 +27,15 @@ def test_range_errors_name_the_source_of_the_value(tmp_path):
     errors = _errors(cfg, ["cache.block_size=48"])
     assert f"{cfg}: 'scheduler.max_num_seqs' is 0; allowed: > 0" in errors
     assert "--set cache.block_size=48: 'cache.block_size' is 48; allowed: a power of two >= 1" in errors
+
+
+EMPTY_MODEL = ("'model' (the model path) is empty; give a local checkpoint folder (config.json + *.safetensors), "
+               "or tiny for the built-in test model")
+
+
+@pytest.mark.parametrize("override", ["model=", "model=  ", 'model=""'])
+def test_an_empty_model_path_says_so(tmp_path, override):
+    assert _errors(None, [override]) == [f"--set {override}: {EMPTY_MODEL}"]
+    cfg = tmp_path / "empty_model.yaml"
+    cfg.write_text('model: ""\n')
+    assert _errors(cfg) == [f"{cfg}: {EMPTY_MODEL}"]
