@@ -79,7 +79,8 @@ def main() -> None:
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if args.smoke:
-        args.prompts, args.prefix, args.suffix, args.output, args.chunk, args.repeats, args.warmup = 4, 96, 8, 4, 48, 1, 2
+        (args.prompts, args.prefix, args.suffix, args.output, args.chunk, args.repeats,
+         args.warmup) = 4, 96, 8, 4, 48, 1, 2
     if args.warmup < 0:
         args.warmup = args.prompts
     model, _ = moe_checkpoint(args.layers, args.smoke)
@@ -103,7 +104,8 @@ def main() -> None:
     workload = (f"shared-prefix:num_prompts={args.prompts},prefix_len={args.prefix},suffix_len={args.suffix},"
                 f"output_len={args.output}")
     cmd = [sys.executable, "-m", "paddle_mla", "bench", *[a for p in paths for a in ("--config", str(p))],
-           "--workload", workload, "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--json", str(out_json)]
+           "--workload", workload, "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+           "--json", str(out_json)]
     print("$", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     doc = json.loads(out_json.read_text())
@@ -115,8 +117,10 @@ def main() -> None:
           "|---|---|---|---|---|---|---|---|")
     for i, (cap, s) in enumerate([(None, off)] + list(zip(caps, ons))):
         ratio = s["output_tokens_per_s"] / off["output_tokens_per_s"]
-        print(f"| {'off' if cap is None else 'on'} | {cap if cap is not None else '-'} | {s['output_tokens_per_s']:.0f} | "
-              f"{ratio:.2f}x | {s['itl_ms_p50']:.2f} | {s['itl_ms_p99']:.2f} | {s['itl_ms_p99'] / s['itl_ms_p50']:.2f} | "
+        print(f"| {'off' if cap is None else 'on'} | {cap if cap is not None else '-'} | "
+              f"{s['output_tokens_per_s']:.0f} | "
+              f"{ratio:.2f}x | {s['itl_ms_p50']:.2f} | {s['itl_ms_p99']:.2f} | "
+              f"{s['itl_ms_p99'] / s['itl_ms_p50']:.2f} | "
               f"{s['ttft_ms_p50']:.1f} |")
         if cap is not None:   # "on" is the first chunked-on config (the first cap)
             res.setdefault("on", {k: s[k] for k in keys})

@@ -80,7 +80,8 @@ def profile_config(name: str, cfg_dict: dict, args) -> dict:
         k = kern.get(i, {}) if same else {}
         kl = by_launch.get(i, {}) if same else {}
         steps.append(dict(i=i, kind=step_kind(r["comp"]), comp=r["comp"], period_ms=periods[i], host_ms=r["host"] * 1e3,
-                          wait_ms=r["wait"] * 1e3, syncs=r["syncs"], launch_host_ms=r["launch_host"] * 1e3, gpu_event_ms=gpu[i],
+                          wait_ms=r["wait"] * 1e3, syncs=r["syncs"], launch_host_ms=r["launch_host"] * 1e3,
+                          gpu_event_ms=gpu[i],
                           phases=r["phases"], kernel_ms=k.get("kernel_ms"), kernels=k.get("kernels"),
                           kernel_ms_launch=kl.get("kernel_ms"), kernels_launch=kl.get("kernels"),
                           cats=k.get("cats", {}), regions=k.get("regions", {})))
@@ -105,9 +106,11 @@ def _sum(steps, key):
 def report(res: list[dict], top: int) -> None:
     print("\n## Configs (run 1: timed steps; run 2: the same steps under torch.profiler)")
     print("| config | elapsed s | out tok/s | ITL p50 / p90 / p99 ms | samples | steps | run 2 same steps | "
-          "kernels seen ms | attributed to steps: by op tree / by launch call ms |\n|---|---:|---:|---|---:|---:|---|---:|---|")
+          "kernels seen ms | attributed to steps: by op tree / by launch call ms |\n"
+          "|---|---:|---:|---|---:|---:|---|---:|---|")
     for r in res:
-        print(f"| {r['name']} | {r['elapsed_s']:.3f} | {r['out_tok_s']:.0f} | {r['itl_p50']:.2f} / {r['itl_p90']:.2f} / "
+        print(f"| {r['name']} | {r['elapsed_s']:.3f} | {r['out_tok_s']:.0f} | "
+              f"{r['itl_p50']:.2f} / {r['itl_p90']:.2f} / "
               f"{r['itl_p99']:.2f} | {r['itl_samples']} | {len(r['steps'])} | {r['same_steps']} | "
               f"{r['kernel_total_ms']:.1f} | {r['kernel_attributed_ms']:.1f} / {r['kernel_by_launch_ms']:.1f} |")
     print("\n## Time by kind of step, summed over the run (ms)\n"
@@ -126,21 +129,26 @@ def report(res: list[dict], top: int) -> None:
             ext = sum(s["regions"].get(EXTEND, 0.0) for s in st)
             ext_gemm = sum(s["regions"].get(EXTEND + " / dense GEMM (cuBLAS)", 0.0) for s in st)
             print(f"| {r['name']} | {kind} | {len(st)} | {_sum(st, 'period_ms'):.1f} | {_sum(st, 'host_ms'):.1f} | "
-                  f"{_sum(st, 'launch_host_ms'):.1f} | {_sum(st, 'wait_ms'):.1f} | {_f(_sum(st, 'gpu_event_ms'), '.1f')} | "
-                  f"{_f(_sum(st, 'kernel_ms'), '.1f')} / {_f(_sum(st, 'kernel_ms_launch'), '.1f')} | {_f(_sum(st, 'kernels'), '.0f')} | {ext:.1f} | {ext_gemm:.1f} |")
+                  f"{_sum(st, 'launch_host_ms'):.1f} | {_sum(st, 'wait_ms'):.1f} | "
+                  f"{_f(_sum(st, 'gpu_event_ms'), '.1f')} | "
+                  f"{_f(_sum(st, 'kernel_ms'), '.1f')} / {_f(_sum(st, 'kernel_ms_launch'), '.1f')} | "
+                  f"{_f(_sum(st, 'kernels'), '.0f')} | {ext:.1f} | {ext_gemm:.1f} |")
     on = res[-1]
     slow = sorted(on["steps"], key=lambda s: -s["period_ms"])[:top]
     print(f"\n## The {top} slowest steps of '{on['name']}' (ITL p99 {on['itl_p99']:.2f} ms), ms")
     print("| step | decodes + short ext + chunk tok | period | host | launch host | forward launches | GPU events | "
-          "kernels (op tree / launch) | count | syncs | by region / category |\n|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
+          "kernels (op tree / launch) | count | syncs | by region / category |\n"
+          "|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
     for s in slow:
         c = s["comp"] or {}
-        parts = {**{k: v for k, v in s["regions"].items() if " / " not in k}, **{k: v for k, v in s["cats"].items() if not k.startswith("attn")}}
+        parts = {**{k: v for k, v in s["regions"].items() if " / " not in k},
+                 **{k: v for k, v in s["cats"].items() if not k.startswith("attn")}}
         top_parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:5])
         print(f"| {s['i']} | {c.get('decodes', '-')} + {c.get('short_extends', '-')} + {c.get('chunk_tokens', '-')} | "
               f"{s['period_ms']:.2f} | {s['host_ms']:.2f} | {s['launch_host_ms']:.2f} | "
               f"{s['phases'].get('forward (model op launches / graph replay)', 0.0):.2f} | {_f(s['gpu_event_ms'])} | "
-              f"{_f(s['kernel_ms'])} / {_f(s['kernel_ms_launch'])} | {_f(s['kernels'], '.0f')} | {s['syncs']} | {top_parts} |")
+              f"{_f(s['kernel_ms'])} / {_f(s['kernel_ms_launch'])} | {_f(s['kernels'], '.0f')} | {s['syncs']} | "
+              f"{top_parts} |")
     for kind in ("admission: short extends (+ decodes)", "prefill chunk (+ decodes)", "decode only"):
         st = [s for s in on["steps"] if s["kind"] == kind]
         if not st:
@@ -163,7 +171,8 @@ def profile_configs(configs: list[tuple[str, dict]], args) -> None:
         gc.collect()
         runtime.empty_cache()
         if torch.cuda.is_available():   # the next engine sizes its cache by the free memory
-            print(f"[profile] after {name}: {torch.cuda.memory_allocated() / 2**30:.2f} GiB still allocated", flush=True)
+            print(f"[profile] after {name}: {torch.cuda.memory_allocated() / 2**30:.2f} GiB still allocated",
+                  flush=True)
     report(res, args.top)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=float) + "\n")

@@ -16,8 +16,10 @@ DP=2 outputs equal the single engine's (bf16 on a GPU: batch composition may fli
 With the default 256 requests one engine runs the whole workload as one batch (max_num_seqs 256),
 and its decode steps are bound by the weight bytes: a replica with half the batch takes nearly as
 long per step, so DP cannot pay there. ``--requests 2048`` gives each engine several batches.
-    python -m benchmarks.e2e.data_parallel --requests 2048 --single-gpu   (1 GPU: DP=1 in process vs one replica process)
-    python -m benchmarks.e2e.data_parallel --requests 2048 --layers 27 --load-format dummy   (full depth, no checkpoint written)
+    python -m benchmarks.e2e.data_parallel --requests 2048 --single-gpu
+        (1 GPU: DP=1 in process vs one replica process)
+    python -m benchmarks.e2e.data_parallel --requests 2048 --layers 27 --load-format dummy
+        (full depth, no checkpoint written)
     python -m benchmarks.e2e.data_parallel --smoke                    (CPU, tiny dims, 2 CPU replicas: the code path)
 
 Each engine's row also says where its time went, from the outputs' token times: the steps that made
@@ -133,7 +135,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
-    ap.add_argument("--dir", default="", help="checkpoint folder (default: the e2e MoE benchmark's, /tmp/bench_e2e_moe_<L>L)")
+    ap.add_argument("--dir", default="",
+                    help="checkpoint folder (default: the e2e MoE benchmark's, /tmp/bench_e2e_moe_<L>L)")
     ap.add_argument("--requests", type=int, default=256,
                     help="requests (256: the MoE issue's workload, one engine batch; more: several batches)")
     ap.add_argument("--dp", default="2", help="replica counts to run beside DP=1, comma-separated (e.g. 2,4 on 4 GPUs)")
@@ -141,7 +144,8 @@ def main() -> None:
                     help="one GPU: DP=1 in process against one replica process only (where the replica's time goes)")
     ap.add_argument("--no-replica", action="store_true",
                     help="skip DP=1 as one replica process (saves a run; the DP=2 / replica ratio is then not printed)")
-    ap.add_argument("--repeats", type=int, default=1, help="timed runs per engine after its cold run (the median is reported)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed runs per engine after its cold run (the median is reported)")
     ap.add_argument("--fresh-cache", action="store_true",
                     help="an empty Triton kernel cache for each engine: every cold run compiles its Triton kernels, "
                          "as on a bare machine (the custom ops build once, at install)")
@@ -241,7 +245,8 @@ def print_table(r: dict) -> None:
         skew = r[f"dp{m}"]["finish_skew_ms"]
         e = r[f"dp{m}"]
         print(f"\nDP={m} finish skew (last replica's last token - first replica's): {skew:.0f} ms; "
-              f"the stream's end after its last output {e['stream_end_ms']:.1f} ms, then the device sync {e['sync_ms']:.1f} ms")
+              f"the stream's end after its last output {e['stream_end_ms']:.1f} ms, "
+              f"then the device sync {e['sync_ms']:.1f} ms")
     if "replica_outputs_equal_dp1" in r:
         print(f"\nOne replica process's outputs equal to DP=1's: {r['replica_outputs_equal_dp1']}/{r['requests']}")
     for m in r.get("sizes", []):

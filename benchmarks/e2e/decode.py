@@ -57,8 +57,9 @@ def main() -> None:
     for graphs in (False, True):
         max_bs = max(batches)
         ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": BACKENDS[args.model]},
-                                 "cuda_graph": graphs, "cache": {"block_size": bs_page,
-                                                                 "num_blocks": max_bs * (args.context // bs_page + 1) + 1},
+                                 "cuda_graph": graphs,
+                                 "cache": {"block_size": bs_page,
+                                           "num_blocks": max_bs * (args.context // bs_page + 1) + 1},
                                  "scheduler": {"max_num_seqs": max_bs, "enable_chunked_prefill": True},
                                  "max_model_len": args.context + 64})
         runner = ModelRunner(ecfg, model=model)

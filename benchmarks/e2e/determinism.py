@@ -18,7 +18,8 @@ prefill (the workload with max_tokens 1) and the decode step ((whole workload - 
 step (torch.profiler, one run of each): where the mode's extra time goes.
 
 The model: random weights (``load_format: dummy``) of DeepSeek-V2-Lite (``--dims v2-lite``, MoE) or
-Qwen3-8B (``--dims qwen3``, GQA, ``append_attn``) cut to ``--layers``, from ``benchmarks/harness/dims.py``. ``--set KEY=VALUE`` applies to every run.
+Qwen3-8B (``--dims qwen3``, GQA, ``append_attn``) cut to ``--layers``, from ``benchmarks/harness/dims.py``.
+``--set KEY=VALUE`` applies to every run.
 
   python -m benchmarks.e2e.determinism                                   # GPU, bf16, V2-Lite dims
   python -m benchmarks.e2e.determinism --smoke                           # CPU, fp32, tiny dims (interpreter)
@@ -232,7 +233,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--dims", choices=("v2-lite", "qwen3"), default="v2-lite")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=0,
-                    help="query heads instead of the dims' own (e.g. 128: DeepSeek-V2/V3's at TP=1 on V2-Lite's other dims)")
+                    help="query heads instead of the dims' own "
+                         "(e.g. 128: DeepSeek-V2/V3's at TP=1 on V2-Lite's other dims)")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--output", type=int, default=32)

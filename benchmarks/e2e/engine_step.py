@@ -102,7 +102,8 @@ def main() -> None:
     ap.add_argument("--host-batch", type=int, default=256, help="a batch measured for host time (0: none)")
     ap.add_argument("--host-context", type=int, default=1024, help="its context (host work is O(batch))")
     ap.add_argument("--steps", type=int, default=40, help="decode steps per case")
-    ap.add_argument("--moe", action="store_true", help="V2-Lite dims (routed MoE) from the e2e MoE benchmark's checkpoint")
+    ap.add_argument("--moe", action="store_true",
+                    help="V2-Lite dims (routed MoE) from the e2e MoE benchmark's checkpoint")
     ap.add_argument("--overlap", choices=("both", "on", "off"), default="both",
                     help="overlapped scheduling on, off or both (a host-time check: --batch '' --overlap on)")
     ap.add_argument("--phases", action="store_true", help="host time per phase of the steady decode step")
@@ -129,16 +130,19 @@ def main() -> None:
                                                   for x in (args.overlap, args.cuda_decode))):
             r = run_case(model, b, ctx, args.steps, overlap, model_dir, args.phases, cuda)
             kv_bytes = b * ctx * arch.mla.latent_dim * 2 * args.layers
-            r.update(batch=b, context=ctx, overlap=overlap, cuda_decode=cuda, roofline_ms=(weight_bytes[b] + kv_bytes) / bw * 1e3)
+            r.update(batch=b, context=ctx, overlap=overlap, cuda_decode=cuda,
+                     roofline_ms=(weight_bytes[b] + kv_bytes) / bw * 1e3)
             r["x_roofline"] = r["period"] / r["roofline_ms"]
             rows.append(r)
             print(f"batch {b} context {ctx} overlap {overlap} cuda_decode {cuda}: " + ", ".join(
-                f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float) and not k.startswith("phase:")), flush=True)
+                f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float) and not k.startswith("phase:")),
+                flush=True)
             if args.phases:
                 phases = sorted(((k[6:], v) for k, v in r.items() if k.startswith("phase:")), key=lambda kv: -kv[1])
-                print("| host phase (median ms per steady decode step, wall clock) | ms |\n| --- | ---: |\n" + "\n".join(
-                    f"| {k} | {v:.3f} |" for k, v in phases) + f"\n| sum of phase medians | {sum(v for _, v in phases):.3f} |"
-                    f"\n| host (median of per-step totals) | {r['host']:.3f} |", flush=True)
+                print("| host phase (median ms per steady decode step, wall clock) | ms |\n| --- | ---: |\n"
+                      + "\n".join(f"| {k} | {v:.3f} |" for k, v in phases)
+                      + f"\n| sum of phase medians | {sum(v for _, v in phases):.3f} |"
+                      f"\n| host (median of per-step totals) | {r['host']:.3f} |", flush=True)
     print(f"\n{'V2-Lite dims (MoE)' if args.moe else 'dense V3 dims'}, copy bandwidth {bw / 1e12:.2f} TB/s, weight "
           f"bytes read per step {', '.join(f'b{b}: {w / 1e9:.2f} GB' for b, w in weight_bytes.items())}, "
           f"layers {args.layers}")
@@ -146,7 +150,8 @@ def main() -> None:
           "| reads | roofline ms | period / roofline |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['batch']} | {r['context']} | {r['overlap']} | {r['cuda_decode']} | {r['period']:.3f} | {r['host']:.3f} | "
+        print(f"| {r['batch']} | {r['context']} | {r['overlap']} | {r['cuda_decode']} | {r['period']:.3f} | "
+              f"{r['host']:.3f} | "
               f"{r['gpu']:.3f} | {r['gap']:.3f} | {r['gap'] / r['period']:.1%} | {r['syncs']:.0f} | {r['reads']:.0f} | "
               f"{r['roofline_ms']:.3f} | {r['x_roofline']:.2f}x |")
     if args.json:

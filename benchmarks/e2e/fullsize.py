@@ -24,7 +24,8 @@ One engine, then:
 Roofline of a decode step per GPU: (the FP8/bf16 weight bytes it reads: every non-expert weight of
 its shard, and of its routed experts' shards the fraction a batch of B picks at uniform routing,
 1 - (1 - k/E)^B, + the latent cache of the batch, which every rank reads whole; under ``dsa`` only the
-top-k rows of it, plus the whole indexer key cache) / the copy bandwidth measured here. The issue's simpler figure, all weight bytes / (GPUs x bandwidth), is printed too.
+top-k rows of it, plus the whole indexer key cache) / the copy bandwidth measured here. The issue's simpler
+figure, all weight bytes / (GPUs x bandwidth), is printed too.
 EXTRAPOLATED step = the roofline at ``--to-layers`` layers / ``--to-tp`` GPUs divided by the efficiency
 measured here (roofline / measured at ``--layers`` on ``--tp`` GPUs). It assumes that efficiency carries
 over (all-reduces over 8 GPUs cost more than over 2; nothing of it was run).
@@ -167,7 +168,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="also a kernel table (torch.profiler) of each decode step: where the step's time goes")
     ap.add_argument("--dsa-sparse-only", action="store_true",
-                    help="v32: every step sparse, as before dsa ran the extend rows that fit the top-k dense (A/B of that rule)")
+                    help="v32: every step sparse, as before dsa ran the extend rows that fit the top-k dense "
+                         "(A/B of that rule)")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, gloo, native backend: the code path")
     args = ap.parse_args()
@@ -274,7 +276,8 @@ def profile_step(runner, batch) -> dict:
     """profile_kernels' kernel table of one decode step as the engine runs it (graph replays included)."""
 
     t = kernel_table(greedy_step(runner, batch), 5)
-    print(f"  kernels: {t['device_ms']:.3f} ms a step; " + "; ".join(f"{c} {ms:.3f}" for c, ms in t["categories"].items()))
+    print(f"  kernels: {t['device_ms']:.3f} ms a step; "
+          + "; ".join(f"{c} {ms:.3f}" for c, ms in t["categories"].items()))
     print("  top: " + "; ".join(f"{k['name'][:50]} x{k['calls']} {k['ms']:.3f}" for k in t["top_kernels"]), flush=True)
     return t
 
@@ -309,7 +312,8 @@ def extrapolate(out: dict, cfg: dict, args, bw: float) -> None:
         ms = p["step_ms"] * grow * args.tp / args.to_tp
         p["extrapolated_ms"] = ms
         print(f"prefill {p['requests']} x {p['length']}: EXTRAPOLATED {ms:.0f} ms "
-              f"({p['requests'] * p['length'] / ms * 1e3:,.0f} tok/s), if the work splits evenly over {args.to_tp} GPUs")
+              f"({p['requests'] * p['length'] / ms * 1e3:,.0f} tok/s), "
+              f"if the work splits evenly over {args.to_tp} GPUs")
 
 
 if __name__ == "__main__":

@@ -263,7 +263,8 @@ def report(rows: dict, cfg: dict, args) -> None:
         for i, (b, h) in enumerate(zip(base["runs"], rows["headwise_recycle"]["runs"])):
             print(f"| {i + 1} | {ratio(b.get('bound_decode_tok_s', 0), h.get('bound_decode_tok_s', 0))} | "
                   f"{ratio(b['decode_tok_s'], h['decode_tok_s'])} | {ratio(full(b), full(h))} | "
-                  f"{ratio(b['peak_concurrent'], h['peak_concurrent'], 'd')} | {ratio(b['out_tok_s'], h['out_tok_s'], '.1f')} |")
+                  f"{ratio(b['peak_concurrent'], h['peak_concurrent'], 'd')} | "
+                  f"{ratio(b['out_tok_s'], h['out_tok_s'], '.1f')} |")
     print("\nDecode-only steps of each mode's first run, by rows: steps x mean ms")
     for r in rows.values():
         hist = r["runs"][0].get("decode_steps_by_rows", {})

@@ -200,7 +200,8 @@ def print_table(r: dict) -> None:
         print("| steps that launched | steps | wall s | host s | waiting for tokens s | GPU s | GPU idle before s "
               "| blocking syncs |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for k, g in sorted(e["probed"]["groups"].items(), key=lambda kv: -kv[1]["wall_s"]):
-            print(f"| {k} | {g['steps']} | {g['wall_s']:.3f} | {g['host_s']:.3f} | {g['wait_s']:.3f} | {g['gpu_s']:.3f} "
+            print(f"| {k} | {g['steps']} | {g['wall_s']:.3f} | {g['host_s']:.3f} | {g['wait_s']:.3f} | "
+                  f"{g['gpu_s']:.3f} "
                   f"| {g['gap_s']:.3f} | {g['syncs']} |")
 
 

@@ -25,7 +25,8 @@ under that budget; a TP size whose engine cannot start in it is a row "does not 
 profile's reason, and TP=1 is then also run without the budget (a fixed cache) as the ratio's
 baseline, so one command measures both targets. ``--gpu-memory-utilization auto`` picks U from
 this card's size: half the weights and the batch's whole KV cache (one TP=2 rank's share: the latent
-cache is shared by all heads, so TP does not split it) plus 6 GiB of activations and graphs, so the model cannot fit one GPU's budget and fits two, on any card.
+cache is shared by all heads, so TP does not split it) plus 6 GiB of activations and graphs, so the model
+cannot fit one GPU's budget and fits two, on any card.
 
     python -m benchmarks.e2e.tensor_parallel [--layers 27] [--batch 64] [--context 4096] [--tp 1,2]
         [--iters 30] [--json out.json] [--gpu-memory-utilization 0.2] [--checkpoint [--dir DIR]] [--no-graphs]
@@ -127,7 +128,8 @@ def profile(llm: LLM, batch, tp: int, args, step_ms: float, split: str = "heads"
     if args.profile_eager and modes[0] == "graphs":
         modes.append("eager")
     for mode in modes:
-        traces = Path(args.profile_traces) / ("" if split == "heads" else split)   # the head split's in the folder itself
+        # the head split's in the folder itself
+        traces = Path(args.profile_traces) / ("" if split == "heads" else split)
         traces.mkdir(parents=True, exist_ok=True)
         res = tp_profile.profile_engine(llm, batch, tp, mode, args.profile_steps, args.layers, traces, step_ms)
         if split != "heads":     # its own column beside the head split's
@@ -138,7 +140,8 @@ def profile(llm: LLM, batch, tp: int, args, step_ms: float, split: str = "heads"
             device = "cpu" if args.smoke else runtime.device_name()
             with open(args.profile_json, "w") as f:
                 json.dump(dict(layers=args.layers, batch=args.batch, context=args.context, device=device,
-                               categories=[c for c, _ in tp_profile.CATEGORIES] + [tp_profile.OTHER], runs=args.profiles), f, indent=1)
+                               categories=[c for c, _ in tp_profile.CATEGORIES] + [tp_profile.OTHER],
+                               runs=args.profiles), f, indent=1)
 
 
 def run(tp: int, path: Path, args, budget: float, ep: bool = False, split: str = "heads") -> dict:
@@ -199,7 +202,8 @@ def run(tp: int, path: Path, args, budget: float, ep: bool = False, split: str =
     if args.prefill_requests or args.e2e or args.engine_steps:   # warm-up: prefill and mixed-step kernels compile here
         time_generate(llm, 4, io, 64, seed=3)
     engine_step_ms = time_engine_step(llm, args.batch, args.context,
-                                      min(args.engine_steps, 32) if args.smoke else args.engine_steps, args.engine_repeats)
+                                      min(args.engine_steps, 32) if args.smoke else args.engine_steps,
+                                      args.engine_repeats)
     prefill_s = time_generate(llm, args.prefill_requests, io, 1, seed=1)
     e2e_s = time_generate(llm, args.e2e, io, io, seed=2)
     mem = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
@@ -228,7 +232,8 @@ def print_roofline(cfg: dict, args, sizes: list[int]) -> None:
     attn = c["layers"] * c["attn_per_layer"] * 2
     rows = ", ".join(f"TP={tp} rank {((weights - attn) / tp + attn + kv / tp) / rate * 1e3:.2f} ms (ratio floor "
                      f"{((weights - attn) / tp + attn + kv / tp) / (weights + kv):.2f}x)" for tp in sizes if tp > 1)
-    print(f"byte bound at {rate / 1e9:.0f} GB/s measured copy (every expert read at batch {args.batch}): TP=1 {one:.2f} ms "
+    print(f"byte bound at {rate / 1e9:.0f} GB/s measured copy (every expert read at batch {args.batch}): "
+          f"TP=1 {one:.2f} ms "
           f"(weights {weights / 1e9:.1f} GB + KV {kv / 1e9:.1f} GB); attention split by heads: {floors}; "
           f"by rows: {rows}")
 
@@ -255,7 +260,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--prefill-requests", type=int, default=64, help="prompts of 1024 tokens for the prefill run (0: skip)")
+    ap.add_argument("--prefill-requests", type=int, default=64,
+                    help="prompts of 1024 tokens for the prefill run (0: skip)")
     ap.add_argument("--e2e", type=int, default=64, help="requests of 1024 in / 1024 out for the whole run (0: skip)")
     ap.add_argument("--engine-steps", type=int, default=128,
                     help="decode steps of the engine's own step time (generate, --batch prompts at --context; 0: skip)")
@@ -277,19 +283,21 @@ def main() -> None:
                     help="after the timed steps, profile --profile-steps decode steps on every rank (tp_profile)")
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--profile-prefill", type=int, default=0,
-                    help="with --profile: profile a step of this many 1024-token prompts (at most --context) instead of the decode batch "
+                    help="with --profile: profile a step of this many 1024-token prompts (at most --context) "
+                         "instead of the decode batch "
                          "(its synthetic step time replaces the decode step's in the table)")
     ap.add_argument("--profile-eager", action="store_true",
                     help="with --profile: also profile the steps with the CUDA graphs set aside on every rank")
     ap.add_argument("--profile-json", default="", help="with --profile: every run's per-kernel tables as JSON")
     ap.add_argument("--profile-traces", default="",
-                    help="with --profile: keep each rank's Chrome trace (.json.gz) in this folder (default: a temporary "
-                         "one)")
+                    help="with --profile: keep each rank's Chrome trace (.json.gz) in this folder "
+                         "(default: a temporary one)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny dims, native backend: proves the code path")
     ap.add_argument("--gpu-memory-utilization", default="0",
                     help="size the KV cache by the profile run under this budget (the memory target); "
                          "a TP size that does not fit is reported, not fatal (CPU: the budget is ignored); "
-                         "auto: one TP=2 rank's weights (half) and KV cache (whole: MLA's latent cache is not split by heads) + 6 GiB, over this card's memory")
+                         "auto: one TP=2 rank's weights (half) and KV cache "
+                         "(whole: MLA's latent cache is not split by heads) + 6 GiB, over this card's memory")
     args = ap.parse_args()
     args.profiles = []
     if args.profile and not args.profile_traces:
@@ -329,13 +337,16 @@ def main() -> None:
              if args.gpu_memory_utilization else "\n"))
     print(f"weights: {'checkpoint ' + str(path) if args.checkpoint else 'load_format: dummy (made on each GPU)'}\n")
     print("| TP | EP | attention split | gpu_memory_utilization | fits | step ms | vs TP=1 | engine step ms | vs TP=1 "
-          "| engine start s | load s | rank-0 weights GiB | KV blocks | rank-0 peak GiB | prefill tok/s | 1k/1k out tok/s |")
-    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| engine start s | load s | rank-0 weights GiB | KV blocks | rank-0 peak GiB | prefill tok/s "
+          "| 1k/1k out tok/s |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+          "| ---: | ---: | ---: | ---: |")
     for r in rows:
         r["ratio"] = r["step_ms"] / base
         util = r["budget"] or "- (fixed cache)"
         if not r["fits"]:
-            print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {r['split']} | {util} | no: {r['error']} | - | - | - | - | "
+            print(f"| {r['tp']} | {'yes' if r['ep'] else 'no'} | {r['split']} | {util} | no: {r['error']} | "
+                  f"- | - | - | - | "
                   f"{r['engine_start_s']:.0f} | - | - | - | - | - | - |")
             continue
         r["engine_ratio"] = r["engine_step_ms"] / engine_base

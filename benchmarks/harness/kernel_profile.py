@@ -19,7 +19,8 @@ CATEGORIES = [
     ("attn: MLA decode (split-KV)", r"_decode_stage1|_plan_kernel|mla_decode_wgmma_kernel|mla_decode_split_kernel"),
     ("attn: split merge", r"_decode_stage2|_merge_kernel|mla_combine_kernel"),
     ("attn: extend/prefill", r"_extend_kernel|flash|fmha|attention|sdpa"),
-    ("attn: latent interleave/cache write/gather", r"_interleave_kernel|_write_latent_cache|_gather_rows|_gather_groups"),
+    ("attn: latent interleave/cache write/gather",
+     r"_interleave_kernel|_write_latent_cache|_gather_rows|_gather_groups"),
     ("MoE: grouped GEMM", r"grouped_gemm"),
     ("MoE: align/sum", r"_count_kernel|_offsets_kernel|_scatter_kernel|sum_topk"),
     ("FP8 GEMM + quant", r"_w8a8|_group_quant|_split_k_reduce"),
@@ -85,7 +86,8 @@ def phase_split(prefill: dict[str, float], whole: dict[str, float], decode_steps
     the prefill's and the whole run's (``category_ms``): (whole - prefill) / decode_steps."""
     steps = max(decode_steps, 1)
     return {"prefill": dict(prefill),
-            "decode_step": {k: (whole.get(k, 0.0) - prefill.get(k, 0.0)) / steps for k in sorted(set(whole) | set(prefill))}}
+            "decode_step": {k: (whole.get(k, 0.0) - prefill.get(k, 0.0)) / steps
+                            for k in sorted(set(whole) | set(prefill))}}
 
 
 def kernel_table(step, iters: int) -> dict:

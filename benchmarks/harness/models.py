@@ -137,7 +137,8 @@ def v3_step_runner(name: str, layers: int, batch: int, context: int, graphs: boo
     build = v32_model if extra else dense_v3_model
     model = build(layers, device, torch.bfloat16)[0]
     per_seq = -(-context // PAGE)
-    ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": backend, "cuda_decode": cuda_decode},
+    ecfg = config_from_dict({"device": "gpu", "dtype": "bfloat16",
+                             "attention": {"backend": backend, "cuda_decode": cuda_decode},
                              "cuda_graph": graphs, "cache": {"block_size": PAGE, "num_blocks": batch * per_seq + 1},
                              "scheduler": {"max_num_seqs": batch, "enable_chunked_prefill": True},
                              "max_model_len": context + 64})

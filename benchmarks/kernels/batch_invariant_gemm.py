@@ -6,9 +6,9 @@ rows; prefill: 16384): pointer loads, TMA loads, the swapped kernel of few-row l
 ``deterministic: true`` needs each output element to be the same K-ordered sum whatever M is. This
 program times each candidate at every shape (bf16, replays of a CUDA graph of one call, as the
 engine's decode graphs run them, so host work such as building TMA descriptors is out; do_bench
-medians, L2 flushed) as a ratio to cuBLAS, and checks bits: every candidate's rows against the first candidate's at the largest M (the
-``same bits`` row). Where all agree, the tile shape does not enter a row's arithmetic, so a config
-may follow M without breaking the mode; where one differs, it may not.
+medians, L2 flushed) as a ratio to cuBLAS, and checks bits: every candidate's rows against the first
+candidate's at the largest M (the ``same bits`` row). Where all agree, the tile shape does not enter a
+row's arithmetic, so a config may follow M without breaking the mode; where one differs, it may not.
 
     python -m benchmarks.kernels.batch_invariant_gemm [--dims qwen3|v2-lite] [--m 4,16,256,16384]
 """

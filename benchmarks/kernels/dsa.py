@@ -228,7 +228,8 @@ def bench_indexer_ab(b: int, s: int, heads: int, dim: int, topk: int, repeats: i
         exact = bool((cols[:, 1:] > cols[:, :-1]).all() and (cols[:, 0] >= 0).all() and (cols[:, -1] < s).all()
                      and torch.equal(scores[:, :s].gather(1, pos_out).sort(-1).values, ref_vals))
         checks[name] = dict(exact=exact, sample_misses=int(fallbacks.item()), paths=paths.tolist())
-    x = torch.empty((1 << 30) if DEV != "cpu" else (1 << 20), dtype=torch.uint8, device=DEV)   # as timing.copy_bandwidth
+    # as timing.copy_bandwidth
+    x = torch.empty((1 << 30) if DEV != "cpu" else (1 << 20), dtype=torch.uint8, device=DEV)
     y = torch.empty_like(x)
     times = {k: [] for k in ["copy", "score"] + [f"topk {n}" for n in variants] + [f"pair {n}" for n in variants]}
     for _ in range(repeats):
@@ -241,11 +242,13 @@ def bench_indexer_ab(b: int, s: int, heads: int, dim: int, topk: int, repeats: i
     key_bytes = b * s * dim * 2
     best = {k: min(v) for k, v in times.items()}
     return dict(b=b, context=s, topk=topk, copy_bw_gbs=bw / 1e9, key_bytes=key_bytes, us_min=best, us_all=times,
-                checks=checks, fraction_of_copy={k: key_bytes / (t * 1e-6) / bw for k, t in best.items() if k != "copy"})
+                checks=checks,
+                fraction_of_copy={k: key_bytes / (t * 1e-6) / bw for k, t in best.items() if k != "copy"})
 
 
 def print_indexer_ab(r: dict) -> None:
-    print(f"## indexer score + top-k A/B, b={r['b']} ctx {r['context']} top-{r['topk']}, copy {r['copy_bw_gbs']:.0f} GB/s, "
+    print(f"## indexer score + top-k A/B, b={r['b']} ctx {r['context']} top-{r['topk']}, "
+          f"copy {r['copy_bw_gbs']:.0f} GB/s, "
           f"key bytes {r['key_bytes'] / 1e6:.1f} MB (min of {len(r['us_all']['score'])} interleaved repeats)")
     print(f"score kernel alone: {r['us_min']['score']:.1f} us ({r['fraction_of_copy']['score']:.1%} of copy)")
     print("| variant | top-k alone us | score + top-k us | % of copy (target >= 70%) | exact | sample misses | "
@@ -267,7 +270,8 @@ def bench_e2e(layers: int, batch: int, context: int, graphs: bool) -> dict:
         out[key + "_step_ms"] = time_steps(runner, step, 10) * 1e3
         del runner, step
         torch.cuda.empty_cache()
-    out.update(layers=layers, batch=batch, context=context, cuda_graphs=graphs, ratio=out["v32_dsa_step_ms"] / out["v3_dense_step_ms"])
+    out.update(layers=layers, batch=batch, context=context, cuda_graphs=graphs,
+               ratio=out["v32_dsa_step_ms"] / out["v3_dense_step_ms"])
     return out
 
 
@@ -288,7 +292,8 @@ def main() -> None:
     ap.add_argument("--e2e-batches", default="64", help="e2e decode batch sizes, e.g. 1,16,64")
     ap.add_argument("--e2e-only", action="store_true", help="only the e2e steps (implies --e2e)")
     ap.add_argument("--e2e-plain-indexer", action="store_true",
-                    help="with --e2e-only: also the dsa step with the indexer's plain-tensor RoPE/LayerNorm (A/B of its fused kernel)")
+                    help="with --e2e-only: also the dsa step with the indexer's plain-tensor RoPE/LayerNorm "
+                         "(A/B of its fused kernel)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--indexer-ab", action="store_true",
@@ -318,7 +323,8 @@ def main() -> None:
             for eb, r in zip(args.e2e_batches.split(","), e2e):
                 runner, step = v3_step_runner("v32_dsa", 4, int(eb), ctx, graphs, DEV)
                 r["v32_dsa_plain_indexer_step_ms"] = time_steps(runner, step, 10) * 1e3
-                print(f"- b={eb}: dsa with the plain indexer RoPE/LayerNorm {r['v32_dsa_plain_indexer_step_ms']:.2f} ms, "
+                print(f"- b={eb}: dsa with the plain indexer RoPE/LayerNorm "
+                      f"{r['v32_dsa_plain_indexer_step_ms']:.2f} ms, "
                       f"fused {r['v32_dsa_step_ms']:.2f} ms", flush=True)
                 del runner, step
                 torch.cuda.empty_cache()

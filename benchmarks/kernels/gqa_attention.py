@@ -15,8 +15,9 @@ flash backend on the same (non-paged) data, K/V expanded to the query heads outs
 
   python -m benchmarks.kernels.gqa_attention [--b 32,64] [--s 8192,16384] [--group 4,8]
       [--prefill 8192] [--json out.json]
-  ncu of one case: ncu -k regex:decode_mma --launch-skip 1 --launch-count 1 ... python -m benchmarks.kernels.gqa_attention
-      --ncu decode --b 32 --s 8192 --group 4     (--ncu prefill --prefill 8192 --group 4: regex:prefill_tc)
+  ncu of one case: ncu -k regex:decode_mma --launch-skip 1 --launch-count 1 ...
+      python -m benchmarks.kernels.gqa_attention --ncu decode --b 32 --s 8192 --group 4
+      (--ncu prefill --prefill 8192 --group 4: regex:prefill_tc)
 Targets: decode >= 85% of copy bandwidth and >= 1.2x SGLang; prefill >= 0.8x SDPA flash.
 """
 

@@ -11,7 +11,8 @@ anchor, from ./third_party/flashinfer (scripts/fetch_flashinfer.sh; benchmarks/h
 
   python -m benchmarks.kernels.mla_decode [--b 1,16,64,128] [--h 16,128] [--s 1024,4096,16384,32768]
       [--variants "block_n=32;block_n=64,num_stages=3"] [--json out.json]
-  python -m benchmarks.kernels.mla_decode --preset variants    (the register/split variants against today's config and SGLang, < 4 min)
+  python -m benchmarks.kernels.mla_decode --preset variants    (the register/split variants against today's
+                                                                config and SGLang, < 4 min)
   python -m benchmarks.kernels.mla_decode --preset b1          (h=16 pipeline depth / merge variants)
   python -m benchmarks.kernels.mla_decode --preset targets     (the decode target points; split caps at b=1)
   python -m benchmarks.kernels.mla_decode --preset cuda        (the SM90 CUDA op at its target points)
@@ -244,7 +245,8 @@ def print_tables(rows, vrows, copy_gbs):
             errs = " / ".join(f"{r[k]:.1e}" if k in r else "-" for k in
                               ("cuda_rel_err_vs_triton", "cuda_rel_err_vs_sg", "cuda_rel_err_vs_fi"))
             print(f"| {r['b']} | {r['h']} | {r['s']} | {r['cuda_us']:.1f} | {r['cuda_graph_us']:.1f} / "
-                  f"{r['cuda_graph_layer_us']:.1f} | {r['cuda_tflops']:.0f} | {r['cuda_pct_copy']:.0f}% | {r['us']:.1f} | "
+                  f"{r['cuda_graph_layer_us']:.1f} | {r['cuda_tflops']:.0f} | {r['cuda_pct_copy']:.0f}% | "
+                  f"{r['us']:.1f} | "
                   f"{r['cuda_vs_triton']:.2f}x | {sg} | {fi} | {errs} |")
         for r in cuda_rows:
             if r.get("fi_error"):
@@ -261,7 +263,8 @@ def print_tables(rows, vrows, copy_gbs):
         sg = (f"{r['vs_sglang']:.2f}x | {r['rel_err_vs_sg']:.1e}" if "vs_sglang" in r
               else f"- | (vs default {r['rel_err_vs_default']:.1e})")
         print(f"| {r['b']} | {r['h']} | {r['s']} | {json.dumps(r['variant'])} | {r['us']:.1f} | {r['graph_us']:.1f} | "
-              f"{r['tbs']:.2f} | {r['pct_copy']:.0f}% | {r['tflops']:.0f} | {r['regs_spills']} | {r['mean_splits']:.1f} "
+              f"{r['tbs']:.2f} | {r['pct_copy']:.0f}% | {r['tflops']:.0f} | {r['regs_spills']} | "
+              f"{r['mean_splits']:.1f} "
               f"| {r['ws_mib']:.1f} | {r['vs_default']:.2f}x | {sg} |")
 
 
@@ -285,7 +288,8 @@ def main():
     props = torch.cuda.get_device_properties(0)
     copy_gbs = copy_bandwidth() / 1e9
     meta = {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
-            "torch": torch.__version__, "triton": triton.__version__, "copy_gbs": copy_gbs, "sglang": sg_src, "flashinfer": fi_src,
+            "torch": torch.__version__, "triton": triton.__version__, "copy_gbs": copy_gbs, "sglang": sg_src,
+            "flashinfer": fi_src,
             "command": " ".join(sys.argv)}
     print(f"# {props.name}, {meta['date']}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"# device copy bandwidth (read+write): {copy_gbs:.0f} GB/s; SGLang: {sg_src}; FlashInfer: {fi_src}")

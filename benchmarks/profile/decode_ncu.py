@@ -35,7 +35,8 @@ def main() -> None:
     for i, over in enumerate(parse_variants(a.cfg)):
         cfg = decode.decode_config(a.h, **over)
         print(f"config {i}: {over or 'today'} -> {cfg}", flush=True)
-        ws = decode.alloc_decode_workspace(a.b, a.h, LORA, decode.split_cap(cfg.programs), "cuda", programs=cfg.programs)
+        ws = decode.alloc_decode_workspace(a.b, a.h, LORA, decode.split_cap(cfg.programs), "cuda",
+                                           programs=cfg.programs)
         out = torch.empty(a.b, a.h, LORA, dtype=torch.bfloat16, device="cuda")
         decode.build_decode_plan(lens, a.b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
         runs.append(lambda cfg=cfg, ws=ws, out=out: decode.mla_decode(q, cache, tables, lens, out, ws, LORA,

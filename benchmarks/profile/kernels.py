@@ -99,7 +99,8 @@ def run_cases(cases: list[str], layers: int, iters: int) -> dict:
         if "moe-decode" in cases:
             out["moe-decode"] = kernel_table(greedy_step(r, step_batch(r, 64, 1, 4095, 64, False, 0)), iters)
         if "moe-prefill" in cases:
-            out["moe-prefill"] = kernel_table(greedy_step(r, step_batch(r, 64, 512, 0, 64, True, 1)), max(2, iters // 4))
+            out["moe-prefill"] = kernel_table(greedy_step(r, step_batch(r, 64, 512, 0, 64, True, 1)),
+                                              max(2, iters // 4))
         del r
         runtime.empty_cache()
     if "moe-short" in cases:
@@ -194,7 +195,8 @@ def e2e_steps(layers: int) -> dict:
     from paddle_mla.sched.request import GenerationRequest, SamplingParams
 
     llm = LLM(config_from_dict({
-        "model": str(moe_checkpoint(layers)[0]), "device": "gpu", "dtype": "bfloat16", "attention": {"backend": "triton_mla"},
+        "model": str(moe_checkpoint(layers)[0]), "device": "gpu", "dtype": "bfloat16",
+        "attention": {"backend": "triton_mla"},
         "cuda_graph": True, "max_model_len": 4160, "cache": {"block_size": 64, "num_blocks": 256 * 10 + 8},
         "scheduler": {"max_num_seqs": 256, "max_num_batched_tokens": 32768, "enable_chunked_prefill": True}}))
     marks = []
@@ -251,7 +253,8 @@ def print_tables(res: dict) -> None:
         print("| category | ms/step | share |\n| --- | --- | --- |")
         for cat, ms in t["categories"].items():
             print(f"| {cat} | {ms:.3f} | {100 * ms / t['device_ms']:.1f}% |")
-        print("top kernels: " + "; ".join(f"{k['name'][:60]} x{k['calls']} {k['ms']:.3f} ms" for k in t["top_kernels"][:6]))
+        print("top kernels: "
+              + "; ".join(f"{k['name'][:60]} x{k['calls']} {k['ms']:.3f} ms" for k in t["top_kernels"][:6]))
 
 
 def main() -> None:

@@ -12,7 +12,8 @@ block-table entries written, and host CPU time per decode-only step, by phase.
 
 --steps prints each mode's schedule, run-length encoded: ``P3x9`` = 9 steps with a prefill chunk and
 3 rows decoding, ``D4x19`` = 19 decode-only steps of 4 rows. The schedule does not depend on timing,
-so it is benchmarks.e2e.head_wise_swa's on the GPU step for step (checked on its H100 run in BENCHMARKS.md, "Head-wise SWA").
+so it is benchmarks.e2e.head_wise_swa's on the GPU step for step (checked on its H100 run in BENCHMARKS.md,
+"Head-wise SWA").
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Host-side lengths come from the scheduler (numpy); device tensors are computed by the metadata
 custom ops (``paddle_mla.ops.metadata``) from small uploaded arrays. The arrays go up through an
 ``platform.staging.Uploader``: one pinned, non-blocking copy per step (with the runner's
-``SideArrays``, which come back apart from the metadata), never a pageable ``.to(device)``. No layer recomputes any of it, and
-nothing here reads a device tensor back to the host.
+``SideArrays``, which come back apart from the metadata), never a pageable ``.to(device)``. No layer
+recomputes any of it, and nothing here reads a device tensor back to the host.
 """
 
 from __future__ import annotations

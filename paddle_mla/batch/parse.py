@@ -212,7 +212,8 @@ def line_format(parsed: Parsed) -> LineFormat:
         return LineFormat(openai=False, chat=parsed.fields.get("messages") is not None)
     body = parsed.fields["body"]
     model = body.get("model")
-    return LineFormat(openai=True, chat=parsed.fields["url"] == CHAT_URL, model=model if isinstance(model, str) else None)
+    return LineFormat(openai=True, chat=parsed.fields["url"] == CHAT_URL,
+                      model=model if isinstance(model, str) else None)
 
 
 def _logprob_params(fields: dict[str, Any], valid: tuple[str, ...]) -> dict[str, Any]:
@@ -232,7 +233,8 @@ def _logprob_params(fields: dict[str, Any], valid: tuple[str, ...]) -> dict[str,
                         f"(the number of alternatives per token, 0 for none), got {json.dumps(lp)}")
     if _INT[0](lp):
         if top is not None:
-            raise LineError("invalid_request", "give 'logprobs: k' or 'logprobs: true' with 'top_logprobs: k', not both")
+            raise LineError("invalid_request",
+                            "give 'logprobs: k' or 'logprobs: true' with 'top_logprobs: k', not both")
         enabled, top = True, lp
     else:
         enabled, top = lp, top or 0

@@ -149,7 +149,8 @@ def main() -> None:
               help="Output JSONL file, '-' for stdout. An existing non-empty file needs --resume or --overwrite.")
 @click.option("--model", "model", default=None, metavar="PATH",
               help="Local checkpoint folder (shortcut for --set model=PATH; nothing is ever downloaded).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Shortcut for --set sampling.max_tokens=N.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Shortcut for --set sampling.max_tokens=N.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None,
               help="Shortcut for --set sampling.temperature=T.")
 @click.option("--top-p", type=float, default=None, help="Shortcut for --set sampling.top_p=P.")
@@ -289,7 +290,8 @@ Exit codes:
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--force", is_flag=True, help="Write into OUT_DIR even if it is not empty (its files of the same "
               "names are replaced, others stay).")
-@click.option("--arch", type=click.Choice(["deepseek_v3", "deepseek_v2", "deepseek_v32"]), default="deepseek_v3", show_default=True,
+@click.option("--arch", type=click.Choice(["deepseek_v3", "deepseek_v2", "deepseek_v32"]), default="deepseek_v3",
+              show_default=True,
               help="Model family of the tiny checkpoint.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
 def make_tiny_model_cmd(out_dir: str, force: bool, arch: str, seed: int) -> None:

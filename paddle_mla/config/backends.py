@@ -33,7 +33,8 @@ BACKEND_CAPS: dict[str, BackendCaps] = {
     "triton_mla": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
                               deterministic=True, note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "dsa": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
-                       deterministic=True, note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
+                       deterministic=True, note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under "
+                                                "TRITON_INTERPRET=1 with runtime: torch"),
     "append_attn": BackendCaps(("gqa",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
                                note="the append_attention custom op: C++ on CPU, CUDA on the GPU",
                                head_wise_swa=True, deterministic=True),

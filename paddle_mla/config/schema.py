@@ -195,7 +195,8 @@ def _apply(obj: Any, data: dict[str, Any], source: str, prefix: str, errors: lis
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
-                errors.append(f"{source}: '{path}' must be a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}")
+                errors.append(f"{source}: '{path}' must be a mapping of "
+                              f"{', '.join(f.name for f in dataclasses.fields(tp))}")
                 continue
             _apply(getattr(obj, key), value, source, f"{path}.", errors, origins)
             continue

@@ -165,14 +165,16 @@ def _indexer_qk_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, nw_ptr, nb_ptr, kout_ptr,
         y1 = ((tl.load(k_ptr + t * D + i).to(tl.float32) - mean) * rstd * tl.load(nw_ptr + i).to(tl.float32)
               + tl.load(nb_ptr + i).to(tl.float32)).to(ty).to(tl.float32)
         y2 = ((tl.load(k_ptr + t * D + HALF + i).to(tl.float32) - mean) * rstd
-              * tl.load(nw_ptr + HALF + i).to(tl.float32) + tl.load(nb_ptr + HALF + i).to(tl.float32)).to(ty).to(tl.float32)
+              * tl.load(nw_ptr + HALF + i).to(tl.float32)
+              + tl.load(nb_ptr + HALF + i).to(tl.float32)).to(ty).to(tl.float32)
         tl.store(kout_ptr + t * D + i, (y1 * c - y2 * s).to(ty))
         tl.store(kout_ptr + t * D + HALF + i, (y2 * c + y1 * s).to(ty))
         if REST > 0:
             r = 2 * HALF + tl.arange(0, REST)
             rm = r < D
             y3 = ((tl.load(k_ptr + t * D + r, mask=rm, other=0.0).to(tl.float32) - mean) * rstd
-                  * tl.load(nw_ptr + r, mask=rm, other=0.0).to(tl.float32) + tl.load(nb_ptr + r, mask=rm, other=0.0).to(tl.float32))
+                  * tl.load(nw_ptr + r, mask=rm, other=0.0).to(tl.float32)
+                  + tl.load(nb_ptr + r, mask=rm, other=0.0).to(tl.float32))
             tl.store(kout_ptr + t * D + r, y3.to(ty), mask=rm)
 
 

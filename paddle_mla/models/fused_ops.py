@@ -6,9 +6,9 @@ one pass) and DeepSeek's routing after the router GEMM (``route_topk``).
 
 On a GPU each runs as one Triton kernel per call (one read of each input, one write of each
 output). The plain-tensor form is ~7 passes over the activations: in the V2-Lite-dims 64 x 512
-prefill profile (H100, docs/benchmarks_history.md, "Where the step time goes") PyTorch's elementwise and copy kernels took 31%
-of the step, the norms' ``pow``/``mean``/casts a large share of it. The plain form stays the CPU
-path and the kernel's oracle; the kernel rounds exactly where the plain form does.
+prefill profile (H100, docs/benchmarks_history.md, "Where the step time goes") PyTorch's elementwise
+and copy kernels took 31% of the step, the norms' ``pow``/``mean``/casts a large share of it. The
+plain form stays the CPU path and the kernel's oracle; the kernel rounds exactly where the plain form does.
 """
 
 from __future__ import annotations

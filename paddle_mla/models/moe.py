@@ -100,7 +100,8 @@ class MoEExec:
             self.reserve(8192, max_top_k or topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1], x.shape[1], fp8=fp8)
         if fp8:
             return fused_moe(x, w_gate.weight, w_up.weight, w_down.weight, topk_ids, topk_weights, self.workspace,
-                             w_gate.scale_inv, w_up.scale_inv, w_down.scale_inv, act_quant=_act_quant, n_routed=n_routed)
+                             w_gate.scale_inv, w_up.scale_inv, w_down.scale_inv, act_quant=_act_quant,
+                             n_routed=n_routed)
         return fused_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, self.workspace, n_routed=n_routed)
 
     def runs_fp8(self, w: Fp8Weight) -> bool:

@@ -367,7 +367,8 @@ def _register_torch_fakes() -> None:
     def _(this, dec, num_tokens):
         b = this.shape[0] + 1
         i32 = torch.int32
-        return this.new_empty((b,), dtype=i32), this.new_empty((b,), dtype=i32), this.new_empty((num_tokens,), dtype=i32)
+        return (this.new_empty((b,), dtype=i32), this.new_empty((b,), dtype=i32),
+                this.new_empty((num_tokens,), dtype=i32))
 
     @torch.library.register_fake("paddle_mla::compute_slot_mapping")
     def _(tables, ids, pos, block_size):

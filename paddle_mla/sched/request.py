@@ -33,7 +33,8 @@ class SamplingParams:
     n: int = 1                    # completions per request (each with its own derived seed)
     presence_penalty: float = 0.0     # OpenAI: logits -= p * (count > 0) over the output tokens so far
     frequency_penalty: float = 0.0    # OpenAI: logits -= f * count over the output tokens so far
-    repetition_penalty: float = 1.0   # CTRL/vLLM: over prompt + output tokens, divide positive logits, multiply negative
+    repetition_penalty: float = 1.0   # CTRL/vLLM: over prompt + output tokens, divide positive logits,
+                                      # multiply negative
     logprobs: bool = False        # return each sampled token's logprob
     top_logprobs: int = 0         # and this many most likely alternatives per position (needs logprobs)
 

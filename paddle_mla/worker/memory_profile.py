@@ -62,7 +62,8 @@ class MemoryProfile:
     def report(self) -> str:
         g = lambda b: f"{b / GiB:8.2f}"   # noqa: E731
         cap = (f" (capped: max_num_seqs x max_model_len needs only {self.usable_blocks})"
-               if self.num_blocks == self.usable_blocks and self.kv_cache // self.per_block > self.usable_blocks else "")
+               if self.num_blocks == self.usable_blocks and self.kv_cache // self.per_block > self.usable_blocks
+               else "")
         graphs = (f"dummy decode of {self.decode_rows} rows + smaller graphs' logits + "
                   f"{GRAPH_MARGIN_BYTES / GiB:.2f} margin" if self.graph_pools else "no CUDA graphs")
         return "\n".join([
@@ -72,7 +73,8 @@ class MemoryProfile:
             f"  - weights, workspaces   {g(self.weights)}  tensors allocated before the profile run",
             f"  - peak activations      {g(self.activations)}  dummy prefill of {self.prefill_tokens} tokens in "
             f"{self.prefill_rows} row(s) + logits of {self.decode_rows} rows",
-            f"  - sampler (estimate)    {g(self.sampler)}  {SAMPLER_LOGITS_COPIES} x fp32 logits of {self.decode_rows} rows",
+            f"  - sampler (estimate)    {g(self.sampler)}  {SAMPLER_LOGITS_COPIES} x fp32 logits of "
+            f"{self.decode_rows} rows",
             f"  - CUDA graph pools      {g(self.graph_pools)}  {graphs}",
             f"  - non-torch memory      {g(self.non_torch)}  CUDA context, libraries, other processes",
             f"  = KV cache              {g(self.kv_cache)}  -> {self.num_blocks} blocks of "

@@ -2,7 +2,8 @@
 transformers needed): identical greedy tokens and close logits through batched prefill, chunked
 prefill mixed with decodes, a cached prefix and preemption; prompts longer than index_topk (16), so
 attention is sparse. ``chunked_dense_first`` gives the backend the model's top-k, as the engine does:
-its first step (every context 13 <= 16) runs dense through triton_mla's kernels, the later ones sparse. Float32: the interpreter on CPU, or a GPU (run with TRITON_F32_DEFAULT=ieee)."""
+its first step (every context 13 <= 16) runs dense through triton_mla's kernels, the later ones sparse.
+Float32: the interpreter on CPU, or a GPU (run with TRITON_F32_DEFAULT=ieee)."""
 
 import numpy as np
 import pytest

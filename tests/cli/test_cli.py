@@ -30,7 +30,8 @@ def test_cli_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, paddle_mla.cli.app, paddle_mla.batch.run, paddle_mla.cli.bench.runner; print('torch' in sys.modules)"
+    code = ("import sys, paddle_mla.cli.app, paddle_mla.batch.run, paddle_mla.cli.bench.runner; "
+            "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"
 

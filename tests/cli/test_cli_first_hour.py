@@ -71,7 +71,8 @@ def test_the_validate_example_runs_as_written():
     res = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     docs = list(yaml.safe_load_all(res.stdout))
-    assert len(docs) == len(list((ROOT / "configs").glob("*.yaml"))) + len(list((ROOT / "configs/bench").glob("*.yaml")))
+    assert len(docs) == (len(list((ROOT / "configs").glob("*.yaml")))
+                         + len(list((ROOT / "configs/bench").glob("*.yaml"))))
     assert "# configs/bench/workloads.yaml (bench workloads)" in res.stdout
     workloads = docs[-1]                 # workloads.yaml sorts last in configs/bench
     assert workloads["smoke"] == {"kind": "shared-prefix", **parse_workload(

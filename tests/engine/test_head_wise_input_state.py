@@ -3,7 +3,8 @@
 At every step of the real scheduler over per-KV-head pools (recycling on and off, prefix hits,
 chunked prefill, preemption from small pools, equal and unequal per-head ranges), the rows that
 ``InputState.apply`` keeps by deltas (the scheduler's plain-data ``step_input``) equal
-``HeadWisePool.block_tables``, which rebuilds them from the pools. And a step writes only what changed: nothing in a decode step that stays inside its blocks.
+``HeadWisePool.block_tables``, which rebuilds them from the pools. And a step writes only what changed:
+nothing in a decode step that stays inside its blocks.
 """
 
 from __future__ import annotations

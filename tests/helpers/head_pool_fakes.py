@@ -72,7 +72,8 @@ def check_global_ids(pool: HeadWisePool, live: list[Sequence]) -> None:
     for b, seq in enumerate(live):
         rows = pool.rows(seq)
         for h in range(spec.num_kv_heads):
-            local = rows[0] if pool.full and h < spec.first_swa_head else rows[h - spec.first_swa_head + bool(pool.full)]
+            local = (rows[0] if pool.full and h < spec.first_swa_head
+                     else rows[h - spec.first_swa_head + bool(pool.full)])
             want = [x + bases[h] if x >= 0 else -1 for x in local] + [-1] * (width - len(local))
             assert table[b, h].tolist() == want
             ids = table[b, h][table[b, h] >= 0]

@@ -142,7 +142,8 @@ def test_tc_decode_matches_cpu_op(case, env, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])   # bf16 decode rows take the tensor-core kernel
 @pytest.mark.parametrize("reqs", ["mixed", "decode", "long_prefill"])
-@pytest.mark.parametrize("table", [t for t in TABLES if t[2][0]], ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
+@pytest.mark.parametrize("table", [t for t in TABLES if t[2][0]],
+                         ids=lambda t: f"bs{t[0]}{'hw' if t[1] else ''}swa{t[2][0]}")
 def test_cuda_swa_mask_mode_matches_skip_mode(table, reqs, dtype):
     """swa_mask=True (the decode and prefill kernels walk every key j <= p of an SWA head and mask it
     in attend_tile) against the default skip mode on the GPU and the C++ op's mask mode on CPU.

@@ -63,7 +63,8 @@ def test_cpu_op_matches_reference_fp32(table, shape, reqs):
     hq, hkv, d, rot, neox = shape
     bs, head_wise, swa = table
     swa = (min(swa[0], hkv), swa[1], swa[2])
-    c = Case(REQS[reqs], hq, hkv, d, rot, neox, bs, head_wise, swa, pad=2, seed=zlib.crc32(repr((reqs, shape, table)).encode()) % 1000)
+    c = Case(REQS[reqs], hq, hkv, d, rot, neox, bs, head_wise, swa, pad=2,
+             seed=zlib.crc32(repr((reqs, shape, table)).encode()) % 1000)
     data = make_data(c)
     got = run_case(c, op.append_attention, torch.float32, "cpu", data)
     want = run_case(c, append_attention_reference, torch.float32, "cpu", data)
@@ -151,7 +152,8 @@ def test_swa_mask_mode_equals_skip_mode(table, reqs):
     both match the reference. Head-wise cases keep their -1, NaN-poisoned slots: mask mode must
     not read them either."""
     bs, head_wise, swa = table
-    c = Case(REQS[reqs], 6, 2, 24, 16, True, bs, head_wise, swa, pad=1, seed=zlib.crc32(repr((reqs, table)).encode()) % 1000)
+    c = Case(REQS[reqs], 6, 2, 24, 16, True, bs, head_wise, swa, pad=1,
+             seed=zlib.crc32(repr((reqs, table)).encode()) % 1000)
     data = make_data(c)
     skip = run_case(c, op.append_attention, torch.float32, "cpu", data)
     mask = run_case(c, op.append_attention, torch.float32, "cpu", data, swa_mask=True)

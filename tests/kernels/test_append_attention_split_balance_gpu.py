@@ -1,9 +1,9 @@
 """Decode split plans, by each (row, KV head)'s own length (the default, decode_split_keys: one split
-size for the launch, no shorter than split_floor_keys) and equal (PADDLE_MLA_GQA_SPLITS=equal): full and SWA heads mixed in one launch, ragged rows (a
-few tokens beside 8k), one long row alone (the most splits a row may take), a workspace that holds
-fewer splits, and a CUDA graph replayed with new lengths (the split size by length is computed on
-the device from the step's positions). Every decode kernel against the
-plain-tensor reference (fp32 on the GPU), with SWA rows' out-of-window blocks -1 and NaN-poisoned.
+size for the launch, no shorter than split_floor_keys) and equal (PADDLE_MLA_GQA_SPLITS=equal): full
+and SWA heads mixed in one launch, ragged rows (a few tokens beside 8k), one long row alone (the
+most splits a row may take), a workspace that holds fewer splits, and a CUDA graph replayed with new
+lengths (the split size by length is computed on the device from the step's positions). Every decode
+kernel against the plain-tensor reference (fp32 on the GPU), with SWA rows' out-of-window blocks -1 and NaN-poisoned.
 Run on the GPU machine: ``python -m pytest -q -m gpu tests/kernels/test_append_attention_split_balance_gpu.py``.
 """
 

@@ -135,7 +135,8 @@ def test_topk_select_matches_reference(lens, ties, margin, variant):
         _check_topk(got, scores, meta, K)
         scores = scores[:, ::-1].copy() if call == 0 else scores
     cap = candidate_capacity(K)
-    windows_past_buffer = [c + i + 1 for q, c in zip(meta.seq_lens_q, meta.num_cached) for i in range(q) if c + i + 1 > cap]
+    windows_past_buffer = [c + i + 1 for q, c in zip(meta.seq_lens_q, meta.num_cached) for i in range(q)
+                           if c + i + 1 > cap]
     assert windows_past_buffer    # so the sample decides for some rows
     if margin != 3:
         assert int(fallbacks.item()) > 0

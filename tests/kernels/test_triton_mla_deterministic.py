@@ -83,8 +83,8 @@ def test_fixed_plan_decode_row_is_bitwise_the_same_in_any_batch(k, programs):
     expect = k.ref.mla_decode_ref(q_all, cache, upload(k, bt), upload(k, np.array(lens_all, dtype=np.int32)), lora,
                                   lk ** -0.5)
     for n, i in probe:
-        alone = _decode(k, q_all[i:i + 1], cache, upload(k, bt[i:i + 1]), upload(k, np.array([n], dtype=np.int32)), fixed,
-                        heads, lora, programs)
+        alone = _decode(k, q_all[i:i + 1], cache, upload(k, bt[i:i + 1]), upload(k, np.array([n], dtype=np.int32)),
+                        fixed, heads, lora, programs)
         torch.testing.assert_close(alone[0], expect[i], atol=TOL, rtol=TOL)
         for size in (3, 5, 8):
             for pos in range(size):

@@ -178,7 +178,8 @@ def test_mla_backends_on_gqa_checkpoint_are_config_errors(tmp_path, backend):
 
     from paddle_mla.config.schema import ConfigError
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", **_BASE, **CONFIGS["qwen3_g2_yarn_sharded"][1]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "qwen3", **_BASE, **CONFIGS["qwen3_g2_yarn_sharded"][1]}))
     with pytest.raises(ConfigError, match=f"{backend}.*GQA.*native"):
         LLM(config_from_dict({"model": str(tmp_path), "device": "cpu", "attention": {"backend": backend}}))
 

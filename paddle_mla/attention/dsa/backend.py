@@ -96,7 +96,8 @@ class DSABackend(TritonMLABackend):
             if self._decode_ws is None or self._decode_ws["topk"] != topk:
                 n = self.max_num_seqs
                 self._decode_ws = dict(self._alloc(n, topk), topk=topk, score_rows=n,
-                                       scores=torch.empty(n * self.max_model_len, dtype=torch.float32, device=self.device),
+                                       scores=torch.empty(n * self.max_model_len, dtype=torch.float32,
+                                                          device=self.device),
                                        topk_scratch=self._topk_scratch(n, topk))
             return self._decode_ws
         ws = meta.attn.dsa_ws

@@ -326,7 +326,8 @@ def topk_select(scores, topk: int, out, batch_ids, positions, ks=None, ke=None, 
         SEM=append_sem, num_warps=candidate_warps,
     )
     _select_kernel[(T,)](
-        scores, res, scratch, fallbacks, fallbacks if path_counts is None else path_counts, batch_ids, positions, *win, scores.stride(0), res.stride(0),
+        scores, res, scratch, fallbacks, fallbacks if path_counts is None else path_counts, batch_ids, positions, *win,
+        scores.stride(0), res.stride(0),
         scratch.stride(0), topk, USE_WINDOW=use_window, BLOCK=block if interp else 4096,
         BLOCK_K=min(1024, triton.next_power_of_2(topk)), CAP=cap, SHORT=short_select,
         STATS=path_counts is not None, num_warps=select_warps,

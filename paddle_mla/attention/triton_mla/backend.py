@@ -119,7 +119,8 @@ class TritonMLABackend(MLABackend):
                                  **fixed) if self.short_max_q or deterministic else None
         self.segmented = SegmentedExtend(self.extend, device, segment_tokens) if deterministic else None
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
-            print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB ({self.ws.partial_out.shape[0]} "
+            print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB "
+                  f"({self.ws.partial_out.shape[0]} "
                   f"partial rows x {H} heads x {L}; config {self.cuda.launch if self.cuda else self.cfg}; CUDA decode: "
                   f"{why_not_cuda or 'on'}), pseudo-row workspace "
                   f"{self.pseudo.ws.nbytes / 2**20 if self.pseudo else 0:.1f} MiB", file=sys.stderr, flush=True)

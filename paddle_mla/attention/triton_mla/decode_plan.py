@@ -20,9 +20,9 @@ split row is 128 KB against a 72 KB key tile of the CUDA op). With ``split_cost`
 weighs that: it tries Q' = Q + k * max(Q // 128, 1), k < PLAN_SEARCH, and keeps the first of least
 Q' * P * 64 + split_cost * (partial rows of Q') (integers: the reference picks the same), where
 split_cost is a partial row's write and read in 1/64 key tiles. Sizes whose extra tiles alone cost
-more than all of Q's partial rows are not tried (they cannot win; at b=1 that is every one). Uniform rows then land on whole
-windows: 64 rows of 64 tiles over 66 programs take Q = 64 (no partials) instead of 63 (every row
-split in two, 32 MB of partials at 128 heads).
+more than all of Q's partial rows are not tried (they cannot win; at b=1 that is every one). Uniform
+rows then land on whole windows: 64 rows of 64 tiles over 66 programs take Q = 64 (no partials)
+instead of 63 (every row split in two, 32 MB of partials at 128 heads).
 
 Compact partials: the programs that touch request b form a contiguous range [first_b, last_b],
 and consecutive requests' ranges share at most one program, so sum_b (last_b - first_b) <= P - 1

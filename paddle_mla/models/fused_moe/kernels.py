@@ -83,7 +83,8 @@ def _launch_gemm(a, b, b2, c, a_scale, b_scale, b2_scale, c_scale, topk_weights,
                  num_pairs, a_row_div, gated, mul_routed, cfg, a_group=FP8_GROUP):
     E, N, K = b.shape
     if gated and (b2.stride() != b.stride() or (b_scale is not None and b2_scale.stride() != b_scale.stride())):
-        raise ValueError(f"fused_moe: gate and up weights (and scales) must share strides: {b.stride()} vs {b2.stride()}")
+        raise ValueError(f"fused_moe: gate and up weights (and scales) must share strides: "
+                         f"{b.stride()} vs {b2.stride()}")
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     grid = (triton.cdiv(sorted_ids.numel(), bm) * triton.cdiv(N, bn),)
     scaled = b_scale is not None

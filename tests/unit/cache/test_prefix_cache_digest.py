@@ -55,7 +55,8 @@ def test_colliding_dict_buckets_give_no_false_hit(monkeypatch):
     # Every key lands in the same dict bucket: a hit must come from comparing the full digest.
     real = block_pool.block_key
     monkeypatch.setattr(block_pool, "ROOT_KEY", _ConstantHash(ROOT_KEY))
-    monkeypatch.setattr(block_pool, "block_key", lambda parent, ids, mark=b"": _ConstantHash(real(parent.digest, ids, mark)))
+    monkeypatch.setattr(block_pool, "block_key",
+                        lambda parent, ids, mark=b"": _ConstantHash(real(parent.digest, ids, mark)))
     pool = _cached_pool([1, 2, 3, 4, 5, 6], block_size=2)
     assert len(pool.match_prefix([1, 2, 3, 4, 7, 7, 0], [])) == 2
     assert len(pool.match_prefix([1, 2, 3, 4, 5, 6, 0], [])) == 3

@@ -21,7 +21,8 @@ def test_deterministic_refused_by_the_others(backend):
     with pytest.raises(ConfigError) as exc:
         _cfg(backend, True)
     (err,) = exc.value.errors
-    assert "'deterministic: true' is not supported" in err and all(b in err for b in ("triton_mla", "dsa", "append_attn"))
+    assert ("'deterministic: true' is not supported" in err
+            and all(b in err for b in ("triton_mla", "dsa", "append_attn")))
     assert check_backend(_cfg(backend, False), backend) == []
 
 
