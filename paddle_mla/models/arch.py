@@ -217,6 +217,9 @@ def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
         scale = scale * m * m
     mla = MLADims(num_heads=int(cfg["num_attention_heads"]), kv_lora_rank=int(cfg["kv_lora_rank"]),
                   qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=v, softmax_scale=scale)
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":     # the MLPs and experts are SwiGLU: another activation would run silently as SiLU
+        raise ValueError(f"{model_type}: hidden_act {act!r} is not supported (silu only)")
     eos = eos_ids_of(cfg, generation_cfg)
     quant = cfg.get("quantization_config") or {}
     block = quant.get("weight_block_size")
@@ -226,7 +229,7 @@ def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos, mla=mla,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), q_lora_rank=cfg.get("q_lora_rank"), rope=rope,
         moe=_moe_spec(cfg, model_type), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        hidden_act=cfg.get("hidden_act", "silu"),
+        hidden_act=act,
         fp8_block_size=tuple(block) if block else None, indexer=_indexer_spec(cfg, model_type), raw=cfg,
     )
 

@@ -30,7 +30,9 @@ def gqa_moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
     elif model_type == "ernie4_5_moe":
         experts = int(cfg.get("moe_num_experts") or cfg.get("num_experts") or 0)
         step = int(cfg.get("moe_layer_interval") or 1)
-        start, end = int(cfg.get("moe_layer_start_index", 0)), int(cfg.get("moe_layer_end_index", n_layers - 1))
+        # transformers' defaults: MoE from layer 1; an end index of -1 is the last layer
+        start, end = int(cfg.get("moe_layer_start_index", 1)), int(cfg.get("moe_layer_end_index", -1))
+        end = n_layers - 1 if end < 0 else end
         layers = frozenset(i for i in range(n_layers) if (i + 1) % step == 0 and start <= i <= end)
         top_k, shared = int(cfg.get("moe_k") or cfg["num_experts_per_tok"]), int(cfg.get("moe_num_shared_experts") or 0)
         # top-k of probs + correction bias (noaux_tc with one group), weights from the probs, renormalised

@@ -279,7 +279,9 @@ class MoE:
         # expert parallel: this rank holds experts [first, first + rows) of n_routed_experts
         self.expert_first = int(w.get(p + "experts.first", 0))
         self.expert_parallel = self.w_gate.shape[0] < self.spec.n_routed_experts
-        self.shared = shared_mlp(w, p + "shared_experts.") if (p + "shared_experts.gate_proj.weight") in w else None
+        # a checkpoint of n_shared_experts 0 may still hold the shared MLP's tensors, zero rows wide
+        gate_key = p + "shared_experts.gate_proj.weight"
+        self.shared = shared_mlp(w, p + "shared_experts.") if gate_key in w and w[gate_key].shape[0] else None
         # shared experts as routed rows E.. (expert parallel keeps them apart: another rank's id
         # shifted by ``expert_first`` could land on those rows)
         self.shared_pieces = 0

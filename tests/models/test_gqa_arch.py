@@ -62,6 +62,11 @@ def test_moe_families_routing_and_layers():
     assert [m.is_moe_layer(i) for i in range(5)] == [False, True, True, True, False]
     assert e.rope.interleave and e.tie_word_embeddings
     assert parse_arch(LLAMA).moe is None
+    # transformers' defaults: MoE from layer 1 to the last, and an end index of -1 is the last layer
+    for extra in ({}, {"moe_layer_end_index": -1}):
+        d = parse_arch({**LLAMA, "model_type": "ernie4_5_moe", "num_hidden_layers": 3, "moe_num_experts": 4,
+                        "moe_k": 2, "head_dim": 8, **extra}).moe
+        assert [d.is_moe_layer(i) for i in range(3)] == [False, True, True], extra
 
 
 @pytest.mark.parametrize("cfg,match", [

@@ -191,3 +191,37 @@ def test_rope_parameters_and_rope_scaling_spellings(tiny, tmp_path):
 def test_unsupported_model_type_is_clear():
     with pytest.raises(ValueError, match="unsupported model_type"):
         parse_arch({"model_type": "gpt2"})
+
+
+def test_non_silu_activation_is_refused(tiny):
+    """The MLPs and experts are SwiGLU: a DeepSeek config of another hidden_act would run as SiLU."""
+    cfg = json.loads((tiny / "config.json").read_text())
+    with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported"):
+        parse_arch({**cfg, "hidden_act": "gelu"})
+
+
+def test_zero_shared_experts_with_empty_tensors_load(tiny, tmp_path):
+    """n_shared_experts 0, saved (as transformers does) with zero-row shared-expert tensors: no shared
+    MLP, the same logits as the checkpoint without those tensors."""
+    from safetensors.numpy import load_file, save_file
+
+    cfg = json.loads((tiny / "config.json").read_text())
+    path = tmp_path / "no_shared"
+    path.mkdir()
+    for f in tiny.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, path / f.name)
+    weights = {}
+    for f in tiny.glob("*.safetensors"):
+        weights.update(load_file(f))
+    hidden = cfg["hidden_size"]
+    plain = {k: v for k, v in weights.items() if ".shared_experts." not in k}
+    empty = {k: np.zeros((0, hidden) if "down" not in k else (hidden, 0), v.dtype) for k, v in weights.items()
+             if ".shared_experts." in k}
+    assert empty, "the tiny checkpoint has shared experts"
+    (path / "config.json").write_text(json.dumps({**cfg, "n_shared_experts": 0}))
+    save_file({**plain, **empty}, str(path / "model.safetensors"))
+    ref = tmp_path / "no_shared_ref"
+    shutil.copytree(path, ref)
+    save_file(plain, str(ref / "model.safetensors"))
+    np.testing.assert_array_equal(_logits(path)[0], _logits(ref)[0])
