@@ -15,6 +15,7 @@ through ``LLM.generate`` itself, with overlapped scheduling on and off. Per deco
 
     python -m benchmarks.e2e.engine_step --layers 4 --batch 1,64 --context 4096 --host-batch 256
 
+``--cache-dtype fp8_e4m3|both``: the FP8 latent cache (its roofline counts its row bytes).
 ``--moe``: the DeepSeek-V2-Lite-dims checkpoint of ``benchmarks.e2e.moe`` (routed MoE, written once
 to /tmp) instead, for the MoE decode-step target; its roofline counts the routed experts the
 batch selects (``roofline.decode_bytes``, measured per layer in one eager step).
@@ -43,6 +44,7 @@ from benchmarks.harness.models import dense_v3_model, model_tensors, routed_dist
 from benchmarks.harness.roofline import decode_bytes  # noqa: E402
 from benchmarks.harness.step_probe import StepProbe  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
+from paddle_mla.cache.fp8_latent import row_width  # noqa: E402
 from paddle_mla.config.schema import config_from_dict  # noqa: E402
 from paddle_mla.engine.llm import LLM  # noqa: E402
 from paddle_mla.platform.tensor_api import torch  # noqa: E402
@@ -50,12 +52,12 @@ from paddle_mla.sched.request import GenerationRequest, SamplingParams  # noqa: 
 
 
 def run_case(model, batch: int, context: int, steps: int, overlap: bool, model_dir: str = "tiny",
-             phases: bool = False, cuda_decode: bool = True) -> dict:
+             phases: bool = False, cuda_decode: bool = True, cache_dtype: str = "auto") -> dict:
     blocks = batch * (-(-(context + steps + 16) // PAGE)) + 8
     cfg = config_from_dict({
         "model": model_dir, "device": "gpu", "dtype": "bfloat16", "cuda_graph": True,
         "attention": {"backend": "triton_mla", "cuda_decode": cuda_decode}, "max_model_len": context + steps + 64,
-        "cache": {"block_size": PAGE, "num_blocks": blocks},
+        "cache": {"block_size": PAGE, "num_blocks": blocks, "dtype": cache_dtype},
         "scheduler": {"max_num_seqs": batch, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
                       "overlap": overlap}})
     llm = LLM(cfg, model=model) if model is not None else LLM(cfg)
@@ -110,6 +112,8 @@ def main() -> None:
     ap.add_argument("--cuda-decode", choices=("both", "on", "off"), default="on",
                     help="attention.cuda_decode: on (the engine's default: the SM90 mla_decode CUDA op where it "
                          "can serve), off (the Triton decode) or both side by side")
+    ap.add_argument("--cache-dtype", choices=("auto", "fp8_e4m3", "both"), default="auto",
+                    help="cache.dtype: the model's (bf16), the FP8 latent cache, or both side by side")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = runtime.device_string("gpu")
@@ -126,15 +130,18 @@ def main() -> None:
         weight_bytes = {b: dense_bytes for b, _ in cases}
     rows = []
     for b, ctx in cases:
-        for overlap, cuda in itertools.product(*({"both": (True, False), "on": (True,), "off": (False,)}[x]
-                                                  for x in (args.overlap, args.cuda_decode))):
-            r = run_case(model, b, ctx, args.steps, overlap, model_dir, args.phases, cuda)
-            kv_bytes = b * ctx * arch.mla.latent_dim * 2 * args.layers
-            r.update(batch=b, context=ctx, overlap=overlap, cuda_decode=cuda,
+        switches = [{"both": (True, False), "on": (True,), "off": (False,)}[x]
+                    for x in (args.overlap, args.cuda_decode)]
+        dtypes = ("auto", "fp8_e4m3") if args.cache_dtype == "both" else (args.cache_dtype,)
+        for overlap, cuda, cache_dtype in itertools.product(*switches, dtypes):
+            r = run_case(model, b, ctx, args.steps, overlap, model_dir, args.phases, cuda, cache_dtype)
+            row_bytes = row_width(arch.mla.latent_dim) if cache_dtype != "auto" else arch.mla.latent_dim * 2
+            kv_bytes = b * ctx * row_bytes * args.layers
+            r.update(batch=b, context=ctx, overlap=overlap, cuda_decode=cuda, cache_dtype=cache_dtype,
                      roofline_ms=(weight_bytes[b] + kv_bytes) / bw * 1e3)
             r["x_roofline"] = r["period"] / r["roofline_ms"]
             rows.append(r)
-            print(f"batch {b} context {ctx} overlap {overlap} cuda_decode {cuda}: " + ", ".join(
+            print(f"batch {b} context {ctx} overlap {overlap} cuda_decode {cuda} cache {cache_dtype}: " + ", ".join(
                 f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float) and not k.startswith("phase:")),
                 flush=True)
             if args.phases:
@@ -146,11 +153,12 @@ def main() -> None:
     print(f"\n{'V2-Lite dims (MoE)' if args.moe else 'dense V3 dims'}, copy bandwidth {bw / 1e12:.2f} TB/s, weight "
           f"bytes read per step {', '.join(f'b{b}: {w / 1e9:.2f} GB' for b, w in weight_bytes.items())}, "
           f"layers {args.layers}")
-    print("| batch | context | overlap | CUDA decode | step period ms | host ms | GPU ms | gap ms | gap / step | syncs "
-          "| reads | roofline ms | period / roofline |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| batch | context | overlap | CUDA decode | cache | step period ms | host ms | GPU ms | gap ms | gap / step "
+          "| syncs | reads | roofline ms | period / roofline |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['batch']} | {r['context']} | {r['overlap']} | {r['cuda_decode']} | {r['period']:.3f} | "
+        print(f"| {r['batch']} | {r['context']} | {r['overlap']} | {r['cuda_decode']} | {r['cache_dtype']} | "
+              f"{r['period']:.3f} | "
               f"{r['host']:.3f} | "
               f"{r['gpu']:.3f} | {r['gap']:.3f} | {r['gap'] / r['period']:.1%} | {r['syncs']:.0f} | {r['reads']:.0f} | "
               f"{r['roofline_ms']:.3f} | {r['x_roofline']:.2f}x |")

@@ -20,21 +20,28 @@ _runtime.require_selected(__name__)
 import torch
 
 from paddle_mla.attention.backend import MLABackend, register_backend
+from paddle_mla.cache.fp8_latent import is_fp8, read_rows, write_rows
 
 
 def write_latent(kv_cache, latent, slot_mapping):
-    """Reference cache write: kv_cache.view(-1, D)[slot] = latent[t] (every slot here is real)."""
+    """Reference cache write: kv_cache.view(-1, D)[slot] = latent[t] (every slot here is real),
+    quantized into an FP8 cache (``cache.fp8_latent``)."""
     flat = kv_cache.view(-1, kv_cache.shape[-1])
-    flat[slot_mapping] = latent.to(kv_cache.dtype)
+    if is_fp8(kv_cache):
+        write_rows(flat, slot_mapping, latent)
+    else:
+        flat[slot_mapping] = latent.to(kv_cache.dtype)
 
 
-def gather_latent(kv_cache, block_table_row, k_len: int, block_size: int):
-    """Rows 0..k_len-1 of one request's latent sequence, [k_len, D], via its (device) block table row."""
+def gather_latent(kv_cache, block_table_row, k_len: int, block_size: int, latent_dim: int = 0):
+    """Rows 0..k_len-1 of one request's latent sequence, [k_len, D], via its (device) block table row
+    (float32 from an FP8 cache, whose rows need ``latent_dim``)."""
     n_blocks = (k_len + block_size - 1) // block_size
     blocks = block_table_row[:n_blocks].to(torch.int64)
     offs = torch.arange(block_size, dtype=torch.int64, device=blocks.device)
     rows = (blocks.unsqueeze(1) * block_size + offs.unsqueeze(0)).reshape(-1)[:k_len]
-    return kv_cache.view(-1, kv_cache.shape[-1]).index_select(0, rows)
+    flat = kv_cache.view(-1, kv_cache.shape[-1])
+    return read_rows(flat, rows, latent_dim) if is_fp8(kv_cache) else flat.index_select(0, rows)
 
 
 def selected_mask(topk_pos, k_len: int):
@@ -100,7 +107,7 @@ class NativeMLABackend(MLABackend):
             if q_len == 0:
                 continue
             s, e = int(starts[b]), int(starts[b] + q_len)
-            kv = gather_latent(kv_cache, meta.block_tables[b], cached + q_len, meta.block_size)
+            kv = gather_latent(kv_cache, meta.block_tables[b], cached + q_len, meta.block_size, d.latent_dim)
             sel = None if topk_pos is None else selected_mask(topk_pos[s:e], cached + q_len)
             outs.append(absorbed_attention(q_nope[s:e], q_pe[s:e], kv, w_kc, w_vc, cached,
                                            d.kv_lora_rank, d.softmax_scale, sel))

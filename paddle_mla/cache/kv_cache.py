@@ -25,6 +25,14 @@ def usable_num_blocks(max_num_seqs: int, max_model_len: int, block_size: int) ->
     return max_num_seqs * (-(-max_model_len // block_size)) + 1
 
 
+def fp8_row_width(latent_dim: int) -> int:
+    """Bytes one token's FP8 latent row takes (``fp8_latent.row_width``; this module's callers need no
+    tensor library beyond it)."""
+    from paddle_mla.cache.fp8_latent import row_width
+
+    return row_width(latent_dim)
+
+
 def kv_width(arch) -> int:
     """Elements one token stores per layer: K and V of every KV head (GQA), or the latent + the
     deepseek_v32 indexer key (MLA)."""
@@ -76,9 +84,13 @@ def allocate_index_caches(num_layers: int, num_blocks: int, block_size: int, hea
     return allocate_latent_caches(num_layers, num_blocks, block_size, head_dim, dtype, device)
 
 
-def allocate_kv_caches(arch, num_blocks: int, block_size: int, dtype, device: str):
-    """The per-layer caches of ``arch``'s family: a head-major (K, V) pair (GQA) or one latent cache (MLA)."""
+def allocate_kv_caches(arch, num_blocks: int, block_size: int, dtype, device: str, fp8: bool = False):
+    """The per-layer caches of ``arch``'s family: a head-major (K, V) pair (GQA) or one latent cache (MLA),
+    ``fp8``: the MLA latents' FP8 rows (``cache.fp8_latent``)."""
     if arch.family == "gqa":
         return allocate_gqa_caches(arch.num_layers, arch.gqa.num_kv_heads, num_blocks, block_size, arch.gqa.head_dim,
                                    dtype, device)
+    if fp8:
+        return allocate_latent_caches(arch.num_layers, num_blocks, block_size, fp8_row_width(arch.mla.latent_dim),
+                                      torch.float8_e4m3fn, device)
     return allocate_latent_caches(arch.num_layers, num_blocks, block_size, arch.mla.latent_dim, dtype, device)

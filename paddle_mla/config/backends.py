@@ -25,13 +25,15 @@ class BackendCaps:
     # deterministic: true (batch-invariant tokens): every reduction of the backend has an order
     # fixed by the row alone (docs/determinism.md)
     deterministic: bool = False
+    fp8_cache: bool = False             # cache.dtype: fp8_e4m3 (MLA latent caches)
 
 
 BACKEND_CAPS: dict[str, BackendCaps] = {
     "native": BackendCaps(("mla", "gqa"), chunked_prefill=True, prefix_cache=True, cuda_graph=False, cpu=True,
-                          head_wise_swa=True),
+                          head_wise_swa=True, fp8_cache=True),
     "triton_mla": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
-                              deterministic=True, note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
+                              deterministic=True, fp8_cache=True,
+                              note="on CPU only under TRITON_INTERPRET=1 with runtime: torch"),
     "dsa": BackendCaps(("mla",), chunked_prefill=True, prefix_cache=True, cuda_graph=True, cpu=True,
                        deterministic=True, note="DeepSeek-V3.2 (deepseek_v32) only; on CPU only under "
                                                 "TRITON_INTERPRET=1 with runtime: torch"),
@@ -74,7 +76,7 @@ def resolved_config(cfg: EngineConfig, device_kind: str, model_type: str | None 
     out = dataclasses.replace(cfg, device=device_kind,
                               attention=dataclasses.replace(cfg.attention, backend=backend))
     errors = check_backend(out)
-    mismatch = check_model_backend(model_type, backend) if model_type else None
+    mismatch = check_model_backend(model_type, backend, cfg.cache.dtype) if model_type else None
     if mismatch:
         errors.append(mismatch)
     if errors:
@@ -117,12 +119,16 @@ def check_backend(cfg: EngineConfig, name: str | None = None) -> list[str]:
         errors.append(f"'deterministic: true' is not supported by attention.backend {name!r} (its attention "
                       f"reductions follow the batch); use {alternatives(lambda c: c.deterministic)}, "
                       f"or deterministic: false")
+    if cfg.cache.dtype != "auto" and not caps.fp8_cache:
+        errors.append(f"'cache.dtype: {cfg.cache.dtype}' is not supported by attention.backend {name!r}; "
+                      f"use {alternatives(lambda c: c.fp8_cache)} (MLA models other than deepseek_v32), "
+                      "or cache.dtype: auto")
     if cfg.device == "cpu" and not caps.cpu:
         errors.append(f"attention.backend {name!r} needs a GPU; on CPU use {alternatives(lambda c: c.cpu)}")
     return errors
 
 
-def check_model_backend(model_type: str, backend: str) -> str | None:
+def check_model_backend(model_type: str, backend: str, cache_dtype: str = "auto") -> str | None:
     """The error for a checkpoint/backend pair that cannot work together (known once config.json is read)."""
     family = model_family(model_type)
     caps = BACKEND_CAPS.get(backend)
@@ -134,6 +140,10 @@ def check_model_backend(model_type: str, backend: str) -> str | None:
     if model_type == "deepseek_v32" and backend == "triton_mla":
         return ("a deepseek_v32 checkpoint needs sparse attention: set attention.backend: dsa on the GPU "
                 "(or native); triton_mla is dense")
+    if cache_dtype != "auto" and (family == "gqa" or model_type == "deepseek_v32"):
+        return (f"'cache.dtype: {cache_dtype}' stores MLA latents; this {model_type!r} checkpoint "
+                f"{'is GQA' if family == 'gqa' else 'runs sparse attention (dsa), whose kernels read a bf16 cache'}: "
+                "use cache.dtype: auto")
     if model_type != "deepseek_v32" and backend == "dsa":
         return (f"attention.backend 'dsa' is for deepseek_v32 checkpoints; this one is {model_type!r}: "
                 "use triton_mla on the GPU (or native)")

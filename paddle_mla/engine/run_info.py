@@ -83,11 +83,13 @@ class RunInfo:
     model: str                     # as configured
     model_path: str                # the folder it loads
     parallel: str = ""             # tensor parallelism and its splits ("": one GPU)
+    kv_cache_dtype: str = ""       # the KV cache's, where it is not ``dtype`` (fp8_e4m3)
 
     def line(self) -> str:
         device = f"{self.device} ({self.device_name})" if self.device_name else self.device
         model = self.model if self.model == self.model_path else f"{self.model} ({self.model_path})"
-        return (f"paddle-mla: runtime {self.runtime} {self.runtime_version}, device {device}, dtype {self.dtype}, "
+        dtype = self.dtype + (f" (KV cache {self.kv_cache_dtype})" if self.kv_cache_dtype else "")
+        return (f"paddle-mla: runtime {self.runtime} {self.runtime_version}, device {device}, dtype {dtype}, "
                 f"backend {self.backend}, model {model}" + (f", {self.parallel}" if self.parallel else ""))
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,7 +142,8 @@ def run_info(plan: "RunPlan") -> RunInfo:
             parallel.append("experts whole")
     return RunInfo(runtime=plan.runtime, runtime_version=plan.runtime_version, device=plan.device,
                    device_name=plan.device_name, dtype=plan.dtype, backend=plan.backend, model=model,
-                   model_path=str(model_dir(model)), parallel=", ".join(parallel))
+                   model_path=str(model_dir(model)), parallel=", ".join(parallel),
+                   kv_cache_dtype=plan.config.cache.dtype if plan.kv.fp8 else "")
 
 
 def describe_run(cfg: EngineConfig) -> tuple[RunInfo, EngineConfig]:

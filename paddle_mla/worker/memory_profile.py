@@ -143,7 +143,7 @@ def profile_kv_cache(runner, per_block: int, max_model_len: int, index_dim: int,
     heads = runner._table_heads()
     if heads:    # head-wise SWA: the op reads [B, Hkv, M] tables every step; profile that path
         prefill, decode = head_wise_tables(prefill, heads), head_wise_tables(decode, heads)
-    caches = allocate_kv_caches(arch, nblk, bs, runner.dtype, runner.device)
+    caches = allocate_kv_caches(arch, nblk, bs, runner.dtype, runner.device, runner.plan.kv.fp8)
     if index_dim:
         runner.model.attach_index_caches(allocate_index_caches(arch.num_layers, nblk, bs, index_dim, runner.dtype,
                                                                runner.device))

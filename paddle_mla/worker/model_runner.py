@@ -115,6 +115,8 @@ class ModelRunner:
         backend_kwargs = dict(index_topk=arch.indexer.topk) if plan.backend == "dsa" else {}
         if plan.backend in ("triton_mla", "dsa"):
             backend_kwargs["cuda_decode"] = self.cfg.attention.cuda_decode
+        if plan.kv.fp8 and plan.backend == "triton_mla":
+            backend_kwargs["fp8_cache"] = True
         if BACKEND_CAPS[plan.backend].deterministic:     # the backends that take the mode
             backend_kwargs["deterministic"] = self.cfg.deterministic
         self.backend = create_backend(plan.backend, family=plan.family,
@@ -156,7 +158,7 @@ class ModelRunner:
         through both sizes them from what is left (worker/memory_profile.py)."""
         plan, arch, sc = self.plan, self.arch, self.cfg.scheduler
         bs, kv = plan.memory.block_size, plan.kv
-        elt = torch.zeros(1, dtype=self.dtype).element_size()
+        elt = 1 if kv.fp8 else torch.zeros(1, dtype=self.dtype).element_size()
         num_blocks = self._num_blocks(bytes_per_block(kv.num_layers, bs, kv.width, elt))
         # Head-wise SWA with recycling: the budget of num_blocks per KV head is re-split so each SWA
         # head's range holds what recycled rows can use and the full heads get the rest; unequal
@@ -171,7 +173,7 @@ class ModelRunner:
                                                       flat_cache_blocks(kv.swa, num_blocks, self.swa_num_blocks), bs,
                                                       arch.gqa.head_dim, self.dtype, self.device)
         else:
-            self.kv_caches = allocate_kv_caches(arch, self.limits.num_blocks, bs, self.dtype, self.device)
+            self.kv_caches = allocate_kv_caches(arch, self.limits.num_blocks, bs, self.dtype, self.device, kv.fp8)
         if kv.index_dim:
             self.index_caches = allocate_index_caches(kv.num_layers, self.limits.num_blocks, bs, kv.index_dim,
                                                       self.dtype, self.device)

@@ -33,9 +33,10 @@ GQA_HEAD_MAJOR = "gqa_head_major"  # K and V [num_kv_heads, num_blocks, block_si
 class KVLayout:
     kind: str                       # MLA_LATENT | GQA_HEAD_MAJOR
     num_layers: int
-    width: int                      # elements one token stores per layer (kv_cache.kv_width)
+    width: int                      # elements one token stores per layer (kv_cache.kv_width; FP8: its bytes)
     index_dim: int                  # deepseek_v32 indexer key width (0: no indexer cache)
     swa: HeadWiseSwa | None         # head-wise SWA plan (None: every head sees the whole context)
+    fp8: bool = False               # MLA latents in the FP8 format of cache.fp8_latent (cache.dtype: fp8_e4m3)
 
     @property
     def table_heads(self) -> int:
@@ -132,7 +133,7 @@ def resolve_quantization(quantization: str, device_kind: str) -> str:
 
 def kv_layout(cfg: EngineConfig, arch: "ModelArch") -> KVLayout:
     """The per-rank cache layout: under tensor parallelism a rank holds its share of the KV heads."""
-    from paddle_mla.cache.kv_cache import kv_width
+    from paddle_mla.cache.kv_cache import fp8_row_width, kv_width
     from paddle_mla.models.sharding import local_arch
 
     par = cfg.parallel
@@ -141,7 +142,9 @@ def kv_layout(cfg: EngineConfig, arch: "ModelArch") -> KVLayout:
     # ConfigError on MLA checkpoints, for a ratio that is not a whole number of KV heads, or for SWA
     # and full heads that do not split evenly over the tensor-parallel ranks
     swa = head_wise_swa(cfg, local.family, arch.gqa.num_kv_heads if gqa else 0, cfg.parallel.tensor_parallel_size)
-    return KVLayout(kind=GQA_HEAD_MAJOR if gqa else MLA_LATENT, num_layers=local.num_layers, width=kv_width(local),
+    fp8 = cfg.cache.dtype != AUTO       # resolved_config refused it for GQA and deepseek_v32 checkpoints
+    return KVLayout(kind=GQA_HEAD_MAJOR if gqa else MLA_LATENT, num_layers=local.num_layers,
+                    width=fp8_row_width(local.mla.latent_dim) if fp8 else kv_width(local), fp8=fp8,
                     index_dim=local.indexer.head_dim if local.indexer is not None else 0, swa=swa)
 
 

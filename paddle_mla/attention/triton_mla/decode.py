@@ -31,6 +31,7 @@ import torch  # noqa: F401  (runtime-selected tensor library; tensors come from 
 import triton
 import triton.language as tl
 
+from paddle_mla.cache.fp8_latent import cache_width, is_fp8, scale_offset
 from paddle_mla.platform.triton_host import device_index, dot_precision, env_overrides, interpreting, next_pow2, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import (  # noqa: F401  (re-exported)
     MAX_DV_SPLIT, DecodeWorkspace, alloc_decode_workspace, build_decode_plan, partial_rows, split_cap, split_cost_of,
@@ -144,6 +145,7 @@ def _decode_stage1(
     PAGE: tl.constexpr, LKV: tl.constexpr, LR: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DV_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, QG: tl.constexpr,
+    FP8: tl.constexpr, SOFF: tl.constexpr,
 ):
     if PDL:
         # stage 2 may launch now: it only reads the plan before its grid-dependency wait
@@ -215,6 +217,13 @@ def _decode_stage1(
                     row = KV + page * stride_kvb + (tok % PAGE) * stride_kvs
                     k_v = tl.load(row[:, None] + offs_v[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
                     k_r = tl.load(row[:, None] + LKV + offs_r[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
+                    if FP8:
+                        # each key's scale (cache.fp8_latent) multiplies its score and its probability,
+                        # so the tile feeds both dots as it is, in the query's dtype
+                        k_scale = tl.load((row + SOFF).to(tl.pointer_type(tl.float32), bitcast=True),
+                                          mask=mn, other=0.0)
+                        k_v = k_v.to(Q.dtype.element_ty)
+                        k_r = k_r.to(Q.dtype.element_ty)
                     if Q_IN_LOOP:
                         # many heads: q re-read per tile (L1/L2 hits) stays a shared-memory MMA operand
                         # instead of occupying registers next to the [BLOCK_H, BV] fp32 accumulator
@@ -226,10 +235,13 @@ def _decode_stage1(
                         # (L1 hits) rather than held next to the accumulator
                         offs_o = ((pv + j) % DV_SPLIT) * BV + offs_bv
                         mo = offs_o < LKV
-                        k_o = tl.load(row[:, None] + offs_o[None, :], mask=mn[:, None] & mo[None, :], other=0.0)
+                        k_o = tl.load(row[:, None] + offs_o[None, :], mask=mn[:, None] & mo[None, :],
+                                      other=0.0).to(Q.dtype.element_ty)
                         q_o = tl.load(q_base + offs_o[None, :], mask=mq[:, None] & mo[None, :], other=0.0)
                         s = tl.dot(q_o, tl.trans(k_o), s, input_precision=DOT_PREC)
                     s = tl.dot(q_r, tl.trans(k_r), s, input_precision=DOT_PREC)
+                    if FP8:
+                        s = s * k_scale[None, :]
                     if QG == 1:
                         s = tl.where(mn[None, :], s * sm_scale_log2, float("-inf"))
                         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -242,6 +254,8 @@ def _decode_stage1(
                     alpha = tl.exp2(m_i - m_use)
                     p = tl.exp2(s - m_use[:, None])
                     l_i = l_i * alpha + tl.sum(p, 1)
+                    if FP8:
+                        p = p * k_scale[None, :]
                     # accumulate in place: one acc tile live
                     acc = tl.dot(p.to(k_v.dtype), k_v, acc * alpha[:, None], input_precision=DOT_PREC)
                     m_i = m_new
@@ -320,7 +334,8 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
                sm_scale: float, cfg: DecodeConfig, groups: QueryGroups | None = None):
     """q [bs, H, kv_lora_rank + rope] -> out [bs, H, kv_lora_rank] (written in place).
 
-    kv_cache [NB, page, 1, kv_lora_rank + rope]; block_tables int32 [>= bs, M]; seq_lens_k int32
+    kv_cache [NB, page, 1, kv_lora_rank + rope] in q's dtype, or FP8 rows with their scales
+    (``paddle_mla.cache.fp8_latent``); block_tables int32 [>= bs, M]; seq_lens_k int32
     [>= bs]. The plan in ``ws`` must come from ``build_decode_plan`` with ``cfg.block_n``.
     ``groups``: the plan's rows are query groups (module doc): bs = ``groups.count`` and q/out hold
     the groups' tokens; ``ws`` and ``cfg`` are sized for ``groups.qg * H`` heads.
@@ -336,7 +351,9 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
     if bs == 0:
         return None
     Lv = kv_lora_rank
-    assert Lk > Lv and kv_cache.shape[-1] == Lk and out.shape[-1] == Lv and qg * H <= ws.num_heads
+    fp8 = is_fp8(kv_cache)
+    assert Lk > Lv and kv_cache.shape[-1] == cache_width(kv_cache, Lk) and out.shape[-1] == Lv
+    assert qg * H <= ws.num_heads
     assert bs <= ws.max_bs
     assert q.stride(2) == 1 and kv_cache.stride(3) == 1 and out.stride(2) == 1
     assert cfg.dv_split in (1, 2, 4) and cfg.dv_split <= MAX_DV_SPLIT
@@ -355,8 +372,8 @@ def mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws: DecodeWorkspace, 
         H, bs,
         PAGE=kv_cache.shape[1], LKV=Lv, LR=Lk - Lv, BLOCK_B=ws.block_b,
         BLOCK_KV=block_kv, BLOCK_R=max(16, next_pow2(Lk - Lv)), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-        DV_SPLIT=cfg.dv_split, Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(kv_cache.dtype), QG=qg,
-        PDL=bool(cfg.pdl), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DV_SPLIT=cfg.dv_split, Q_IN_LOOP=bool(cfg.q_in_loop), DOT_PREC=dot_precision(q.dtype), QG=qg,
+        PDL=bool(cfg.pdl), FP8=fp8, SOFF=scale_offset(Lk), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_dv = min(128, bv)  # one stage-2 program never spans two value slices (their LSEs differ)
     rows = qg * H

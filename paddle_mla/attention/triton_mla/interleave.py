@@ -3,7 +3,7 @@ and interleave them with the step's new rows, so kv_b_proj and the prefill atten
 context. Output per request: [cached (k_len - q_len rows)..., new (q_len rows)...], requests one
 after another (the packed key sequence that ``cu_seqlens_k`` counts). ``k_start`` / ``total_k``
 select a window of it, so a long context is read chunk by chunk into a bounded workspace. A pure
-copy: bitwise equal to ``reference.read_cache_and_interleave_ref``.
+copy (or, from an FP8 cache, a dequantization): bitwise equal to ``reference.read_cache_and_interleave_ref``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from paddle_mla.attention.triton_mla.prefill import PIECE_FIELDS
+from paddle_mla.cache.fp8_latent import cache_width, is_fp8, scale_offset
 from paddle_mla.platform.triton_host import next_pow2
 
 _BLOCK_T = 16
@@ -29,7 +30,7 @@ def _interleave_kernel(
     k_start, num_rows, bs, D,
     stride_cb, stride_cs, stride_bt, stride_new, stride_out,
     PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
-    PIECES: tl.constexpr, NF: tl.constexpr,
+    PIECES: tl.constexpr, NF: tl.constexpr, FP8: tl.constexpr, SOFF: tl.constexpr,
 ):
     r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)     # output row
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -60,30 +61,40 @@ def _interleave_kernel(
         q1 = tl.load(CU_Q + b + 1, mask=mt, other=0)
         i = t - k0
         n_cached = (k1 - k0) - (q1 - q0)
-    cached = mt & (i < n_cached)
-    fresh = mt & (i >= n_cached)
+    if FP8:
+        # the step's rows are in the cache already: read them back rounded, as every later step will
+        cached = mt
+    else:
+        cached = mt & (i < n_cached)
+    fresh = mt & (i >= n_cached) & ~cached
     page = tl.load(BT + b.to(tl.int64) * stride_bt + i // PAGE, mask=cached, other=0).to(tl.int64)
     src_c = CACHE + page * stride_cb + (i % PAGE) * stride_cs
     src_n = NEW + (q0 + i - n_cached).to(tl.int64) * stride_new
     row_c = tl.load(src_c[:, None] + d[None, :], mask=cached[:, None] & md[None, :], other=0.0)
-    row_n = tl.load(src_n[:, None] + d[None, :], mask=fresh[:, None] & md[None, :], other=0.0)
-    row = tl.where(cached[:, None], row_c, row_n.to(row_c.dtype))
-    tl.store(OUT + r.to(tl.int64)[:, None] * stride_out + d[None, :], row, mask=mt[:, None] & md[None, :])
+    if FP8:
+        scale = tl.load((src_c + SOFF).to(tl.pointer_type(tl.float32), bitcast=True), mask=cached, other=0.0)
+        row = row_c.to(tl.float32) * scale[:, None]
+    else:
+        row_n = tl.load(src_n[:, None] + d[None, :], mask=fresh[:, None] & md[None, :], other=0.0)
+        row = tl.where(cached[:, None], row_c, row_n.to(row_c.dtype))
+    tl.store(OUT + r.to(tl.int64)[:, None] * stride_out + d[None, :], row.to(OUT.dtype.element_ty),
+             mask=mt[:, None] & md[None, :])
 
 
 def read_cache_and_interleave(kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, total_k: int,
                               out=None, k_start: int = 0):
     """kv_cache [NB, page, 1, D], block_tables int32 [B, M], new_latent [T_new, D], cu_seqlens_q/k
     int32 [B+1] (cu_k counts the cached prefix). Returns the packed rows [k_start, k_start + total_k)
-    as [total_k, D] in the cache's dtype (``out`` to reuse a buffer); host-known sizes.
+    as [total_k, D] in ``new_latent``'s dtype (``out`` to reuse a buffer); host-known sizes. From an FP8
+    cache every row, the step's too, is read back from the cache and dequantized.
 
     The cu arrays may be views starting at a later request (their values are then offsets into
     ``new_latent`` and the packed sequence, and k_start >= cu_seqlens_k[0]); ``block_tables`` is
     sliced alike."""
-    _, page, _, D = kv_cache.shape
+    D = new_latent.shape[1]
     bs = cu_seqlens_k.shape[0] - 1
     if out is None:
-        out = torch.empty((total_k, D), dtype=kv_cache.dtype, device=new_latent.device)
+        out = torch.empty((total_k, D), dtype=new_latent.dtype, device=new_latent.device)
     if total_k == 0 or bs <= 0:
         return out
     _launch(kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, out, k_start, total_k, bs,
@@ -102,7 +113,8 @@ def read_pieces(kv_cache, block_tables, new_latent, pieces, num_pieces: int, tot
 
 
 def _launch(kv_cache, block_tables, new_latent, cu_q, cu_k, piece, out, k_start, total_k, bs, pieces: bool):
-    page, D = kv_cache.shape[1], kv_cache.shape[3]
+    page, D = kv_cache.shape[1], out.shape[1]
+    assert kv_cache.shape[3] == cache_width(kv_cache, D)
     assert (new_latent.numel() == 0 or new_latent.stride(1) == 1) and kv_cache.stride(3) == 1 and out.stride(1) == 1
     grid = (triton.cdiv(total_k, _BLOCK_T), triton.cdiv(D, _BLOCK_D))
     _interleave_kernel[grid](
@@ -110,5 +122,5 @@ def _launch(kv_cache, block_tables, new_latent, cu_q, cu_k, piece, out, k_start,
         k_start, total_k, bs, D,
         kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0), new_latent.stride(0), out.stride(0),
         PAGE=page, BLOCK_T=_BLOCK_T, BLOCK_D=_BLOCK_D, BLOCK_B=next_pow2(max(bs, 2)), PIECES=pieces,
-        NF=PIECE_FIELDS,
+        NF=PIECE_FIELDS, FP8=is_fp8(kv_cache), SOFF=scale_offset(D),
     )

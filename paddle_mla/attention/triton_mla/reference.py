@@ -10,18 +10,31 @@ _runtime.require_selected(__name__)
 
 import torch
 
+from paddle_mla.cache.fp8_latent import dequantize, is_fp8, write_rows
+
 
 def write_latent_cache_ref(latent, kv_cache, slot_mapping):
     """kv_cache[slot // page, slot % page, 0] = latent[t] for slot >= 0 (in place; returns kv_cache).
 
-    The one reference that selects by a device mask (the skipped rows), which syncs on a GPU.
+    The one reference that selects by a device mask (the skipped rows), which syncs on a GPU. Into
+    an FP8 cache the rows go quantized (``cache.fp8_latent.quantize``).
     """
     nb, page, _, d = kv_cache.shape
     flat = kv_cache.view(nb * page, d)
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0
-    flat[slots[keep]] = latent[keep].to(kv_cache.dtype)
+    if is_fp8(kv_cache):
+        write_rows(flat, slots[keep], latent[keep])
+    else:
+        flat[slots[keep]] = latent[keep].to(kv_cache.dtype)
     return kv_cache
+
+
+def cache_rows(kv_cache, latent_dim: int):
+    """The cache as [num_blocks * page, latent_dim] rows in a float dtype (FP8 rows dequantized to float32)."""
+    nb, page, _, d = kv_cache.shape
+    flat = kv_cache.view(nb * page, d)
+    return dequantize(flat, latent_dim) if is_fp8(kv_cache) else flat
 
 
 def decode_plan_ref(seq_lens_k, block_n: int, programs: int, max_kv_splits: int, min_tiles: int = 1,
@@ -48,12 +61,13 @@ def decode_plan_ref(seq_lens_k, block_n: int, programs: int, max_kv_splits: int,
     return splits_of(q).to(torch.int32), cu.to(torch.int32), torch.tensor(q, dtype=torch.int32)
 
 
-def _gather_pages(kv_cache, block_tables):
-    """[B, M * page, D] latent rows of each request in logical order (-1 pages read block 0)."""
-    nb, page, _, d = kv_cache.shape
+def _gather_pages(kv_cache, block_tables, d: int):
+    """[B, M * page, d] latent rows of each request in logical order (-1 pages read block 0)."""
+    nb, page = kv_cache.shape[:2]
+    rows = cache_rows(kv_cache, d)
     bt = block_tables.to(torch.int64).clamp(min=0)
     b, m = bt.shape
-    return kv_cache.view(nb, page, d)[bt].reshape(b, m * page, d)
+    return rows.view(nb, page, d)[bt].reshape(b, m * page, d)
 
 
 def mla_decode_ref(q, kv_cache, block_tables, seq_lens_k, kv_lora_rank: int, sm_scale: float):
@@ -61,7 +75,7 @@ def mla_decode_ref(q, kv_cache, block_tables, seq_lens_k, kv_lora_rank: int, sm_
 
     Returns [B, H, kv_lora_rank] in q's dtype, fp32 math; zero-length rows are zeros.
     """
-    kv = _gather_pages(kv_cache, block_tables).to(torch.float32)            # [B, N, Lk]
+    kv = _gather_pages(kv_cache, block_tables, q.shape[-1]).to(torch.float32)   # [B, N, Lk]
     n = kv.shape[1]
     s = torch.matmul(q.to(torch.float32), kv.transpose(1, 2)) * sm_scale     # [B, H, N]
     pos = torch.arange(n, device=q.device)
@@ -78,25 +92,28 @@ def mla_decode_ref(q, kv_cache, block_tables, seq_lens_k, kv_lora_rank: int, sm_
 def read_cache_and_interleave_ref(kv_cache, block_tables, new_latent, cu_seqlens_q, cu_seqlens_k, total_k: int,
                                   k_start: int = 0):
     """Packed rows [k_start, k_start + total_k) of: per request its cached rows (k_len - q_len of
-    them) then its new rows."""
-    nb, page, _, d = kv_cache.shape
+    them) then its new rows, in ``new_latent``'s dtype. From an FP8 cache every row comes from the cache
+    (the step's rows were written first)."""
+    page = kv_cache.shape[1]
+    fp8 = is_fp8(kv_cache)
     cu_q = cu_seqlens_q.to(torch.int64)
     cu_k = cu_seqlens_k.to(torch.int64)
     t = torch.arange(total_k, dtype=torch.int64, device=new_latent.device) + k_start
     b = torch.searchsorted(cu_k[1:].contiguous(), t, right=True)
     i = t - cu_k[b]
     n_cached = (cu_k[b + 1] - cu_k[b]) - (cu_q[b + 1] - cu_q[b])
-    cached = i < n_cached
+    cached = torch.ones_like(i, dtype=torch.bool) if fp8 else i < n_cached
     bt = block_tables.to(torch.int64)
     col = torch.where(cached, i // page, torch.zeros_like(i))
     slot = bt[b, col].clamp(min=0) * page + i % page
-    from_cache = kv_cache.view(nb * page, d)[torch.where(cached, slot, torch.zeros_like(slot))]
+    rows = cache_rows(kv_cache, new_latent.shape[1])
+    from_cache = rows[torch.where(cached, slot, torch.zeros_like(slot))].to(new_latent.dtype)
     new_row = torch.where(cached, torch.zeros_like(i), cu_q[b] + i - n_cached)
     if new_latent.shape[0] > 0:
         from_new = new_latent[new_row.clamp(max=new_latent.shape[0] - 1)]
     else:
         from_new = torch.zeros_like(from_cache)
-    return torch.where(cached[:, None], from_cache, from_new.to(kv_cache.dtype))
+    return torch.where(cached[:, None], from_cache, from_new)
 
 
 def prefill_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, sm_scale: float, compute_dtype=None):

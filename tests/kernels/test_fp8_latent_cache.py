@@ -1,0 +1,218 @@
+"""The FP8 latent cache (``cache.fp8_latent``): the codec's rule, the Triton write bit for bit against it,
+and the readers (split-KV decode, query groups, value slices, the extend's gather) against the plain
+references over the dequantized rows. CPU interpreter (float32) or GPU, like test_triton_kernels.py."""
+
+import numpy as np
+import pytest
+from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables
+
+pytestmark = pytest.mark.triton
+
+DEV, TOL = device_and_tolerance()
+
+
+@pytest.fixture(scope="module")
+def k():
+    ns = kernel_namespace(DEV)
+    from paddle_mla.cache import fp8_latent
+
+    ns.f8 = fp8_latent
+    return ns
+
+
+def _t(k, a, dtype=None):
+    x = k.torch.from_numpy(np.ascontiguousarray(a)).to(DEV)
+    return x if dtype is None else x.to(dtype)
+
+
+def _bytes(k, x):
+    return x.view(k.torch.uint8)
+
+
+def _rows(rng, n, d):
+    """Rows of very different sizes (1e-6 .. 1e4), one all zero, one with a single large outlier, one of
+    ties (``TIES``: scale 1, halfway between two e4m3 values)."""
+    x = rng.standard_normal((n, d)).astype(np.float32) * (10.0 ** rng.uniform(-6, 4, size=(n, 1)))
+    x[0] = 0.0
+    x[1, 3] = 5e4
+    x[3] = np.resize(TIES[0], d)
+    return x.astype(np.float32)
+
+
+# a row whose largest magnitude is 128 (scale 1) and its e4m3 rounding, ties to the even mantissa
+TIES = (np.array([128, 136, 152, 1.0625, 1.1875, -136, -1.0625, 3.0], dtype=np.float32),
+        np.array([128, 128, 160, 1.0, 1.25, -128, -1.0, 3.0], dtype=np.float32))
+
+
+def test_codec_rule(k):
+    """Each row's scale is a power of two putting its largest magnitude in [128, 256); every value is
+    its e4m3 rounding (relative error <= 2^-4) or, below e4m3's smallest normal, zero; a zero row stays zero; the
+    scale sits in the slot's first 4 bytes."""
+    torch, f8 = k.torch, k.f8
+    x = _t(k, _rows(np.random.default_rng(0), 9, 72))
+    packed = f8.quantize(x)
+    assert packed.shape == (9, 80) and packed.dtype == f8.storage_dtype()     # 72 + scale, to 16 bytes
+    scale, inv = f8.row_scales(x)
+    assert torch.equal(scale * inv, torch.ones_like(scale))
+    mant, _ = torch.frexp(scale)
+    assert torch.equal(mant, torch.full_like(mant, 0.5))               # powers of two
+    top = x.abs().amax(1)[1:] * inv[1:]
+    assert bool(((top >= 128) & (top < 256)).all())
+    back = f8.dequantize(packed, 72)
+    assert torch.equal(back[0], torch.zeros_like(back[0]))
+    big = x.abs() * inv[:, None] >= f8.SMALLEST_NORMAL               # normal e4m3 values
+    err = (back - x).abs()
+    assert bool((err[big] <= x.abs()[big] * 2.0 ** -4).all())
+    assert bool((back[~big] == 0).all()) and bool((~big[1:]).any())
+    stored = packed.view(torch.uint8)[:, 72:76].contiguous().view(torch.float32)[:, 0]
+    assert torch.equal(stored, scale)
+    ties = f8.dequantize(f8.quantize(_t(k, TIES[0][None])), len(TIES[0]))
+    assert torch.equal(ties[0], _t(k, TIES[1]))
+
+
+def test_row_layout():
+    """The scale on a 4-byte boundary after the latent, rows of whole 16 bytes."""
+    f8 = _codec()
+    assert [(f8.scale_offset(d), f8.row_width(d)) for d in (576, 72, 37, 12)] == [(576, 592), (72, 80), (40, 48),
+                                                                                (12, 16)]
+
+
+def _codec():
+    from paddle_mla.cache import fp8_latent
+
+    return fp8_latent
+
+
+@pytest.mark.parametrize("d", [37, 40, 576])
+def test_write_kernel_matches_codec_bitwise(k, d):
+    torch, f8 = k.torch, k.f8
+    rng = np.random.default_rng(d)
+    nb, page = 4, 16
+    cache = torch.zeros(nb, page, 1, f8.row_width(d), dtype=f8.storage_dtype(), device=DEV)
+    _bytes(k, cache).fill_(0x5A)             # stale bytes: skipped slots must keep them
+    expect = cache.clone()
+    slots = np.array([0, 17, -1, 63, 5, -1, 32, 9, 10], dtype=np.int64)
+    lat = _t(k, _rows(rng, len(slots), d))
+    k.cw.write_latent_cache(lat, cache, _t(k, slots))
+    k.ref.write_latent_cache_ref(lat, expect, _t(k, slots))
+    # the latent, its pad and the scale are the format; the zeros after the scale are never read
+    end = f8.scale_offset(d) + 4
+    assert torch.equal(_bytes(k, cache)[..., :end], _bytes(k, expect)[..., :end])
+    assert torch.equal(_bytes(k, cache)[1, 0, 0], _bytes(k, expect)[1, 0, 0])   # an unwritten row
+    assert int(_bytes(k, cache)[3, 15, 0, 0]) != 0x5A                           # slot 63 was written
+
+
+def _fp8_cache(k, rng, nb, page, lk):
+    """A paged FP8 cache of random latent rows, written by the reference codec."""
+    f8 = k.f8
+    rows = _t(k, rng.standard_normal((nb * page, lk)).astype(np.float32))
+    return f8.quantize(rows).view(nb, page, 1, f8.row_width(lk))
+
+
+@pytest.mark.parametrize("variant", [{}, {"dv_split": 2}], ids=["plain", "dv_split2"])
+@pytest.mark.parametrize("seq_lens", [[1], [3, 17, 64, 5], [40, 0, 16, 33]])
+@pytest.mark.parametrize("lora,rope", [(32, 16), (30, 7)], ids=["dims48", "dims37"])
+def test_decode_over_fp8_cache_matches_reference(k, seq_lens, variant, lora, rope):
+    torch = k.torch
+    rng = np.random.default_rng(len(seq_lens))
+    heads, page, target = 4, 16, 3
+    bt, nb = random_block_tables(rng, seq_lens, page)
+    bs, lk = len(seq_lens), lora + rope
+    cache = _fp8_cache(k, rng, nb, page, lk)
+    q = _t(k, rng.standard_normal((bs, heads, lk)).astype(np.float32))
+    lens, tables = _t(k, np.array(seq_lens, dtype=np.int32)), _t(k, bt)
+    cfg = k.dec.decode_config(heads, programs=target, **variant)
+    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, 16, DEV, programs=target)
+    k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+    out = torch.full((bs, heads, lora), float("nan"), device=DEV)
+    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, lk ** -0.5, cfg)
+    expect = k.ref.mla_decode_ref(q, cache, tables, lens, lora, lk ** -0.5)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
+
+
+def test_query_groups_over_fp8_cache(k):
+    """Short extend rows (two tokens a plan row) read the FP8 cache like decode rows."""
+    torch = k.torch
+    rng = np.random.default_rng(5)
+    heads, lora, rope, page = 4, 32, 16, 16
+    seqs = [(65, 3), (20, 2), (9, 1)]
+    bt, nb = random_block_tables(rng, [n for n, _ in seqs], page)
+    lk = lora + rope
+    cache = _fp8_cache(k, rng, nb, page, lk)
+    tok_seq, tok_len, g_seq, g_row0, g_ntok, g_len = [], [], [], [], [], []
+    for s, (n, q) in enumerate(seqs):
+        for first in range(0, q, 2):
+            nt = min(2, q - first)
+            g_seq.append(s), g_row0.append(len(tok_seq)), g_ntok.append(nt), g_len.append(n - q + first + nt)
+            for t in range(first, first + nt):
+                tok_seq.append(s), tok_len.append(n - q + t + 1)
+    q = _t(k, rng.standard_normal((len(tok_seq), heads, lk)).astype(np.float32))
+    i32 = lambda a: _t(k, np.array(a, dtype=np.int32))  # noqa: E731
+    groups = k.dec.QueryGroups(i32(g_row0), i32(g_ntok), 2, len(g_seq))
+    cfg = k.dec.decode_config(2 * heads, programs=8, min_tiles=1)
+    ws = k.dec.alloc_decode_workspace(len(g_seq), 2 * heads, lora, 16, DEV, programs=8)
+    lens = i32(g_len)
+    k.dec.build_decode_plan(lens, len(g_seq), ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+    out = torch.full((len(tok_seq), heads, lora), float("nan"), device=DEV)
+    k.dec.mla_decode(q, cache, _t(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
+    expect = k.ref.mla_decode_ref(q, cache, _t(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
+    torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("case", ["no_cache", "mixed"])
+def test_interleave_reads_every_row_back_from_fp8_cache(k, case):
+    """The extend's gather takes the step's rows from the cache too (written first), dequantized, so a
+    prompt sees the same rounded keys whether it was cached, chunked or computed in one step."""
+    torch, f8 = k.torch, k.f8
+    rng = np.random.default_rng(3)
+    q_lens, c_lens = {"no_cache": ([5, 3], [0, 0]), "mixed": ([4, 1, 0, 7], [20, 0, 9, 16])}[case]
+    k_lens = [a + b for a, b in zip(q_lens, c_lens)]
+    page, d = 16, 40
+    bt, nb = random_block_tables(rng, k_lens, page)
+    cache = _fp8_cache(k, rng, nb, page, d)
+    new = _t(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
+    slots = [int(bt[b][i // page]) * page + i % page for b in range(len(q_lens)) for i in range(c_lens[b], k_lens[b])]
+    k.cw.write_latent_cache(new, cache, _t(k, np.array(slots, dtype=np.int64)))
+    cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+    cu_k = _t(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
+    total = int(sum(k_lens))
+    got = k.il.read_cache_and_interleave(cache, _t(k, bt), new, cu_q, cu_k, total)
+    expect = k.ref.read_cache_and_interleave_ref(cache, _t(k, bt), new, cu_q, cu_k, total)
+    assert got.shape == (total, d) and got.dtype == new.dtype and torch.equal(got, expect)
+    o = 0
+    for b in range(len(q_lens)):
+        qs = sum(q_lens[:b])
+        assert torch.equal(got[o + c_lens[b]:o + k_lens[b]], f8.dequantize(f8.quantize(new[qs:qs + q_lens[b]]), d))
+        o += k_lens[b]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("seq_lens", [[1], [4096, 37, 1000], [64] * 70])
+def test_decode_bf16_over_fp8_cache_at_v3_dims(k, heads, seq_lens):
+    """DeepSeek-V3 dims (512 + 64), bf16 queries, rows written by the Triton write kernel: the decode
+    (the backend's configs, the small-batch one at b <= 4) against the fp32 reference over the same
+    dequantized rows, to bf16 precision; and the output differs from the bf16 cache's by the keys'
+    rounding only (relative L2 < 5%, measured ~1-2%)."""
+    from helpers.triton_kernel_helpers import check_close
+
+    torch, f8 = k.torch, k.f8
+    rng = np.random.default_rng(heads)
+    lora, lk, page = 512, 576, 64
+    bt, nb = random_block_tables(rng, seq_lens, page)
+    bs = len(seq_lens)
+    rows = torch.randn(nb * page, lk, device=DEV, dtype=torch.bfloat16)
+    plain = rows.view(nb, page, 1, lk)
+    cache = torch.zeros(nb, page, 1, f8.row_width(lk), dtype=f8.storage_dtype(), device=DEV)
+    k.cw.write_latent_cache(rows, cache, torch.arange(nb * page, device=DEV))
+    q = torch.randn(bs, heads, lk, device=DEV, dtype=torch.bfloat16)
+    lens, tables = _t(k, np.array(seq_lens, dtype=np.int32)), _t(k, bt)
+    cfg = k.dec.decode_config(heads, small_batch=bs <= k.dec.SMALL_BATCH)
+    ws = k.dec.alloc_decode_workspace(bs, heads, lora, k.dec.split_cap(cfg.programs), DEV, programs=cfg.programs)
+    k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+    out = torch.full((bs, heads, lora), float("nan"), device=DEV, dtype=torch.bfloat16)
+    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, 192 ** -0.5, cfg)
+    check_close(k, out, k.ref.mla_decode_ref(q.float(), cache, tables, lens, lora, 192 ** -0.5))
+    exact = k.ref.mla_decode_ref(q.float(), plain.float(), tables, lens, lora, 192 ** -0.5)
+    assert float((out.float() - exact).norm() / exact.norm()) < 5e-2
