@@ -69,15 +69,23 @@ def graph_us(fn) -> float:
     return median_us(g.replay)
 
 
+def mma_kind(handle) -> str:
+    """Which tensor-core instructions stage 1 compiled to (from its PTX): wgmma (SM90 warpgroup MMA,
+    operands in shared memory) or mma.sync (warp MMA, operands in registers)."""
+    ptx = getattr(handle, "asm", {}).get("ptx", "") if handle is not None else ""
+    return f"wgmma {ptx.count('wgmma.mma_async')} / mma.sync {ptx.count('mma.sync')}"
+
+
 def triton_decode(cache, tables, q, lens, h: int):
-    """(graph µs, out) of the backend's Triton decode config over ``cache``."""
+    """(graph µs, out, stage 1's MMA kind) of the backend's Triton decode config over ``cache``."""
     b = q.shape[0]
     cfg = decode.decode_config(h, small_batch=b <= decode.SMALL_BATCH)
     ws = decode.alloc_decode_workspace(b, h, LORA, decode.split_cap(cfg.programs), "cuda", programs=cfg.programs)
     decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
+    handle = decode.mla_decode(q, cache, tables, lens, out, ws, LORA, SCALE, cfg)
     t = graph_us(lambda: decode.mla_decode(q, cache, tables, lens, out, ws, LORA, SCALE, cfg))
-    return t, out
+    return t, out, mma_kind(handle)
 
 
 def write_us(n: int, fp8: bool) -> float:
@@ -98,7 +106,7 @@ def run_case(b: int, h: int, s: int, bw: float) -> dict:
     io = q.numel() * 2 + b * h * LORA * 2
     row = {"b": b, "h": h, "s": s}
     for name, cache, width in (("bf16", plain, D * 2), ("fp8", fp8, fp8_latent.row_width(D))):
-        t, out = triton_decode(cache, tables, q, lens, h)
+        t, out, row[f"triton_{name}_mma"] = triton_decode(cache, tables, q, lens, h)
         nbytes = b * s * width + io
         row[f"triton_{name}_us"] = t
         row[f"triton_{name}_copy"] = nbytes / (t * 1e-6) / bw
@@ -146,7 +154,7 @@ def main() -> None:
             for s in ints(args.s):
                 r = run_case(b, h, s, bw)
                 rows.append(r)
-                print(table_row(r), flush=True)
+                print(table_row(r), f"(stage 1: bf16 {r['triton_bf16_mma']}; FP8 {r['triton_fp8_mma']})", flush=True)
     writes = [{"rows": n, "bf16_us": write_us(n, False), "fp8_us": write_us(n, True)} for n in ints(args.write_rows)]
     print("\n| rows written | bf16 copy µs | FP8 quantize µs |\n| --- | --- | --- |")
     for w in writes:

@@ -50,7 +50,7 @@ def test_triton_mla_matches_native_on_fp8_cache(native_fp8, chunked, prefix, gra
 
 def test_preemption_on_fp8_cache(native_fp8):
     reqs, expected = native_fp8
-    llm = make_llm("triton_mla", graph=True, num_blocks=10)
+    llm = make_llm("triton_mla", graph=True, num_blocks=4)   # a request takes up to 3, two at once 6
     outs = llm.generate(reqs, use_tqdm=False)
     assert [o.token_ids for o in outs] == expected
     assert llm.stats().num_preemptions > 0
