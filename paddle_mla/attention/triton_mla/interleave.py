@@ -66,15 +66,15 @@ def _interleave_kernel(
         cached = mt
     else:
         cached = mt & (i < n_cached)
-    fresh = mt & (i >= n_cached) & ~cached
     page = tl.load(BT + b.to(tl.int64) * stride_bt + i // PAGE, mask=cached, other=0).to(tl.int64)
     src_c = CACHE + page * stride_cb + (i % PAGE) * stride_cs
-    src_n = NEW + (q0 + i - n_cached).to(tl.int64) * stride_new
     row_c = tl.load(src_c[:, None] + d[None, :], mask=cached[:, None] & md[None, :], other=0.0)
     if FP8:
         scale = tl.load((src_c + SOFF).to(tl.pointer_type(tl.float32), bitcast=True), mask=cached, other=0.0)
         row = row_c.to(tl.float32) * scale[:, None]
     else:
+        src_n = NEW + (q0 + i - n_cached).to(tl.int64) * stride_new
+        fresh = mt & (i >= n_cached)
         row_n = tl.load(src_n[:, None] + d[None, :], mask=fresh[:, None] & md[None, :], other=0.0)
         row = tl.where(cached[:, None], row_c, row_n.to(row_c.dtype))
     tl.store(OUT + r.to(tl.int64)[:, None] * stride_out + d[None, :], row.to(OUT.dtype.element_ty),
