@@ -29,6 +29,11 @@ from paddle_mla.models.fp8 import dense, linear   # linear: dense or FP8 block-s
 from paddle_mla.models.indexer import Indexer
 from paddle_mla.models.fused_ops import mla_latent, rms_norm, rope_rotate
 
+# q_a_layernorm and kv_a_layernorm: transformers' DeepseekV2/V3/V32 (and DeepSeek's own modeling
+# code) build them with the RMSNorm default eps, whatever config.rms_norm_eps says; rms_norm_eps is
+# the decoder layers' and the final norm's
+LATENT_NORM_EPS = 1e-6
+
 
 def llama3_inv_freq(inv, spec: RopeSpec):
     """transformers' llama3 scaling: long wavelengths / factor, short ones kept, a smooth ramp between."""
@@ -122,7 +127,7 @@ class MLAAttention:
     def __init__(self, arch: ModelArch, w: dict[str, Any], prefix: str, tp=None):
         d = arch.mla
         self.tp = tp
-        self.arch, self.dims, self.eps = arch, d, arch.rms_norm_eps
+        self.arch, self.dims, self.eps = arch, d, LATENT_NORM_EPS
         p = prefix + "self_attn."
         self.q_lora = arch.q_lora_rank is not None
         if self.q_lora:

@@ -124,3 +124,18 @@ def test_arch_matches_hf_config(pair):
     assert ours.arch.family == "mla"
     assert ours.arch.num_layers == _DIMS["num_hidden_layers"]
     assert ours.arch.eos_token_ids == [1]
+
+
+@pytest.mark.parametrize("name", ["v3_qlora_yarn_noaux", "v2_greedy_yarn"])
+def test_latent_norms_keep_eps_1e6_whatever_rms_norm_eps(name, tmp_path):
+    """transformers builds q_a_layernorm and kv_a_layernorm with eps 1e-6 and only the decoder
+    layers' norms and the final norm with rms_norm_eps: at rms_norm_eps 1e-2 taking it for the
+    latent norms too moves the logits by ~1e-2."""
+    model_type, extra = CONFIGS[name]
+    hf = _hf_model(model_type, {**extra, "rms_norm_eps": 1e-2})
+    hf.save_pretrained(tmp_path)
+    got = run_greedy(load_model(str(tmp_path), torch.float32, "cpu"), PROMPTS, 1, block_size=4)
+    for r, prompt in enumerate(PROMPTS):
+        with real_torch.no_grad():
+            want = hf(real_torch.tensor([prompt])).logits[0, -1].float().numpy()
+        np.testing.assert_allclose(got.first_logits[r], want, atol=1e-4, rtol=0, err_msg=f"prompt {r}")
