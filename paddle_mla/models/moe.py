@@ -254,7 +254,10 @@ def route_plain(spec: MoESpec, logits, bias=None):
     else:
         raise ValueError(f"unsupported topk_method {spec.topk_method!r}")
     idx = torch.topk(choice, spec.num_experts_per_tok, dim=-1)[1]
-    weights = scores.gather(1, idx)
+    # noaux_tc weighs its picks by their scores (bias and group fill only choose them); greedy and
+    # group_limited_greedy by the scores they chose from, as transformers' DeepseekV2 does: where
+    # top-k exceeds the kept groups' experts, the others it takes weigh 0
+    weights = (scores if spec.topk_method == "noaux_tc" else choice).gather(1, idx)
     norm, scale = spec.weight_rule()
     if norm:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)

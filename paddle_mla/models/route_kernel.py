@@ -44,6 +44,7 @@ def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUP
     # a NaN score (a NaN or inf logit upstream) is never the best: every pick below then stays an
     # expert of this row, as torch.topk's do, where a NaN would match no maximum
     choice = tl.where(choice != choice, neg, choice)
+    weigh = s   # what a pick weighs (``moe.route_plain``): group_limited_greedy's outside its groups is 0
     if METHOD != 0:
         cv = tl.where(valid, choice, neg)
         best = tl.max(cv, 1)
@@ -63,6 +64,7 @@ def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUP
             choice = tl.where(keep[:, None], choice, neg)
         else:
             choice = tl.where(keep[:, None], choice, 0.0)
+            weigh = tl.where(keep[:, None], s, 0.0)
     ki = tl.arange(0, BLOCK_K)
     ids = tl.zeros([BLOCK_K], dtype=tl.int64)
     ws = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -72,7 +74,7 @@ def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUP
         top = tl.max(tl.max(cv, 1), 0)
         pick = tl.min(tl.min(tl.where(avail & (cv == top), flat, GROUPS * GS), 1), 0)
         ids = tl.where(ki == k, pick.to(tl.int64), ids)
-        ws = tl.where(ki == k, tl.sum(tl.sum(tl.where(flat == pick, s, 0.0), 1), 0), ws)
+        ws = tl.where(ki == k, tl.sum(tl.sum(tl.where(flat == pick, weigh, 0.0), 1), 0), ws)
         avail = avail & (flat != pick)
     if NORM:
         ws = ws / (tl.sum(ws, 0) + 1e-20)

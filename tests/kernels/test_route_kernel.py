@@ -102,6 +102,38 @@ def test_group_limit_takes_experts_from_kept_groups_only():
     np.testing.assert_allclose(w.cpu().numpy(), want_w.numpy(), rtol=4e-6, atol=0)
 
 
+
+def _dense(ids, w, E):
+    """[T, E] weight of each expert (0 where not picked)."""
+    out = np.zeros((ids.shape[0], E), np.float32)
+    np.put_along_axis(out, ids, w, 1)
+    return out
+
+
+def test_group_limited_top_k_past_the_kept_groups_weighs_the_rest_0():
+    """group_limited_greedy with top-3 of 8 experts in 4 groups, 1 kept (2 experts): the kept group's
+    two experts weigh their softmax scores, the third pick (outside it) 0, as in transformers'
+    DeepseekV2. Which zero-weight expert fills the third column is a tie, so the forms compare per expert."""
+    from paddle_mla.models import fused_ops
+    from paddle_mla.models.moe import route_plain
+    from paddle_mla.models.route_kernel import route_call
+
+    spec = _spec(8, 3, "group_limited_greedy", "softmax", 4, 1, False, 1.0, after_norm=False)
+    rng = np.random.default_rng(11)
+    logits = rng.standard_normal((37, 8)) * 2
+    ids, w = route_call(_t(logits), None, **fused_ops.route_kernel_args(spec))
+    want_ids, want_w = route_plain(spec, _t(logits, "cpu"))
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    kept = probs.reshape(37, 4, 2).max(2).argmax(1)
+    expect = np.zeros((37, 8), np.float32)
+    for t, g in enumerate(kept):
+        expect[t, 2 * g:2 * g + 2] = probs[t, 2 * g:2 * g + 2]
+    for got_ids, got_w in ((want_ids.numpy(), want_w.numpy()), (ids.cpu().numpy(), w.cpu().numpy())):
+        assert all(len(set(row)) == 3 for row in got_ids.tolist())
+        np.testing.assert_allclose(_dense(got_ids, got_w, 8), expect, rtol=4e-6, atol=0)
+
+
 def test_routing_args_refuse_what_the_kernel_cannot_do():
     from paddle_mla.models import fused_ops
 

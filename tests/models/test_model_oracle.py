@@ -126,16 +126,29 @@ def test_arch_matches_hf_config(pair):
     assert ours.arch.eos_token_ids == [1]
 
 
+
+def _first_logits_match_hf(model_type: str, extra: dict, path):
+    hf = _hf_model(model_type, extra)
+    hf.save_pretrained(path)
+    got = run_greedy(load_model(str(path), torch.float32, "cpu"), PROMPTS, 1, block_size=4)
+    for r, prompt in enumerate(PROMPTS):
+        with real_torch.no_grad():
+            want = hf(real_torch.tensor([prompt])).logits[0, -1].float().numpy()
+        np.testing.assert_allclose(got.first_logits[r], want, atol=1e-4, rtol=0, err_msg=f"prompt {r}")
+
+
 @pytest.mark.parametrize("name", ["v3_qlora_yarn_noaux", "v2_greedy_yarn"])
 def test_latent_norms_keep_eps_1e6_whatever_rms_norm_eps(name, tmp_path):
     """transformers builds q_a_layernorm and kv_a_layernorm with eps 1e-6 and only the decoder
     layers' norms and the final norm with rms_norm_eps: at rms_norm_eps 1e-2 taking it for the
     latent norms too moves the logits by ~1e-2."""
     model_type, extra = CONFIGS[name]
-    hf = _hf_model(model_type, {**extra, "rms_norm_eps": 1e-2})
-    hf.save_pretrained(tmp_path)
-    got = run_greedy(load_model(str(tmp_path), torch.float32, "cpu"), PROMPTS, 1, block_size=4)
-    for r, prompt in enumerate(PROMPTS):
-        with real_torch.no_grad():
-            want = hf(real_torch.tensor([prompt])).logits[0, -1].float().numpy()
-        np.testing.assert_allclose(got.first_logits[r], want, atol=1e-4, rtol=0, err_msg=f"prompt {r}")
+    _first_logits_match_hf(model_type, {**extra, "rms_norm_eps": 1e-2}, tmp_path)
+
+
+def test_v2_group_limited_top_k_past_the_kept_groups(tmp_path):
+    """top-3 of 8 experts in 4 groups, 1 group kept (2 experts): transformers' DeepseekV2 takes the
+    weights from the group-masked scores, so the third expert it picks weighs 0."""
+    _first_logits_match_hf("deepseek_v2", {
+        "q_lora_rank": None, "rope_parameters": _DEFAULT_ROPE, "topk_method": "group_limited_greedy", "n_group": 4,
+        "topk_group": 1, "num_experts_per_tok": 3, "routed_scaling_factor": 1.0}, tmp_path)
