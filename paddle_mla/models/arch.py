@@ -57,6 +57,8 @@ class MoESpec:
     scale_after_norm: bool = True
     # the MoE layers when a family lists them some other way (qwen3_moe, ernie4_5_moe)
     moe_layers: frozenset[int] | None = None
+    # the least divisor of the normalisation (``weight_rule``): ernie4_5_moe's moe_norm_min
+    norm_min: float = 0.0
 
     def is_moe_layer(self, i: int) -> bool:
         if self.moe_layers is not None:
@@ -66,7 +68,8 @@ class MoESpec:
     def weight_rule(self) -> tuple[bool, bool]:
         """(normalise the top-k weights to sum 1, then multiply them by routed_scaling_factor): V3
         normalises where norm_topk_prob says and always scales; V2's own code normalises instead of
-        scaling (a single expert's weight is never normalised there)."""
+        scaling (a single expert's weight is never normalised there). Normalising divides by
+        max(sum + 1e-20, norm_min)."""
         if self.scale_after_norm:
             return self.norm_topk_prob, True
         norm = self.norm_topk_prob and self.num_experts_per_tok > 1

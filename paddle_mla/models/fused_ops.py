@@ -149,4 +149,4 @@ def route_kernel_args(spec) -> dict | None:
     norm, scale = spec.weight_rule()
     return dict(groups=groups, topk_group=spec.topk_group if groups > 1 else 1, top_k=k,
                 sigmoid=spec.scoring_func == "sigmoid", method=method, norm=norm, scale=scale,
-                scaling=spec.routed_scaling_factor)
+                scaling=spec.routed_scaling_factor, norm_min=spec.norm_min)

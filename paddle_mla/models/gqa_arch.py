@@ -6,7 +6,7 @@ rope, optionally llama3 scaling; ernie4_5 rotates interleaved pairs and ties its
 default. Any of them may carry linear / yarn scaling; rope covers the whole head.
 Routing, as transformers computes it: qwen3_moe softmax -> top-k (-> renormalised when
 norm_topk_prob); ernie4_5_moe softmax -> top-k of (probs + e_score_correction_bias) -> the chosen
-probs renormalised, plus shared experts.
+probs divided by max(their sum, moe_norm_min), plus shared experts.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def gqa_moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
         dense = set(cfg.get("mlp_only_layers") or [])
         layers = frozenset(i for i in range(n_layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
         top_k, shared, method = int(cfg["num_experts_per_tok"]), 0, "greedy"
-        norm = bool(cfg.get("norm_topk_prob", False))
+        norm, norm_min = bool(cfg.get("norm_topk_prob", False)), 0.0
     elif model_type == "ernie4_5_moe":
         experts = int(cfg.get("moe_num_experts") or cfg.get("num_experts") or 0)
         step = int(cfg.get("moe_layer_interval") or 1)
@@ -35,8 +35,9 @@ def gqa_moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
         end = n_layers - 1 if end < 0 else end
         layers = frozenset(i for i in range(n_layers) if (i + 1) % step == 0 and start <= i <= end)
         top_k, shared = int(cfg.get("moe_k") or cfg["num_experts_per_tok"]), int(cfg.get("moe_num_shared_experts") or 0)
-        # top-k of probs + correction bias (noaux_tc with one group), weights from the probs, renormalised
-        method, norm = "noaux_tc", True
+        # top-k of probs + correction bias (noaux_tc with one group), weights from the probs divided by
+        # max(their sum, moe_norm_min)
+        method, norm, norm_min = "noaux_tc", True, float(cfg.get("moe_norm_min", 1e-12) or 0.0)
     else:
         return None
     if not experts:
@@ -44,7 +45,7 @@ def gqa_moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
     return MoESpec(n_routed_experts=experts, num_experts_per_tok=top_k, n_shared_experts=shared,
                    first_k_dense_replace=0, moe_layer_freq=1, topk_method=method, scoring_func="softmax", n_group=1,
                    topk_group=1, norm_topk_prob=norm, routed_scaling_factor=1.0, scale_after_norm=True,
-                   moe_layers=layers)
+                   moe_layers=layers, norm_min=norm_min)
 
 
 def parse_gqa_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:

@@ -260,7 +260,7 @@ def route_plain(spec: MoESpec, logits, bias=None):
     weights = (scores if spec.topk_method == "noaux_tc" else choice).gather(1, idx)
     norm, scale = spec.weight_rule()
     if norm:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        weights = weights / torch.clamp(weights.sum(-1, keepdim=True) + 1e-20, min=spec.norm_min)
     if scale:
         weights = weights * spec.routed_scaling_factor
     return idx, weights

@@ -20,10 +20,10 @@ import triton.language as tl
 from paddle_mla.platform.triton_host import next_pow2
 
 @triton.jit
-def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUPS: tl.constexpr, GS: tl.constexpr,
-                  TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr, SIGMOID: tl.constexpr, METHOD: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, EXTRA: tl.constexpr,
-                  BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, norm_min, GROUPS: tl.constexpr,
+                  GS: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr, SIGMOID: tl.constexpr,
+                  METHOD: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr,
+                  EXTRA: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     gi = tl.arange(0, BLOCK_G)
     g = gi[:, None]
@@ -77,7 +77,7 @@ def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUP
         ws = tl.where(ki == k, tl.sum(tl.sum(tl.where(flat == pick, weigh, 0.0), 1), 0), ws)
         avail = avail & (flat != pick)
     if NORM:
-        ws = ws / (tl.sum(ws, 0) + 1e-20)
+        ws = ws / tl.maximum(tl.sum(ws, 0) + 1e-20, norm_min)
     if SCALE:
         ws = ws * scaling
     # the shared experts' pieces (``moe.fold_shared_experts``): ids E, E + 1, ..., weight 1
@@ -88,10 +88,11 @@ def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scaling, GROUP
 
 
 def route_call(logits, bias, groups: int, topk_group: int, top_k: int, sigmoid: bool, method: int,
-               norm: bool, scale: bool, scaling: float, extra: int = 0):
+               norm: bool, scale: bool, scaling: float, norm_min: float = 0.0, extra: int = 0):
     """fp32 logits [T, E] (last dim contiguous) -> (ids int64 [T, top_k + extra], weights fp32 [T, top_k + extra]).
     ``method``: 0 greedy, 1 group-limited greedy (a group's score: its best), 2 noaux_tc (the sum of
     its two best, over scores plus ``bias``); ``fused_ops.route_kernel_args`` maps a MoE spec to these.
+    ``norm``: divide by max(sum + 1e-20, ``norm_min``) (``MoESpec.weight_rule``).
     ``extra`` columns follow the routed ones: ids E .. E + extra - 1 with weight 1 (shared experts)."""
     T, E = logits.shape
     ids = torch.empty((T, top_k + extra), dtype=torch.int64, device=logits.device)
@@ -99,9 +100,9 @@ def route_call(logits, bias, groups: int, topk_group: int, top_k: int, sigmoid: 
     if T:
         gs = E // groups
         _route_kernel[(T,)](logits, bias if bias is not None else logits, ids, weights, logits.stride(0),
-                            float(scaling), GROUPS=groups, GS=gs, TOPK_GROUP=topk_group, TOP_K=top_k,
-                            SIGMOID=sigmoid, METHOD=method, HAS_BIAS=bias is not None, NORM=norm, SCALE=scale,
-                            EXTRA=extra, BLOCK_G=next_pow2(groups), BLOCK_S=next_pow2(gs),
+                            float(scaling), float(norm_min), GROUPS=groups, GS=gs, TOPK_GROUP=topk_group,
+                            TOP_K=top_k, SIGMOID=sigmoid, METHOD=method, HAS_BIAS=bias is not None, NORM=norm,
+                            SCALE=scale, EXTRA=extra, BLOCK_G=next_pow2(groups), BLOCK_S=next_pow2(gs),
                             BLOCK_K=next_pow2(top_k + extra),
                             num_warps=4 if E <= 256 else 8)
     return ids, weights

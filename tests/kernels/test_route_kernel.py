@@ -15,12 +15,12 @@ pytestmark = pytest.mark.triton
 DEV = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
 
 
-def _spec(E, k, method, scoring, groups, topk_group, norm, factor, after_norm=True):
+def _spec(E, k, method, scoring, groups, topk_group, norm, factor, after_norm=True, norm_min=0.0):
     from paddle_mla.models.arch import MoESpec
 
     return MoESpec(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=0, first_k_dense_replace=0,
                    moe_layer_freq=1, topk_method=method, scoring_func=scoring, n_group=groups, topk_group=topk_group,
-                   norm_topk_prob=norm, routed_scaling_factor=factor, scale_after_norm=after_norm)
+                   norm_topk_prob=norm, routed_scaling_factor=factor, scale_after_norm=after_norm, norm_min=norm_min)
 
 
 SPECS = {
@@ -30,6 +30,8 @@ SPECS = {
     "v3": _spec(256, 8, "noaux_tc", "sigmoid", 8, 4, True, 2.5),
     "v3_no_norm": _spec(256, 8, "noaux_tc", "sigmoid", 8, 4, False, 2.5),
     "ernie": _spec(64, 8, "noaux_tc", "softmax", 1, 1, True, 1.0),      # one group: bias-ranked softmax
+    # moe_norm_min 0.8: rows whose top-8 probs sum below it are divided by 0.8, the others by their sum
+    "ernie_norm_min": _spec(64, 8, "noaux_tc", "softmax", 1, 1, True, 1.0, norm_min=0.8),
     "odd": _spec(12, 3, "noaux_tc", "sigmoid", 3, 2, False, 1.5),       # groups of 4, 2 kept
     "top1": _spec(24, 1, "greedy", "softmax", 1, 1, True, 1.0, after_norm=False),
 }

@@ -60,6 +60,7 @@ def test_moe_families_routing_and_layers():
     assert (m.n_routed_experts, m.num_experts_per_tok, m.n_shared_experts, m.topk_method, m.n_group) == \
         (8, 2, 2, "noaux_tc", 1)
     assert [m.is_moe_layer(i) for i in range(5)] == [False, True, True, True, False]
+    assert m.norm_min == 1e-12 and q.moe.norm_min == 0.0     # transformers' default moe_norm_min; qwen3_moe: none
     assert e.rope.interleave and e.tie_word_embeddings
     assert parse_arch(LLAMA).moe is None
     # transformers' defaults: MoE from layer 1 to the last, and an end index of -1 is the last layer

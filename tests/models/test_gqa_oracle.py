@@ -171,6 +171,17 @@ def test_engine_matches_hf(pair):
     assert st.cached_prompt_tokens > 0, "the shared prefixes must hit the prefix cache"
 
 
+def test_ernie_moe_norm_min_floors_the_weights_sum(tmp_path):
+    """transformers divides ernie4_5_moe's top-k probs by max(their sum, moe_norm_min): at 1.0 (top-2
+    of 8 never sums to 1) every token's routed weights are its plain probs, not renormalised ones."""
+    prefix, extra, _ = CONFIGS["ernie4_5_moe_g3_shared_bias"]
+    hf = _hf_model(prefix, {**extra, "moe_norm_min": 1.0})
+    hf.save_pretrained(tmp_path)
+    ours = load_model(str(tmp_path), torch.float32, "cpu", progress=False)
+    assert ours.arch.moe.norm_min == 1.0
+    _check(run_greedy(ours, PROMPTS, NEW_TOKENS, block_size=4, seed=1), _hf_greedy(hf, PROMPTS), "moe_norm_min 1")
+
+
 @pytest.mark.parametrize("backend", ["triton_mla", "dsa"])
 def test_mla_backends_on_gqa_checkpoint_are_config_errors(tmp_path, backend):
     """Refused from config.json alone, before any weight is read (the folder has no weights)."""
