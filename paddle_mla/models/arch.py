@@ -19,6 +19,8 @@ from paddle_mla.config.backends import GQA_MODEL_TYPES
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 SUPPORTED_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
 ROPE_TYPES = ("default", "yarn", "linear", "llama3")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+SCORING_FUNCS = ("softmax", "sigmoid")
 
 
 @dataclass
@@ -155,12 +157,35 @@ def _rope_spec(cfg: dict, model_type: str) -> RopeSpec:
     return spec
 
 
+def check_routing(spec: MoESpec, model_type: str) -> MoESpec:
+    """``spec`` when its routing can run; a ValueError naming the config.json key otherwise, where
+    the router would fail at the first MoE layer or route past the experts."""
+    k, E, G = spec.num_experts_per_tok, spec.n_routed_experts, spec.n_group
+    if spec.topk_method not in TOPK_METHODS:
+        raise ValueError(f"{model_type}: topk_method {spec.topk_method!r} is not supported "
+                         f"(supported: {', '.join(TOPK_METHODS)})")
+    if spec.scoring_func not in SCORING_FUNCS:
+        raise ValueError(f"{model_type}: scoring_func {spec.scoring_func!r} is not supported "
+                         f"(supported: {', '.join(SCORING_FUNCS)})")
+    if not 0 < k <= E:
+        raise ValueError(f"{model_type}: num_experts_per_tok {k} must be 1 to the number of routed experts ({E})")
+    if spec.topk_method != "greedy":   # greedy ignores the groups
+        if G < 1 or E % G:
+            raise ValueError(f"{model_type}: n_group {G} does not divide the {E} routed experts into equal groups")
+        if not 0 < spec.topk_group <= G:
+            raise ValueError(f"{model_type}: topk_group {spec.topk_group} must be 1 to n_group ({G})")
+        if spec.topk_method == "noaux_tc" and E // G < 2:   # a group scores as the sum of its two best
+            raise ValueError(f"{model_type}: noaux_tc needs groups of 2 or more experts; n_group {G} makes groups of "
+                             f"{E // G}")
+    return spec
+
+
 def _moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
     n_routed = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
     if not n_routed:
         return None
     v3 = model_type in ("deepseek_v3", "deepseek_v32")
-    return MoESpec(
+    return check_routing(MoESpec(
         n_routed_experts=int(n_routed),
         num_experts_per_tok=int(cfg["num_experts_per_tok"]),
         n_shared_experts=int(cfg.get("n_shared_experts") or 0),
@@ -174,7 +199,7 @@ def _moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
         norm_topk_prob=bool(cfg.get("norm_topk_prob", v3)),
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
         scale_after_norm=v3,
-    )
+    ), model_type)
 
 
 def _indexer_spec(cfg: dict, model_type: str) -> IndexerSpec | None:

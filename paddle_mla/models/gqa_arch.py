@@ -12,7 +12,7 @@ probs divided by max(their sum, moe_norm_min), plus shared experts.
 from __future__ import annotations
 
 from paddle_mla.attention.backend import GQADims
-from paddle_mla.models.arch import ModelArch, MoESpec, eos_ids_of, rope_spec_from
+from paddle_mla.models.arch import ModelArch, MoESpec, check_routing, eos_ids_of, rope_spec_from
 
 INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe")   # GPT-J style pairs (x[2i], x[2i+1]); the others rotate halves
 TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe")    # transformers' config default for tie_word_embeddings
@@ -42,10 +42,10 @@ def gqa_moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
         return None
     if not experts:
         return None
-    return MoESpec(n_routed_experts=experts, num_experts_per_tok=top_k, n_shared_experts=shared,
-                   first_k_dense_replace=0, moe_layer_freq=1, topk_method=method, scoring_func="softmax", n_group=1,
-                   topk_group=1, norm_topk_prob=norm, routed_scaling_factor=1.0, scale_after_norm=True,
-                   moe_layers=layers, norm_min=norm_min)
+    return check_routing(MoESpec(
+        n_routed_experts=experts, num_experts_per_tok=top_k, n_shared_experts=shared, first_k_dense_replace=0,
+        moe_layer_freq=1, topk_method=method, scoring_func="softmax", n_group=1, topk_group=1, norm_topk_prob=norm,
+        routed_scaling_factor=1.0, scale_after_norm=True, moe_layers=layers, norm_min=norm_min), model_type)
 
 
 def parse_gqa_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:

@@ -76,6 +76,7 @@ def test_moe_families_routing_and_layers():
     ({**LLAMA, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "unsupported rope type"),
     ({**LLAMA, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial_rotary"),
     ({**LLAMA, "hidden_act": "gelu"}, "silu"),
+    ({**LLAMA, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok 5"),
 ])
 def test_unsupported_configs_say_why(cfg, match):
     with pytest.raises(ValueError, match=match):

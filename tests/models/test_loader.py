@@ -200,6 +200,23 @@ def test_non_silu_activation_is_refused(tiny):
         parse_arch({**cfg, "hidden_act": "gelu"})
 
 
+@pytest.mark.parametrize("update,match", [
+    ({"num_experts_per_tok": 9}, r"num_experts_per_tok 9 must be 1 to the number of routed experts \(8\)"),
+    ({"n_group": 3}, "n_group 3 does not divide the 8 routed experts"),
+    ({"topk_group": 3}, r"topk_group 3 must be 1 to n_group \(2\)"),
+    ({"n_group": 8, "topk_group": 2}, "noaux_tc needs groups of 2 or more experts; n_group 8 makes groups of 1"),
+    ({"scoring_func": "relu"}, r"scoring_func 'relu' is not supported \(supported: softmax, sigmoid\)"),
+    ({"topk_method": "top_p"}, "topk_method 'top_p' is not supported"),
+])
+def test_routing_a_router_cannot_run_is_refused(tiny, update, match):
+    """Refused when config.json is parsed, naming the key, not at the first MoE layer's forward."""
+    cfg = json.loads((tiny / "config.json").read_text())    # deepseek_v3: 8 experts, top-2, noaux_tc in 2 groups
+    with pytest.raises(ValueError, match=match):
+        parse_arch({**cfg, **update})
+    # greedy ignores the groups: n_group 3 of 8 experts is no error there
+    assert parse_arch({**cfg, "topk_method": "greedy", "n_group": 3}).moe.n_group == 3
+
+
 def test_zero_shared_experts_with_empty_tensors_load(tiny, tmp_path):
     """n_shared_experts 0, saved (as transformers does) with zero-row shared-expert tensors: no shared
     MLP, the same logits as the checkpoint without those tensors."""
