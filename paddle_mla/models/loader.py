@@ -43,6 +43,7 @@ from paddle_mla.models.arch import ModelArch, load_arch
 from paddle_mla.models.deepseek import CausalLM
 from paddle_mla.models.fp8 import Fp8Weight, dequant_blocks, fp8_kernels_available
 from paddle_mla.models.gqa import GQACausalLM
+from paddle_mla.models.layout import check_checkpoint
 from paddle_mla.models.safetensors_io import RAW_VIEW_DTYPES, CheckpointReader
 from paddle_mla.models.sharding import Shard, checkpoint_shard, expert_range, local_arch, scale_shard, split_range
 
@@ -378,10 +379,8 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
     if size > 1:
         local_arch(arch, size, rows)      # a clear error (heads, GQA) before any weight is read
     keep = resolve_keep_fp8(quantization, "cpu" if device == "cpu" else "gpu")
-    if expert_fp8 is None:
-        expert_fp8 = keep
     # expert parallel: a TPGroup formed with it (parallel.expert_parallel) places routed experts whole
-    kwargs = dict(keep_fp8=keep, expert_fp8=expert_fp8, tp_rank=rank, tp_size=size,
+    kwargs = dict(keep_fp8=keep, expert_fp8=keep if expert_fp8 is None else expert_fp8, tp_rank=rank, tp_size=size,
                   expert_parallel=bool(getattr(tp, "expert_parallel", False)), swa_kv_heads=swa_kv_heads,
                   attention_rows=rows)
     if load_format == "dummy":
@@ -389,8 +388,10 @@ def load_model(model_dir: str, dtype: Any, device: str, quantization: str = "aut
 
         weights = dummy_weights(arch, dtype, device, **kwargs)
     elif load_format == "auto":
+        reader = CheckpointReader(model_dir)
+        check_checkpoint(arch, reader)     # one line naming a tensor, before any weight is read
         weights = load_weights(model_dir, arch, dtype, device, threads=threads, progress=progress and rank == 0,
-                               **kwargs)
+                               reader=reader, **kwargs)
     else:
         raise ValueError(f"load_format must be auto or dummy, got {load_format!r}")
     if arch.family == "gqa":

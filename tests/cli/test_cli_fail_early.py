@@ -155,6 +155,22 @@ def test_a_broken_config_json_is_one_line(tmp_path, no_model_load, text, needle)
     assert res.stdout == ""
 
 
+def test_a_config_json_that_disagrees_with_its_tensors_is_one_line(tmp_path):
+    """The tiny checkpoint with config.json making its MoE layer 1 dense: the load's one line
+    (exit 2) names the tensor, before any weight is read."""
+    import shutil
+
+    from paddle_mla.models import ensure_tiny_model
+
+    path = tmp_path / "tiny"
+    shutil.copytree(ensure_tiny_model(), path)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "first_k_dense_replace": 2}))
+    _one_error_line(invoke(["generate", "--model", str(path), "--no-progress"], input=LINE),
+                    "cannot load the model of this config: config.json and the checkpoint disagree: "
+                    "model.layers.1.mlp.gate_proj.weight is missing (config.json makes layer 1 a dense layer, "
+                    "the checkpoint a MoE layer)")
+
 def test_an_empty_model_path_is_named_as_such(no_model_load):
     """--set model= (or --model "") is an empty model path, said so, not a folder without a name."""
     for args in (["generate", "--set", "model="], ["generate", "--model", ""],

@@ -242,3 +242,42 @@ def test_zero_shared_experts_with_empty_tensors_load(tiny, tmp_path):
     shutil.copytree(path, ref)
     save_file(plain, str(ref / "model.safetensors"))
     np.testing.assert_array_equal(_logits(path)[0], _logits(ref)[0])
+
+
+@pytest.mark.parametrize("update,match", [
+    ({"first_k_dense_replace": 2}, (r"model\.layers\.1\.mlp\.gate_proj\.weight is missing \(config\.json makes "
+                                    r"layer 1 a dense layer, the checkpoint a MoE layer\)$")),
+    ({"first_k_dense_replace": 0}, (r"model\.layers\.0\.mlp\.gate\.weight is missing \(config\.json makes layer 0 "
+                                    r"a MoE layer of 8 routed experts, the checkpoint a dense layer\)$")),
+    ({"num_hidden_layers": 4}, r"model\.layers\.3\.input_layernorm\.weight is missing$"),
+    ({"num_attention_heads": 2}, (r"model\.layers\.0\.self_attn\.q_b_proj\.weight has shape \(192, 48\), "
+                                  r"config\.json implies \(96, 48\)$")),
+    ({"n_routed_experts": 4}, (r"model\.layers\.1\.mlp\.gate\.weight has shape \(8, 64\), config\.json implies "
+                               r"\(4, 64\)$")),
+    ({"n_shared_experts": 2}, (r"model\.layers\.1\.mlp\.shared_experts\.gate_proj\.weight has shape "
+                               r"\(32, 64\), config\.json implies \(64, 64\)$")),
+], ids=["dense_layer_is_moe", "moe_layer_is_dense", "layers", "heads", "experts", "shared_experts"])
+def test_a_config_that_disagrees_with_its_checkpoint_fails_in_one_line(tiny, tmp_path, update, match):
+    """Checked against config.json's layout before any weight is read: one line naming the tensor,
+    not a KeyError or a reshape error from the middle of the load."""
+    path = _copy_with(tiny, tmp_path / "disagrees", None, config_update=update)
+    shutil.copy(tiny / "model.safetensors", path / "model.safetensors")
+    with pytest.raises(ValueError, match="^config.json and the checkpoint disagree: " + match) as err:
+        load_model(str(path), torch.float32, "cpu")
+    assert "\n" not in str(err.value)
+
+
+def test_a_fused_experts_checkpoint_of_other_expert_count_is_named(tiny, tmp_path):
+    """The fused spelling (gate_up_proj [E, 2I, h]) is checked as its per-expert tensors."""
+    tensors = _tensors(tiny)
+    cfg = json.loads((tiny / "config.json").read_text())
+    fused = {k: v for k, v in tensors.items() if not k.startswith("model.layers.2.mlp.experts.")}
+    p = "model.layers.2.mlp.experts"
+    fused[p + ".gate_up_proj"] = np.stack([np.concatenate([tensors[f"{p}.{e}.gate_proj.weight"],
+                                                           tensors[f"{p}.{e}.up_proj.weight"]]) for e in range(6)])
+    fused[p + ".down_proj"] = np.stack([tensors[f"{p}.{e}.down_proj.weight"] for e in range(6)])
+    path = _copy_with(tiny, tmp_path / "fused6", fused)
+    with pytest.raises(ValueError, match=r"disagree: model\.layers\.2\.mlp\.experts\.6\.gate_proj\.weight is missing "
+                                         rf"\(config\.json makes layer 2 a MoE layer of {cfg['n_routed_experts']} "
+                                         r"routed experts\)$"):
+        load_model(str(path), torch.float32, "cpu")
