@@ -40,7 +40,7 @@ def layers(name: str, tp: int, max_tokens: int, dev: str = "cuda", dtype=torch.b
     """{"apart": MoE, "folded": MoE} over the same random weights of ``name`` at TP=``tp``."""
     E, k, inter, hidden, shared, method, scoring, groups, kept = DIMS[name]
     spec = MoESpec(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=shared, first_k_dense_replace=0,
-                   moe_layer_freq=1, topk_method=method, scoring_func=scoring, n_group=groups, topk_group=kept,
+                   topk_method=method, scoring_func=scoring, n_group=groups, topk_group=kept,
                    norm_topk_prob=True, routed_scaling_factor=2.5, scale_after_norm=False)
     g = torch.Generator(device=dev).manual_seed(0)
 

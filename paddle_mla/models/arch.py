@@ -46,8 +46,10 @@ class MoESpec:
     n_routed_experts: int
     num_experts_per_tok: int
     n_shared_experts: int
+    # layers from this one on are MoE layers. moe_layer_freq is not read: transformers' DeepseekV2/V3
+    # (the oracle) ignore it, and every published DeepSeek checkpoint has 1, where DeepSeek's own
+    # code agrees; a checkpoint of another freq saved by that code fails the layout check at load
     first_k_dense_replace: int
-    moe_layer_freq: int
     topk_method: str                      # greedy | group_limited_greedy | noaux_tc
     scoring_func: str                     # softmax | sigmoid
     n_group: int
@@ -65,7 +67,7 @@ class MoESpec:
     def is_moe_layer(self, i: int) -> bool:
         if self.moe_layers is not None:
             return i in self.moe_layers
-        return i >= self.first_k_dense_replace and i % max(self.moe_layer_freq, 1) == 0
+        return i >= self.first_k_dense_replace
 
     def weight_rule(self) -> tuple[bool, bool]:
         """(normalise the top-k weights to sum 1, then multiply them by routed_scaling_factor): V3
@@ -190,7 +192,6 @@ def _moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
         num_experts_per_tok=int(cfg["num_experts_per_tok"]),
         n_shared_experts=int(cfg.get("n_shared_experts") or 0),
         first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
-        moe_layer_freq=int(cfg.get("moe_layer_freq") or 1),
         # transformers' DeepseekV3 router is always sigmoid + noaux_tc; V2 always softmax.
         topk_method=cfg.get("topk_method") or ("noaux_tc" if v3 else "greedy"),
         scoring_func=cfg.get("scoring_func") or ("sigmoid" if v3 else "softmax"),

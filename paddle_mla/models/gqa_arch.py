@@ -44,7 +44,7 @@ def gqa_moe_spec(cfg: dict, model_type: str) -> MoESpec | None:
         return None
     return check_routing(MoESpec(
         n_routed_experts=experts, num_experts_per_tok=top_k, n_shared_experts=shared, first_k_dense_replace=0,
-        moe_layer_freq=1, topk_method=method, scoring_func="softmax", n_group=1, topk_group=1, norm_topk_prob=norm,
+        topk_method=method, scoring_func="softmax", n_group=1, topk_group=1, norm_topk_prob=norm,
         routed_scaling_factor=1.0, scale_after_norm=True, moe_layers=layers, norm_min=norm_min), model_type)
 
 

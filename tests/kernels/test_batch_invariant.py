@@ -90,7 +90,7 @@ def test_sigmoid_router_weights_of_a_row_are_the_same_in_any_batch():
     from paddle_mla.ops import batch_invariant as bi
 
     spec = MoESpec(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=0,
-                   moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", n_group=2, topk_group=1,
+                   topk_method="noaux_tc", scoring_func="sigmoid", n_group=2, topk_group=1,
                    norm_topk_prob=True, routed_scaling_factor=2.5)
     rng = np.random.default_rng(5)
     x = _t(rng.standard_normal((40, 16)) * 0.25)   # logits near 0: sigmoid mid-range, where the paths part

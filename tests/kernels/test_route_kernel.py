@@ -19,7 +19,7 @@ def _spec(E, k, method, scoring, groups, topk_group, norm, factor, after_norm=Tr
     from paddle_mla.models.arch import MoESpec
 
     return MoESpec(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=0, first_k_dense_replace=0,
-                   moe_layer_freq=1, topk_method=method, scoring_func=scoring, n_group=groups, topk_group=topk_group,
+                   topk_method=method, scoring_func=scoring, n_group=groups, topk_group=topk_group,
                    norm_topk_prob=norm, routed_scaling_factor=factor, scale_after_norm=after_norm, norm_min=norm_min)
 
 

@@ -8,6 +8,8 @@ is the real torch (this test module is outside the paddle proxy's scope) and res
 compared as numpy, so the same file checks both runtimes.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -152,3 +154,12 @@ def test_v2_group_limited_top_k_past_the_kept_groups(tmp_path):
     _first_logits_match_hf("deepseek_v2", {
         "q_lora_rank": None, "rope_parameters": _DEFAULT_ROPE, "topk_method": "group_limited_greedy", "n_group": 4,
         "topk_group": 1, "num_experts_per_tok": 3, "routed_scaling_factor": 1.0}, tmp_path)
+
+
+def test_moe_layer_freq_is_ignored_as_transformers_does(tmp_path):
+    """transformers' DeepseekV2/V3 make every layer from first_k_dense_replace on a MoE layer,
+    whatever moe_layer_freq says (and save it in config.json): such a checkpoint loads and matches."""
+    _first_logits_match_hf("deepseek_v2", {
+        "q_lora_rank": None, "rope_parameters": _DEFAULT_ROPE, "topk_method": "greedy", "n_group": 1,
+        "topk_group": 1, "moe_layer_freq": 2, "first_k_dense_replace": 0}, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["moe_layer_freq"] == 2

@@ -22,7 +22,7 @@ E, H, INTER, T = 6, 16, 8, 11
 
 def _spec(top_k=2, **kw):
     base = dict(n_routed_experts=E, num_experts_per_tok=top_k, n_shared_experts=1, first_k_dense_replace=0,
-                moe_layer_freq=1, topk_method="greedy", scoring_func="softmax", n_group=1, topk_group=1,
+                topk_method="greedy", scoring_func="softmax", n_group=1, topk_group=1,
                 norm_topk_prob=True, routed_scaling_factor=2.5, scale_after_norm=False)
     return MoESpec(**{**base, **kw})
 

@@ -111,7 +111,7 @@ def test_ranks_partial_moe_sums_to_the_whole():
     g = np.random.default_rng(0)
     t = lambda *s: torch.from_numpy(g.standard_normal(s).astype(np.float32))  # noqa: E731
     spec = MoESpec(n_routed_experts=E, num_experts_per_tok=2, n_shared_experts=0, first_k_dense_replace=0,
-                   moe_layer_freq=1, topk_method="greedy", scoring_func="softmax", n_group=1, topk_group=1,
+                   topk_method="greedy", scoring_func="softmax", n_group=1, topk_group=1,
                    norm_topk_prob=True, routed_scaling_factor=1.0, scale_after_norm=False)
     arch = SimpleNamespace(moe=spec)
     full = {"m.gate.weight": t(E, h), "m.experts.gate": t(E, inter, h), "m.experts.up": t(E, inter, h),
