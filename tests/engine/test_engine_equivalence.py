@@ -56,10 +56,8 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_features_do_not_change_greedy_tokens(baseline, variant):
-    reqs, expected = baseline
-    llm = make_llm(**VARIANTS[variant])
+def check_variant(llm: LLM, variant: str, reqs, expected) -> None:
+    """``llm`` (built with ``VARIANTS[variant]``) gives ``expected``, and the feature really ran."""
     outs = llm.generate(reqs, use_tqdm=False)
     assert [o.error for o in outs] == [None] * len(reqs)
     assert [o.token_ids for o in outs] == expected
@@ -68,6 +66,11 @@ def test_features_do_not_change_greedy_tokens(baseline, variant):
         assert st.num_preemptions > 0, "the small pool must force preemption"
     if VARIANTS[variant].get("cache", {}).get("enable_prefix_caching"):
         assert st.cached_prompt_tokens > 0
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_features_do_not_change_greedy_tokens(baseline, variant):
+    check_variant(make_llm(**VARIANTS[variant]), variant, *baseline)
 
 
 def test_hit_rate_matches_shared_fraction():

@@ -6,7 +6,7 @@ native's tokens; the configs it cannot serve are refused with a line that says w
 from __future__ import annotations
 
 import pytest
-from test_engine_equivalence import BLOCK, VARIANTS, make_llm, workload
+from test_engine_equivalence import BLOCK, VARIANTS, check_variant, make_llm, workload
 
 from paddle_mla.config.schema import ConfigError
 
@@ -58,16 +58,7 @@ def test_auto_sized_cache_holds_more_blocks(monkeypatch):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_features_do_not_change_fp8_tokens(fp8_baseline, variant):
-    reqs, expected = fp8_baseline
-    llm = _fp8_llm(**VARIANTS[variant])
-    outs = llm.generate(reqs, use_tqdm=False)
-    assert [o.error for o in outs] == [None] * len(reqs)
-    assert [o.token_ids for o in outs] == expected
-    st = llm.stats()
-    if "num_blocks" in VARIANTS[variant].get("cache", {}):
-        assert st.num_preemptions > 0
-    if VARIANTS[variant].get("cache", {}).get("enable_prefix_caching"):
-        assert st.cached_prompt_tokens > 0
+    check_variant(_fp8_llm(**VARIANTS[variant]), variant, *fp8_baseline)
 
 
 def test_fp8_cache_rounds_the_keys_and_no_more():
