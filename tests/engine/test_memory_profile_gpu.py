@@ -9,6 +9,10 @@ what the engine could use:
   memory the engine holds once it is up;
 - a run whose steps are full 8192-token chunks over long cached contexts, next to decodes replayed
   as graphs, completes without running out of memory.
+
+Both with the model's bf16 cache and with the FP8 latent cache (``cache.dtype: fp8_e4m3``: a block
+takes 592 bytes a token a layer instead of 1152, and its chunks read the rows back dequantized); the
+FP8 run allows 1024 sequences, as 512 at the full context would cap its twice as many blocks.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ def random_v3_model():
     return dense_v3_model(LAYERS, runtime.device_string("gpu"), torch.bfloat16)[0]
 
 
-@pytest.fixture(scope="module")
-def profiled():
+@pytest.fixture(scope="module", params=["auto", "fp8_e4m3"])
+def profiled(request):
     runtime.empty_cache()
     cfg = config_from_dict({"device": "gpu", "dtype": "bfloat16", "attention": {"backend": "triton_mla"},
                             "cuda_graph": True,
-                            "cache": {"block_size": 64, "gpu_memory_utilization": 0.9, "enable_prefix_caching": True},
-                            "scheduler": {"max_num_seqs": 512, "max_num_batched_tokens": 8192,
+                            "cache": {"block_size": 64, "gpu_memory_utilization": 0.9, "enable_prefix_caching": True,
+                                      "dtype": request.param},
+                            "scheduler": {"max_num_seqs": 512 if request.param == "auto" else 1024,
+                                          "max_num_batched_tokens": 8192,
                                           "enable_chunked_prefill": True}})
     log = io.StringIO()
     model = random_v3_model()     # prebuilt: the run plan takes its architecture, not the tiny folder's
@@ -70,6 +76,8 @@ def test_logged_figures_add_up_and_match_the_engine(profiled):
     assert prof.kv_cache == (prof.budget - prof.weights - prof.activations - prof.sampler - prof.graph_pools
                              - prof.non_torch)
     assert prof.activations > 0.1 * GiB and prof.graph_pools > 0 and prof.weights > 4 * GiB
+    fp8 = llm.runner.plan.kv.fp8
+    assert prof.per_block == LAYERS * 64 * (592 if fp8 else 576 * 2)
     assert prof.num_blocks == prof.kv_cache // prof.per_block < prof.usable_blocks   # sized by memory, not capped
     assert llm.runner.limits.num_blocks == prof.num_blocks
     cache_bytes = sum(c.numel() * c.element_size() for c in llm.runner.kv_caches)
