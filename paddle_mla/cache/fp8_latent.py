@@ -38,7 +38,6 @@ _runtime.require_selected(__name__)
 
 import torch  # noqa: E402
 
-FP8_CACHE_DTYPE = "fp8_e4m3"        # the config value
 # a row's scale is 2^(e - SCALE_SHIFT - 127) for its largest magnitude's biased exponent e (clamped to
 # MIN_EXPONENT so a zero row gets a finite scale): the largest value lands in [128, 256) of e4m3's 448
 SCALE_SHIFT = 7

@@ -10,6 +10,7 @@ _runtime.require_selected(__name__)
 
 import torch  # noqa: E402
 
+from paddle_mla.cache.fp8_latent import row_width, storage_dtype  # noqa: E402
 
 
 CPU_AUTO_CACHE_BYTES = 1 << 30   # CPU has no free-memory probe worth trusting; 1 GiB is plenty for tests
@@ -23,14 +24,6 @@ def bytes_per_block(num_layers: int, block_size: int, latent_dim: int, element_s
 def usable_num_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
     """Blocks the engine could ever use: every running sequence at max_model_len (+1)."""
     return max_num_seqs * (-(-max_model_len // block_size)) + 1
-
-
-def fp8_row_width(latent_dim: int) -> int:
-    """Bytes one token's FP8 latent row takes (``fp8_latent.row_width``; this module's callers need no
-    tensor library beyond it)."""
-    from paddle_mla.cache.fp8_latent import row_width
-
-    return row_width(latent_dim)
 
 
 def kv_width(arch) -> int:
@@ -91,6 +84,6 @@ def allocate_kv_caches(arch, num_blocks: int, block_size: int, dtype, device: st
         return allocate_gqa_caches(arch.num_layers, arch.gqa.num_kv_heads, num_blocks, block_size, arch.gqa.head_dim,
                                    dtype, device)
     if fp8:
-        return allocate_latent_caches(arch.num_layers, num_blocks, block_size, fp8_row_width(arch.mla.latent_dim),
-                                      torch.float8_e4m3fn, device)
+        return allocate_latent_caches(arch.num_layers, num_blocks, block_size, row_width(arch.mla.latent_dim),
+                                      storage_dtype(), device)
     return allocate_latent_caches(arch.num_layers, num_blocks, block_size, arch.mla.latent_dim, dtype, device)
