@@ -2,8 +2,10 @@
 // shared by the torch and Paddle bindings, which only describe their tensors as MlaTensor) and the
 // CUDA launcher's declaration (definition: mla_decode_kernels.cu).
 //
-// One query token per row: q [batch, H, 576] (kv_lora 512 then rope 64), the bf16 latent cache
-// [num_blocks, page, 1, 576] read through block_tables, out [batch, H, 512]. Work is split by the
+// One query token per row: q [batch, H, 576] (kv_lora 512 then rope 64), the latent cache read through
+// block_tables, out [batch, H, 512]. The cache is bf16 [num_blocks, page, 1, 576] or FP8 rows
+// [num_blocks, page, 1, 592] (paddle_mla/cache/fp8_latent.py: 576 e4m3 values, the fp32 scale, zeros;
+// the warpgroup kernel only). Work is split by the
 // per-step plan that paddle_mla/attention/triton_mla/decode_plan.py builds on the GPU: windows of
 // `tiles_per_prog` consecutive key tiles of `block_n` tokens across request boundaries, taken by a
 // persistent grid of `programs` programs per head block in strides of the grid (the balanced plan
@@ -21,12 +23,14 @@ namespace paddle_mla {
 
 constexpr int64_t kMlaLatentDim = 512;  // kv_lora_rank: the value width
 constexpr int64_t kMlaKeyDim = 576;     // kv_lora_rank + qk_rope_head_dim
+constexpr int64_t kMlaFp8Row = 592;     // bytes of an FP8 cache row: 576 e4m3 values, the fp32 scale, zeros
 
 struct MlaDecodeArgs {
   const void* q;  // bf16 [q_rows >= batch, H, 576], last dim packed
   int64_t q_stride_b, q_stride_h, q_rows;
-  const void* kv_cache;  // bf16 [num_blocks, page, 1, 576], last dim packed
+  const void* kv_cache;  // bf16 [num_blocks, page, 1, 576] or FP8 rows [..., 592], last dim packed
   int64_t kv_stride_block, kv_stride_token, kv_blocks;
+  bool kv_fp8;  // the cache holds FP8 rows (strides in bytes then)
   const int32_t* block_tables;  // [>= batch, max_blocks]
   int64_t bt_stride;
   const int32_t* seq_lens;        // [>= batch]
@@ -58,7 +62,7 @@ inline const char* check_mla_decode_args(const MlaDecodeArgs& a) {
 }
 
 // A tensor as a binding sees it (torch or Paddle): element type, shape and strides in elements.
-enum class MlaElem { kBF16, kFP32, kINT32, kINT64, kOther };
+enum class MlaElem { kBF16, kFP8, kFP32, kINT32, kINT64, kOther };  // kFP8: float8 e4m3
 struct MlaTensor {
   const void* data;
   MlaElem elem;
@@ -103,12 +107,13 @@ inline const char* mla_decode_args(const MlaDecodeTensors& t, const MlaDecodeLau
   if (q.ndim > 4 || kv.ndim > 4 || bt.ndim > 4 || out.ndim > 4 || po.ndim > 4 || pl.ndim > 4)
     return "a tensor has more than 4 dims";
   if (!(q.ndim == 3 && q.size[2] == kMlaKeyDim && q.stride[2] == 1)) return "q must be [B, H, 576] with a packed last dim";
-  if (!(kv.ndim == 4 && kv.size[2] == 1 && kv.size[3] == kMlaKeyDim && kv.stride[3] == 1))
-    return "kv_cache must be [num_blocks, page, 1, 576] with a packed last dim";
+  const bool fp8 = kv.elem == MlaElem::kFP8;
+  if (!(kv.ndim == 4 && kv.size[2] == 1 && kv.size[3] == (fp8 ? kMlaFp8Row : kMlaKeyDim) && kv.stride[3] == 1))
+    return "kv_cache must be [num_blocks, page, 1, 576] bf16 or [num_blocks, page, 1, 592] FP8 rows, last dim packed";
   if (!(out.ndim == 3 && out.size[2] == kMlaLatentDim && out.stride[2] == 1 && out.size[1] == q.size[1]))
     return "out must be [B, H, 512] with a packed last dim";
-  if (q.elem != MlaElem::kBF16 || kv.elem != MlaElem::kBF16 || out.elem != MlaElem::kBF16)
-    return "q, kv_cache and out must be bf16";
+  if (q.elem != MlaElem::kBF16 || !(fp8 || kv.elem == MlaElem::kBF16) || out.elem != MlaElem::kBF16)
+    return "q and out must be bf16, kv_cache bf16 or float8 e4m3";
   for (const MlaTensor* x : {&t.seq_lens, &t.num_splits, &t.cu_tiles, &t.split_start, &t.tiles_per_prog})
     if (x->elem != MlaElem::kINT32 || !x->contiguous) return "the lengths and plan must be int32, contiguous";
   if (!(bt.elem == MlaElem::kINT32 && bt.ndim == 2 && bt.stride[1] == 1))
@@ -129,6 +134,7 @@ inline const char* mla_decode_args(const MlaDecodeTensors& t, const MlaDecodeLau
   a->kv_stride_block = kv.stride[0];
   a->kv_stride_token = kv.stride[1];
   a->kv_blocks = kv.size[0];
+  a->kv_fp8 = fp8;
   a->block_tables = static_cast<const int32_t*>(bt.data);
   a->bt_stride = bt.stride[0];
   a->seq_lens = static_cast<const int32_t*>(t.seq_lens.data);

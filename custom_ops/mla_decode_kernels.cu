@@ -143,23 +143,26 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A bf16 3-D map (dims innermost first, strides in elements of dims 1 and 2) read in boxes of
-// 64 x rows x 1 with the 128-byte swizzle of mla_decode_wgmma.cuh's tiles; nullptr or why not.
+// A 3-D map (dims innermost first, strides in elements of dims 1 and 2) read in boxes of
+// box0 x rows x 1: bf16 with the 128-byte swizzle of mla_decode_wgmma.cuh's tiles by default, or plain
+// bytes unswizzled (the FP8 rows); nullptr or why not.
 const char* encode_map(CUtensorMap* map, const void* ptr, const int64_t (&dims)[3], int64_t stride1, int64_t stride2,
-                       int rows) {
+                       int rows, int box0 = 64, bool bytes = false) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return "the driver has no cuTensorMapEncodeTiled (CUDA 12+ driver needed)";
+  const int64_t elem = bytes ? 1 : 2;
   const cuuint64_t size[3] = {static_cast<cuuint64_t>(dims[0]), static_cast<cuuint64_t>(dims[1]),
                               static_cast<cuuint64_t>(dims[2])};
   // a size-1 dim's stride is never stepped, and frameworks report anything there: use the packed one
   if (dims[1] == 1) stride1 = dims[0];
   if (dims[2] == 1) stride2 = dims[1] * stride1;
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || (stride1 * 2) % 16 != 0 || (stride2 * 2) % 16 != 0)
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || (stride1 * elem) % 16 != 0 || (stride2 * elem) % 16 != 0)
     return "the warpgroup kernel needs 16-byte aligned q / kv_cache rows (a TMA rule)";
-  const cuuint64_t stride[2] = {static_cast<cuuint64_t>(stride1 * 2), static_cast<cuuint64_t>(stride2 * 2)};
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(rows), 1}, step[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), size, stride, box, step,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const cuuint64_t stride[2] = {static_cast<cuuint64_t>(stride1 * elem), static_cast<cuuint64_t>(stride2 * elem)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box0), static_cast<cuuint32_t>(rows), 1}, step[3] = {1, 1, 1};
+  const CUresult r = encode(map, bytes ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                            const_cast<void*>(ptr), size, stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            bytes ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled rejected the q or kv_cache layout";
 }
@@ -170,18 +173,26 @@ bool on_sm90() { return device_info().cc == 90; }
 
 const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
   if (!on_sm90()) return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
-  CUtensorMap kv_map{}, q_map{};
-  const int64_t kv_dims[3] = {kMlaKeyDim, a.page_size, a.kv_blocks}, q_dims[3] = {kMlaKeyDim, a.num_heads, a.q_rows};
-  if (const char* err = encode_map(&kv_map, a.kv_cache, kv_dims, a.kv_stride_token, a.kv_stride_block,
-                                   mla::tma_box_rows(static_cast<int>(a.page_size))))
+  CUtensorMap kv_map{}, q_map{}, scale_map{};
+  const int rows = mla::tma_box_rows(static_cast<int>(a.page_size));
+  const int64_t kv_dims[3] = {a.kv_fp8 ? kMlaFp8Row : kMlaKeyDim, a.page_size, a.kv_blocks};
+  const int64_t q_dims[3] = {kMlaKeyDim, a.num_heads, a.q_rows};
+  if (const char* err = encode_map(&kv_map, a.kv_cache, kv_dims, a.kv_stride_token, a.kv_stride_block, rows, 64,
+                                   a.kv_fp8))
     return err;
+  // FP8 rows: a second map over the same bytes brings each row's scale unit (16 bytes at 576)
+  if (a.kv_fp8) {
+    if (const char* err = encode_map(&scale_map, a.kv_cache, kv_dims, a.kv_stride_token, a.kv_stride_block, rows,
+                                     16, true))
+      return err;
+  }
   if (const char* err = encode_map(&q_map, a.q, q_dims, a.q_stride_h, a.q_stride_b, mla::kWgHeads)) return err;
   const size_t smem = mla::WgLayout::total;
-  auto kernel = mla::mla_decode_wgmma_kernel;
+  auto kernel = a.kv_fp8 ? mla::mla_decode_wgmma_kernel<true> : mla::mla_decode_wgmma_kernel<false>;
   if (const char* err = allow_smem(kernel, smem)) return err;
   const int head_groups = static_cast<int>((a.num_heads + mla::kWgHeads - 1) / mla::kWgHeads);
   return launch_pdl(kernel, dim3(head_groups, static_cast<unsigned>(a.programs)), dim3(mla::kWgThreads), smem, stream,
-                    a, kv_map, q_map);
+                    a, kv_map, q_map, scale_map);
 }
 
 // The sparse kernel (mla_sparse_wgmma.cuh): Q by TMA from q_lat and q_pe, one program a row, head
@@ -214,6 +225,8 @@ const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // the configs of paddle_mla/ops/mla_decode.py (launch_config and its variants)
   const int64_t key = ((a.row_blocks * 10 + a.col_splits) * 100 + a.block_n) * 10 + a.stages;
+  constexpr int64_t kWarpgroup = ((4 * 10 + 2) * 100 + 64) * 10 + 2;
+  if (a.kv_fp8 && key != kWarpgroup) return "FP8 cache rows are read by the warpgroup config only";
   const char* err = nullptr;
   switch (key) {
     case ((1 * 10 + 4) * 100 + 32) * 10 + 4: err = launch_split<1, 4, 32, 4>(a, stream); break;
@@ -221,7 +234,7 @@ const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
     case ((2 * 10 + 4) * 100 + 32) * 10 + 3: err = launch_split<2, 4, 32, 3>(a, stream); break;
     case ((4 * 10 + 2) * 100 + 32) * 10 + 3: err = launch_split<4, 2, 32, 3>(a, stream); break;
     case ((4 * 10 + 2) * 100 + 32) * 10 + 2: err = launch_split<4, 2, 32, 2>(a, stream); break;
-    case ((4 * 10 + 2) * 100 + 64) * 10 + 2: err = launch_wgmma(a, stream); break;
+    case kWarpgroup: err = launch_wgmma(a, stream); break;
     default: return "unsupported launch config (row_blocks, col_splits, block_n, stages)";
   }
   if (err != nullptr) return err;

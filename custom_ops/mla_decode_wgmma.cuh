@@ -1,7 +1,8 @@
 // mla_decode, the SM90 warpgroup kernel (sm_90a: wgmma): one program = 64 query heads over a range of
 // 64-token key tiles of the plan (mla_decode_cuda.h), the same plan, partials and combine as the
 // mma.sync kernel (mla_decode_kernel.cuh). The warpgroups' work on a run of tiles is
-// mla_wgmma_attend.cuh's; this file is how a request's tiles arrive.
+// mla_wgmma_attend.cuh's; this file is how a request's tiles arrive from a bf16 cache (from an FP8
+// one: mla_decode_fp8.cuh).
 //
 // Tiles come by TMA: one thread issues, per 64-column chunk, a box of R = gcd(page, 64) token rows per
 // page run (tensor maps over the cache and Q, built by the launcher), completing on the stage's
@@ -20,6 +21,7 @@
 #include "append_attention_mma.cuh"
 #include "cuda_launch.cuh"
 #include "mla_decode_cuda.h"
+#include "mla_decode_fp8.cuh"
 #include "mla_decode_kernel.cuh"
 #include "mla_wgmma_attend.cuh"
 #include "wgmma.cuh"
@@ -40,11 +42,7 @@ struct PagedKeys {
   int t0, seq_len, page, box_rows, hg, b;
 
   __device__ __forceinline__ bool producer(int tid) const { return tid == 128; }
-  __device__ __forceinline__ void issue_q(uint32_t dst, uint32_t bar) const {
-    wg::mbar_expect_tx(bar, 9 * kWgHeads * 128);
-#pragma unroll
-    for (int c = 0; c < 9; ++c) wg::tma_load_3d(dst + c * kWgChunk, q_map, c * 64, hg * kWgHeads, b, bar);
-  }
+  __device__ __forceinline__ void issue_q(uint32_t dst, uint32_t bar) const { load_packed_q(q_map, hg, b, dst, bar); }
   __device__ __forceinline__ void issue(int i, int, uint32_t dst, uint32_t bar) const {
     const int tok0 = (t0 + i) * kWgKeys, boxes = (min(kWgKeys, seq_len - tok0) + box_rows - 1) / box_rows;
     wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * 9));
@@ -71,15 +69,19 @@ struct PagedKeys {
   }
 };
 
+// kFp8: the cache holds FP8 rows (mla_decode_fp8.cuh; scale_map: their scale units), else bf16 rows
+// (scale_map unused).
+template <bool kFp8>
 __global__ void __launch_bounds__(kWgThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, const __grid_constant__ CUtensorMap kv_map,
-                            const __grid_constant__ CUtensorMap q_map) {
+                            const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap scale_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   WgProgram p = wg_program(smem_raw, 1);
   if (p.tid == 0) {  // before the wait: nothing here reads what earlier kernels write
     wg::prefetch_tensor_map(&kv_map);
     wg::prefetch_tensor_map(&q_map);
+    if (kFp8) wg::prefetch_tensor_map(&scale_map);
   }
   grid_dependency_wait();  // q, the plan and the lengths come from the kernels before (PDL)
   launch_dependents();     // the combine may take the SMs this grid leaves free and wait there
@@ -92,10 +94,15 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   __syncthreads();  // the barriers' initialisation
 
   for_each_request(a, windows, bs, pid, kWgKeys, [&](int w, int b, int t0, int t1) {
-    const PagedKeys keys{&kv_map, &q_map, a.block_tables + b * a.bt_stride, t0, a.seq_lens[b], page,
-                         tma_box_rows(page), hg, b};
+    const int32_t* bt = a.block_tables + b * a.bt_stride;
     float o[128], m[2], sum[2];
-    wg_attend(p, keys, t1 - t0, qk_scale, o, m, sum);
+    if constexpr (kFp8) {
+      const Fp8PagedKeys keys{&kv_map, &scale_map, &q_map, bt, t0, a.seq_lens[b], page, tma_box_rows(page), hg, b};
+      wg_attend(p, keys, t1 - t0, qk_scale, o, m, sum);
+    } else {
+      const PagedKeys keys{&kv_map, &q_map, bt, t0, a.seq_lens[b], page, tma_box_rows(page), hg, b};
+      wg_attend(p, keys, t1 - t0, qk_scale, o, m, sum);
+    }
     store_rows(decode_sink(a, b, split_row(a, windows, w, b)), static_cast<int>(a.num_heads), frag4(o),
                hg * kWgHeads + p.warp * 16 + p.lane / 4, p.wgi * 256 + (p.lane % 4) * 2, sum, m, p.wgi == 0, p.lane);
   });

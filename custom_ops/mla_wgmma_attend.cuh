@@ -22,7 +22,7 @@
 //   issue_q(dst, bar)       thread 128 loads Q's 9 chunks into dst, completing on bar;
 //   issue(i, st, dst, bar)  a producer's share of tile i of the run into stage st at dst;
 //   landed(i, tile)         every thread, once tile i's barrier completed: make the tile ready for
-//                           wgmma (rows that must read as zeros, the proxy fence);
+//                           wgmma (rows that must read as zeros, an FP8 tile's conversion, the proxy fence);
 //   mask(s, i, lane)        warpgroup 0's scores of tile i: -inf at the keys that do not count.
 #pragma once
 
@@ -62,6 +62,14 @@ __device__ __forceinline__ float (&frag4(float (&x)[N4]))[N4 / 4][4] {
 // Offset of (row, 16-byte unit) in a swizzled 64-row tile (wgmma.cuh's SW128 layout).
 __device__ __forceinline__ uint32_t swz(int row, int unit) {
   return (unit >> 3) * kWgChunk + row * 128 + (((unit & 7) ^ (row & 7)) << 4);
+}
+
+// Q packed [rows, H, 576] (the paged decode's query): head group hg of row b into dst by TMA, 9 boxes of
+// 64 heads x 64 columns completing on bar (heads past H arrive as zeros, the map's out-of-bounds fill).
+__device__ __forceinline__ void load_packed_q(const CUtensorMap* q_map, int hg, int b, uint32_t dst, uint32_t bar) {
+  wg::mbar_expect_tx(bar, 9 * kWgHeads * 128);
+#pragma unroll
+  for (int c = 0; c < 9; ++c) wg::tma_load_3d(dst + c * kWgChunk, q_map, c * 64, hg * kWgHeads, b, bar);
 }
 
 // A program's shared memory, its threads' roles and the pipeline's barrier parities across its runs.

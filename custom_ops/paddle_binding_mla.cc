@@ -14,8 +14,9 @@ using paddle::DataType;
 
 paddle_mla::MlaTensor view(const paddle::Tensor& x) {
   const auto dt = x.dtype();
-  const auto elem = dt == DataType::BFLOAT16  ? paddle_mla::MlaElem::kBF16
-                    : dt == DataType::FLOAT32 ? paddle_mla::MlaElem::kFP32
+  const auto elem = dt == DataType::BFLOAT16        ? paddle_mla::MlaElem::kBF16
+                    : dt == DataType::FLOAT8_E4M3FN ? paddle_mla::MlaElem::kFP8
+                    : dt == DataType::FLOAT32       ? paddle_mla::MlaElem::kFP32
                     : dt == DataType::INT32   ? paddle_mla::MlaElem::kINT32
                     : dt == DataType::INT64   ? paddle_mla::MlaElem::kINT64
                                               : paddle_mla::MlaElem::kOther;

@@ -18,8 +18,9 @@ namespace {
 
 paddle_mla::MlaTensor view(const at::Tensor& x) {
   const auto st = x.scalar_type();
-  const auto elem = st == at::kBFloat16 ? paddle_mla::MlaElem::kBF16
-                    : st == at::kFloat  ? paddle_mla::MlaElem::kFP32
+  const auto elem = st == at::kBFloat16         ? paddle_mla::MlaElem::kBF16
+                    : st == at::kFloat8_e4m3fn ? paddle_mla::MlaElem::kFP8
+                    : st == at::kFloat         ? paddle_mla::MlaElem::kFP32
                     : st == at::kInt    ? paddle_mla::MlaElem::kINT32
                     : st == at::kLong   ? paddle_mla::MlaElem::kINT64
                                         : paddle_mla::MlaElem::kOther;

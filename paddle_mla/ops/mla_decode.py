@@ -1,4 +1,5 @@
-"""The ``mla_decode`` custom op: absorbed-MLA decode over the paged bf16 latent cache, CUDA kernels
+"""The ``mla_decode`` custom op: absorbed-MLA decode over the paged latent cache (bf16, or FP8 rows in
+``cache.fp8_latent``'s format, read by the warpgroup kernel: custom_ops/mla_decode_fp8.cuh), CUDA kernels
 for SM90 (contract: custom_ops/mla_decode_cuda.h; the default, warpgroup MMA + TMA kernel:
 custom_ops/mla_decode_wgmma.cuh; the mma.sync kernel: custom_ops/mla_decode_kernel.cuh).
 
@@ -90,7 +91,8 @@ def available() -> str:
 def mla_decode(q, kv_cache, block_tables, seq_lens, out, num_splits, cu_tiles, split_start, tiles_per_prog,
                partial_out, partial_lse, batch: int, softmax_scale: float, launch: MlaDecodeLaunch):
     """q bf16 [>= batch, H, 576] -> out bf16 [>= batch, H, 512] (rows [0, batch) written in place);
-    kv_cache bf16 [num_blocks, page, 1, 576]; block_tables / seq_lens int32; the plan tensors and
+    kv_cache bf16 [num_blocks, page, 1, 576] or float8 e4m3 FP8 rows [num_blocks, page, 1, 592] (the
+    WARPGROUP config only); block_tables / seq_lens int32; the plan tensors and
     the fp32 partials as ``decode_plan.DecodeWorkspace`` holds them. Returns ``out``."""
     why = available()
     if why:

@@ -73,8 +73,11 @@ def test_cpu_falls_back_to_triton(monkeypatch):
 
 @pytest.mark.parametrize("bad,message", [
     ({}, "no CUDA kernels"),
-    ({"q": ((2, 16, 576), "float32")}, "q, kv_cache and out must be bf16"),
+    ({"q": ((2, 16, 576), "float32")}, "q and out must be bf16, kv_cache bf16 or float8 e4m3"),
     ({"kv": ((4, 16, 1, 512), "bfloat16")}, "kv_cache must be [num_blocks, page, 1, 576]"),
+    ({"kv": ((4, 16, 1, 576), "float8_e4m3fn")}, "kv_cache must be [num_blocks, page, 1, 576] bf16 or"),
+    ({"kv": ((4, 16, 1, 592), "float8_e4m3fn")}, "no CUDA kernels"),    # FP8 rows pass the checks
+    ({"kv": ((4, 16, 1, 592), "float32")}, "kv_cache must be"),
     ({"out": ((2, 8, 512), "bfloat16")}, "out must be [B, H, 512]"),
     ({"bt": ((2, 3), "int64")}, "block_tables must be int32"),
     ({"lens": ((1,), "int32")}, "fewer rows than batch"),
