@@ -1,7 +1,7 @@
 """``cache.dtype: fp8_e4m3`` in the engine on a GPU: triton_mla against native on the same FP8 cache,
 fp32 compute (exact fp32 dots, as test_engine_gpu.py asks), with chunked prefill, prefix caching and
-CUDA graphs each on and off, and under preemption; a bf16 run completes with the CUDA decode op
-switched to the Triton decode (the op reads bf16 rows)."""
+CUDA graphs each on and off, and under preemption; a bf16 run decodes through the CUDA op where it
+can run (SM90) and completes (test_mla_cuda_decode_engine_gpu.py compares it with the Triton decode)."""
 
 from __future__ import annotations
 
@@ -56,10 +56,15 @@ def test_preemption_on_fp8_cache(native_fp8):
     assert llm.stats().num_preemptions > 0
 
 
-def test_bf16_run_takes_the_triton_decode(native_fp8):
+def test_bf16_run_takes_the_cuda_decode_where_it_runs(native_fp8):
+    from paddle_mla.attention.triton_mla import cuda_decode
+    from paddle_mla.platform.tensor_api import torch
+
     reqs, _ = native_fp8
     llm = make_llm("triton_mla", dtype="bfloat16", graph=True)
-    assert llm.runner.backend.cuda is None
+    dims = llm.runner.backend.dims
+    why = cuda_decode.unavailable_reason(dims.kv_lora_rank, dims.latent_dim, torch.bfloat16, "cuda", BLOCK)
+    assert (llm.runner.backend.cuda is not None) == (why == ""), why
     outs = llm.generate(reqs, use_tqdm=False)
     assert [o.error for o in outs] == [None] * len(reqs)
     assert all(len(o.token_ids) == r.params.max_tokens for o, r in zip(outs, reqs))

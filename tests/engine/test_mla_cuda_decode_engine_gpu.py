@@ -1,6 +1,7 @@
 """The SM90 MLA CUDA ops inside the engine: a random 2-layer model at V3's attention dims (16 heads,
 latent 512 + rope 64, bf16) under triton_mla (the ``mla_decode`` op) and, with V3.2's indexer, under
-dsa (the ``mla_sparse`` op runs every decode row), with CUDA graphs, prefix caching, chunked prefill
+dsa (the ``mla_sparse`` op runs every decode row), and under triton_mla over an FP8 latent cache
+(``cache.dtype: fp8_e4m3``: both runs read the same rounded rows), with CUDA graphs, prefix caching, chunked prefill
 and a cache small enough to force preemption, once with the CUDA ops (``attention.cuda_decode:
 true``) and once with Triton.
 Every request completes in both, the decode steps replay as graphs, and the two runs differ only
@@ -33,7 +34,7 @@ TOPK = 256
 TOL = 0.05   # nats: a few bf16 ulps of a logit of this model's size (|logit| ~ 1), far below a wrong row's effect
 
 
-def _generate(backend_name: str, cuda_decode: bool, prefix: bool, index_topk: int = TOPK):
+def _generate(backend_name: str, cuda_decode: bool, prefix: bool, index_topk: int = TOPK, cache_dtype: str = "auto"):
     from benchmarks.harness.dims import V3_DENSE, V32_INDEXER
     from benchmarks.harness.models import dense_v3_model, v32_model
     from paddle_mla.platform.tensor_api import torch
@@ -46,7 +47,7 @@ def _generate(backend_name: str, cuda_decode: bool, prefix: bool, index_topk: in
     llm = LLM(config_from_dict({
         "device": "gpu", "dtype": "bfloat16", "cuda_graph": True,
         "attention": {"backend": backend_name, "cuda_decode": cuda_decode},
-        "cache": {"block_size": 16, "num_blocks": 40, "enable_prefix_caching": prefix},
+        "cache": {"block_size": 16, "num_blocks": 40, "enable_prefix_caching": prefix, "dtype": cache_dtype},
         "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "enable_chunked_prefill": True}}), model=model)
     backend = llm.runner.backend
     replays = count_graph_replays(llm)
@@ -55,7 +56,7 @@ def _generate(backend_name: str, cuda_decode: bool, prefix: bool, index_topk: in
     reqs = [GenerationRequest(id=i, prompt_token_ids=(shared if prefix else []) + rng.integers(
                 2, 4000, int(rng.integers(20, 80))).tolist(),
                 params=SamplingParams(max_tokens=48, ignore_eos=True, temperature=0.0, logprobs=True,
-                                      top_logprobs=2))
+                                      top_logprobs=4))
             for i in range(16)]
     outs = llm.generate(reqs, use_tqdm=False)
     stats = llm.stats()
@@ -63,9 +64,10 @@ def _generate(backend_name: str, cuda_decode: bool, prefix: bool, index_topk: in
     return backend, outs, stats, replays["n"]
 
 
-@pytest.mark.parametrize("backend_name", ["triton_mla", "dsa"])
+@pytest.mark.parametrize("backend_name,cache_dtype", [("triton_mla", "auto"), ("dsa", "auto"),
+                                                      ("triton_mla", "fp8_e4m3")])
 @pytest.mark.parametrize("prefix", [False, True])
-def test_cuda_decode_in_the_engine_matches_triton(backend_name, prefix):
+def test_cuda_decode_in_the_engine_matches_triton(backend_name, cache_dtype, prefix):
     from paddle_mla.attention.triton_mla import cuda_decode
     from paddle_mla.platform.tensor_api import torch
 
@@ -74,7 +76,7 @@ def test_cuda_decode_in_the_engine_matches_triton(backend_name, prefix):
         pytest.skip(f"mla_decode CUDA op unavailable: {why}")
     runs = {}
     for on in (True, False):
-        backend, outs, stats, replays = _generate(backend_name, on, prefix)
+        backend, outs, stats, replays = _generate(backend_name, on, prefix, cache_dtype=cache_dtype)
         if backend_name == "dsa":
             assert backend.sparse_cfg.cuda == on
         else:

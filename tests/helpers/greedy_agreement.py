@@ -4,9 +4,11 @@ part where two tokens were nearly tied, and are incomparable after that. A wirin
 rows, stale lengths, a graph replayed on old buffers) moves logprobs by much more, usually long
 before any flip. So, per request, up to the first position where the tokens differ:
 - every shared position's logprob agrees within ``tol``;
-- at the first differing position, each run's top 2 holds both tokens, and the two runs' margins
-  add up to at most 2 ``tol`` (if every logprob of the two runs is within ``tol``, run A's lead of
-  its token plus run B's lead of its own is at most 2 ``tol``: the flip is a near-tie).
+- at the first differing position, each run's top logprobs hold both tokens, and the two runs'
+  margins add up to at most 2 ``tol`` (if every logprob of the two runs is within ``tol``, run A's
+  lead of its token plus run B's lead of its own is at most 2 ``tol``: the flip is a near-tie). Ask
+  for more than 2 top logprobs: among thousands of positions of a random model, three tokens within
+  a rounding of each other happen, and then one run's second token may be the third one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def near_tie_report(tokens_a, lps_a, tokens_b, lps_b, tol: float) -> tuple[int, 
         ta, tb = tokens_a[first], tokens_b[first]
         top_a, top_b = dict(lps_a[first].top), dict(lps_b[first].top)
         if not {ta, tb} <= top_a.keys() or not {ta, tb} <= top_b.keys():
-            problems.append(f"position {first}: tokens {ta} / {tb} are not both in each run's top 2")
+            problems.append(f"position {first}: tokens {ta} / {tb} are not both in each run's top "
+                            f"{min(len(top_a), len(top_b))}")
         else:
             margin = (top_a[ta] - top_a[tb]) + (top_b[tb] - top_b[ta])
             if margin > 2 * tol:

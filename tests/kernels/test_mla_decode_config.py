@@ -60,7 +60,7 @@ def test_cpu_falls_back_to_triton(monkeypatch):
     assert cuda_decode.unavailable_reason(512, 576, torch.bfloat16, "cpu") == "not on a GPU"
     monkeypatch.setattr(cuda_decode, "interpreting", lambda: False)   # past the device check: the dims decide
     assert cuda_decode.unavailable_reason(256, 320, torch.bfloat16, "cuda").startswith("dims kv_lora_rank 256")
-    assert cuda_decode.unavailable_reason(512, 576, torch.float16, "cuda").startswith("cache dtype")
+    assert cuda_decode.unavailable_reason(512, 576, torch.float16, "cuda").startswith("dtype")
     assert cuda_decode.unavailable_reason(512, 576, torch.bfloat16, "cuda", block_size=12).startswith(
         "cache block_size 12")
     if not runtime.supports_triton_on("cpu")[0]:

@@ -64,8 +64,8 @@ class TritonMLABackend(MLABackend):
         ``deterministic_split_tokens``), and every prompt token the expanded extend over segments of
         ``segment_tokens`` keys from key 0 (0: ``extend_segments.SEGMENT_TOKENS``), so a token's bits
         depend on its query, its context and whether it is a prompt or an output token, never on the
-        batch (docs/determinism.md). ``fp8_cache``: the latent cache holds FP8 rows (``cache.fp8_latent``);
-        the Triton kernels read them (the CUDA op takes bf16 rows).
+        batch (docs/determinism.md). ``fp8_cache``: the latent cache holds FP8 rows (``cache.fp8_latent``),
+        which the CUDA op and the Triton kernels read alike.
         """
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
@@ -92,8 +92,8 @@ class TritonMLABackend(MLABackend):
         # allocated before the KV-cache profile, so what it does not take goes to the cache. The split
         # cap (``split_cap``): the programs, up to 64 split windows per request
         self.fixed_tiles = fixed_split_tiles(split_tokens, self.cfg.block_n) if deterministic else 0
-        why_not_cuda = "FP8 cache (the op reads bf16 rows)" if fp8_cache and cuda_decode else \
-            unavailable_reason(L, dims.latent_dim, dtype, device, block_size) if cuda_decode else "turned off"
+        why_not_cuda = unavailable_reason(L, dims.latent_dim, dtype, device, block_size) if cuda_decode else \
+            "turned off"
         fixed = dict(split_tokens=split_tokens, max_len=max_model_len) if deterministic else {}
         # the op serves the mode at every head count: below 64 heads it pads a pseudo row (a recomputed
         # output token) to a 64-row program, but those come only with preemptions, while decode rows

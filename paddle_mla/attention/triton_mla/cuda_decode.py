@@ -3,9 +3,9 @@ on the same GPU-built split plan as the Triton kernel (``decode_plan``), with it
 (key tiles, programs, fewest tiles a split) and a workspace sized for it at start-up.
 
 Used when the backend is asked to (``attention.cuda_decode``) and ``unavailable_reason`` is empty:
-a GPU of compute capability 9.x (the kernel's shared memory is sized for an SM90 block), a bf16
-cache, kv_lora_rank 512 + rope 64, and a CUDA build of the custom ops. Everywhere else the Triton
-decode runs.
+a GPU of compute capability 9.x (the kernel's shared memory is sized for an SM90 block), bf16
+compute over a bf16 cache or FP8 rows (``cache.fp8_latent``), kv_lora_rank 512 + rope 64, and a
+CUDA build of the custom ops. Everywhere else the Triton decode runs.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ def gpu_arch() -> int:
 
 
 def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str, block_size: int = 64) -> str:
-    """'' when the CUDA decode can serve these dims and cache pages on this device, else why not."""
+    """'' when the CUDA decode can serve these dims and cache pages on this device, else why not.
+    ``dtype``: the compute dtype (the cache's, or what an FP8 cache's rows become)."""
     if device == "cpu" or interpreting():
         return "not on a GPU"
     if (kv_lora_rank, latent_dim) != (op.LATENT_DIM, op.KEY_DIM):
         return f"dims kv_lora_rank {kv_lora_rank} + rope {latent_dim - kv_lora_rank} (the kernel takes 512 + 64)"
     if dtype != torch.bfloat16:
-        return f"cache dtype {dtype} (the kernel takes bf16)"
+        return f"dtype {dtype} (the kernel computes in bf16)"
     if block_size % 8:
         # its TMA boxes are gcd(page, 64) rows; fewer than 8 would start inside a swizzle atom (untested)
         return f"cache block_size {block_size} (the kernel takes a multiple of 8)"
