@@ -3,8 +3,8 @@ DeepSeek-V3 dims (512 + 64, 64-token pages in random order), same process, same 
 
 Per (h, b, s), one layer's decode as the engine replays it (a CUDA graph of the decode; the step's
 plan outside it):
-- Triton decode over the bf16 cache, over the FP8 cache, and the ``mla_decode`` CUDA op over bf16
-  (the engine's decode on SM90 with a bf16 cache; it does not read FP8 rows);
+- Triton decode over the bf16 cache and over the FP8 cache, and the ``mla_decode`` CUDA op (the
+  engine's decode on SM90) over each;
 - each one's bytes (the cache rows it reads + q + out) over the measured copy rate: % of copy;
 - error: each output against the fp32 reference over the unrounded rows (relative L2 over the
   first 8 rows): the bf16 cache's is the kernel's own rounding, the FP8 cache's adds the keys';
@@ -112,25 +112,29 @@ def run_case(b: int, h: int, s: int, bw: float) -> dict:
         row[f"triton_{name}_copy"] = nbytes / (t * 1e-6) / bw
         row[f"triton_{name}_err"] = rel_err(out[:ERR_ROWS].float(), exact)
         row[f"{name}_bytes"] = nbytes
-    got = run_cuda((plain, tables, q, lens), h)
-    if got is not None:
-        row["cuda_bf16_us"] = got[2]
-        row["cuda_bf16_copy"] = row["bf16_bytes"] / (got[2] * 1e-6) / bw
-        row["cuda_bf16_err"] = rel_err(got[3][:ERR_ROWS].float(), exact)
-    flops = 2.0 * b * h * s * (D + LORA)
-    row["triton_fp8_tflops"] = flops / (row["triton_fp8_us"] * 1e-6) / 1e12
+    for name, cache in (("bf16", plain), ("fp8", fp8)):
+        got = run_cuda((cache, tables, q, lens), h)
+        if got is not None:
+            row[f"cuda_{name}_us"] = got[2]
+            row[f"cuda_{name}_copy"] = row[f"{name}_bytes"] / (got[2] * 1e-6) / bw
+            row[f"cuda_{name}_err"] = rel_err(got[3][:ERR_ROWS].float(), exact)
     return row
 
 
+COLUMNS = ("h", "b", "s", "Triton bf16 µs", "Triton FP8 µs", "CUDA op bf16 µs", "CUDA op FP8 µs",
+           "op FP8 / op bf16", "op FP8 / Triton FP8", "% copy: Triton bf16 / FP8, op bf16 / FP8",
+           "rel err: Triton bf16 / FP8, op bf16 / FP8")
+
+
 def table_row(r: dict) -> str:
-    op = r.get("cuda_bf16_us")
-    opt = (lambda fmt, v: fmt.format(v)) if op else (lambda fmt, v: "-")  # noqa: E731
-    return (f"| {r['h']} | {r['b']} | {r['s']} | {r['triton_bf16_us']:.1f} | {r['triton_fp8_us']:.1f} | "
-            f"{r['triton_fp8_us'] / r['triton_bf16_us']:.2f}x | {opt('{:.1f}', op)} | "
-            f"{opt('{:.2f}x', op and r['triton_fp8_us'] / op)} | {r['triton_bf16_copy']:.0%} / "
-            f"{r['triton_fp8_copy']:.0%} / {opt('{:.0%}', r.get('cuda_bf16_copy'))} | "
-            f"{r['triton_bf16_err']:.2e} / {r['triton_fp8_err']:.2e} / {opt('{:.2e}', r.get('cuda_bf16_err'))} | "
-            f"{r['triton_fp8_tflops']:.0f} |")
+    get = lambda key, fmt: fmt.format(r[key]) if key in r else "-"  # noqa: E731
+    ratio = lambda a, b: f"{r[a] / r[b]:.2f}x" if a in r and b in r else "-"  # noqa: E731
+    names = ("triton_bf16", "triton_fp8", "cuda_bf16", "cuda_fp8")
+    cells = [str(r["h"]), str(r["b"]), str(r["s"])] + [get(f"{n}_us", "{:.1f}") for n in names]
+    cells += [ratio("cuda_fp8_us", "cuda_bf16_us"), ratio("cuda_fp8_us", "triton_fp8_us"),
+              " / ".join(get(f"{n}_copy", "{:.0%}") for n in names),
+              " / ".join(get(f"{n}_err", "{:.1e}") for n in names)]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> None:
@@ -146,9 +150,7 @@ def main() -> None:
     name = torch.cuda.get_device_name()
     print(f"{name}, copy {bw / 1e12:.2f} TB/s, {datetime.date.today()}")
     rows = []
-    print("| h | b | s | Triton bf16 µs | Triton FP8 µs | FP8 / bf16 | CUDA op bf16 µs | FP8 / CUDA op | "
-          "% copy bf16 / FP8 / op | rel err bf16 / FP8 / op | FP8 TFLOPS |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS))
     for h in ints(args.h):
         for b in ints(args.b):
             for s in ints(args.s):
