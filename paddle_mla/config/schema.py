@@ -38,8 +38,8 @@ class AttentionConfig:
     # (same outputs, a benchmark reference; no recycling)
     swa_mode: Literal["skip", "mask"] = "skip"
     # triton_mla / dsa decode rows through the mla_decode CUDA op (docs/mla_decode.md) where it can
-    # serve: a compute capability 9.0 GPU, custom ops built with CUDA, a bf16 cache, kv_lora 512 +
-    # rope 64; everywhere else, and with false, the portable Triton decode
+    # serve: a compute capability 9.0 GPU, custom ops built with CUDA, bf16 compute (over a bf16 or
+    # an FP8 cache), kv_lora 512 + rope 64; everywhere else, and with false, the portable Triton decode
     cuda_decode: bool = True
 
 
