@@ -28,6 +28,7 @@
 
 #include "mla_decode_cuda.h"
 #include "mla_decode_kernel.cuh"
+#include "mla_paged_keys.cuh"
 #include "mla_wgmma_attend.cuh"
 #include "wgmma.cuh"
 
@@ -67,17 +68,12 @@ __device__ __forceinline__ void convert_row(uint8_t* tile, const uint4 (&x)[kFp8
   for (int c = 0; c < kFp8Chunks; ++c) convert_unit<kTwo>(tile, x[c], f, g, swz(r, 8 * c + 2 * q), swz(r, 8 * c + 2 * q + 1));
 }
 
-// A request's key tiles [t0, t0 + nt) of FP8 rows through its block table, by TMA from thread 128
-// (mla_wgmma_attend.cuh's key source).
-struct Fp8PagedKeys {
-  const CUtensorMap* kv_map;     // the rows' values: boxes of 64 bytes x box_rows
+// A request's key tiles [t0, t0 + nt) of FP8 rows through its block table, by TMA from thread 128:
+// PagedKeys' fields, Q and mask, with kv_map over the values (boxes of 64 bytes x box_rows), the scale
+// boxes beside them and the tile converted once landed.
+struct Fp8PagedKeys : PagedKeys {
   const CUtensorMap* scale_map;  // the rows' bytes 576..591 (the scale, then zeros): 16 bytes x box_rows
-  const CUtensorMap* q_map;
-  const int32_t* bt;  // the request's block table row
-  int t0, seq_len, page, box_rows, hg, b;
 
-  __device__ __forceinline__ bool producer(int tid) const { return tid == 128; }
-  __device__ __forceinline__ void issue_q(uint32_t dst, uint32_t bar) const { load_packed_q(q_map, hg, b, dst, bar); }
   __device__ __forceinline__ void issue(int i, int, uint32_t dst, uint32_t bar) const {
     const int tok0 = (t0 + i) * kWgKeys, boxes = (min(kWgKeys, seq_len - tok0) + box_rows - 1) / box_rows;
     wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * (kFp8Chunks * 64 + 16)));
@@ -112,9 +108,6 @@ struct Fp8PagedKeys {
       convert_row<true>(tile, x, two120, __floats2bfloat162_rn(scale, scale), r, q);
     }
     wg::fence_proxy_async();
-  }
-  __device__ __forceinline__ void mask(float (&s)[8][4], int i, int lane) const {
-    mask_past_length(s, (t0 + i) * kWgKeys, seq_len, lane);
   }
 };
 

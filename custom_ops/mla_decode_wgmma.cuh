@@ -1,17 +1,8 @@
 // mla_decode, the SM90 warpgroup kernel (sm_90a: wgmma): one program = 64 query heads over a range of
 // 64-token key tiles of the plan (mla_decode_cuda.h), the same plan, partials and combine as the
 // mma.sync kernel (mla_decode_kernel.cuh). The warpgroups' work on a run of tiles is
-// mla_wgmma_attend.cuh's; this file is how a request's tiles arrive from a bf16 cache (from an FP8
-// one: mla_decode_fp8.cuh).
-//
-// Tiles come by TMA: one thread issues, per 64-column chunk, a box of R = gcd(page, 64) token rows per
-// page run (tensor maps over the cache and Q, built by the launcher), completing on the stage's
-// mbarrier. Why TMA: with 16-byte cp.async from every thread a 72 KB tile took about 5 µs to land
-// (ncu: 30% tensor-pipe use, 21% of DRAM bandwidth, H200), the load path's own limit at one tile in
-// flight an SM. Rows past the row's length (a page's stale or poisoned slots, or boxes not issued)
-// are zeroed in shared memory before use, so a masked key never multiplies garbage into P V; heads
-// past H come in as zeros (the map's out-of-bounds fill). The first two tiles go out with Q: at b=1
-// that measured neutral against issuing the second one a tile later.
+// mla_wgmma_attend.cuh's; how a request's tiles arrive is the key sources' (mla_paged_keys.cuh for
+// bf16 rows, mla_decode_fp8.cuh for FP8 rows).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,51 +14,12 @@
 #include "mla_decode_cuda.h"
 #include "mla_decode_fp8.cuh"
 #include "mla_decode_kernel.cuh"
+#include "mla_paged_keys.cuh"
 #include "mla_wgmma_attend.cuh"
 #include "wgmma.cuh"
 
 namespace paddle_mla {
 namespace mla {
-
-// Rows of a TMA box: the largest power of two dividing both the page and a tile, so that a box never
-// straddles a page (host and device compute it alike). Pages that are not a multiple of 8 are not
-// served (cuda_decode.unavailable_reason): their boxes would start inside a 1024-byte swizzle atom.
-__host__ __device__ __forceinline__ int tma_box_rows(int page) { return min(page & -page, kWgKeys); }
-
-// A request's key tiles [t0, t0 + nt) through its block table, by TMA from thread 128 (mla_wgmma_attend.cuh's key source).
-struct PagedKeys {
-  const CUtensorMap* kv_map;
-  const CUtensorMap* q_map;
-  const int32_t* bt;  // the request's block table row
-  int t0, seq_len, page, box_rows, hg, b;
-
-  __device__ __forceinline__ bool producer(int tid) const { return tid == 128; }
-  __device__ __forceinline__ void issue_q(uint32_t dst, uint32_t bar) const { load_packed_q(q_map, hg, b, dst, bar); }
-  __device__ __forceinline__ void issue(int i, int, uint32_t dst, uint32_t bar) const {
-    const int tok0 = (t0 + i) * kWgKeys, boxes = (min(kWgKeys, seq_len - tok0) + box_rows - 1) / box_rows;
-    wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * 9));
-    for (int x = 0; x < boxes; ++x) {  // boxes holding a key of the row; the table is read for them only
-      const int tok = tok0 + x * box_rows, blk = bt[tok / page];
-#pragma unroll
-      for (int c = 0; c < 9; ++c)
-        wg::tma_load_3d(dst + c * kWgChunk + x * box_rows * 128, kv_map, c * 64, tok % page, blk, bar);
-    }
-  }
-  // rows past the length: zeros, made visible to wgmma (the block barrier after it publishes them)
-  __device__ __forceinline__ void landed(int i, uint8_t* tile) const {
-    const int key0 = (t0 + i) * kWgKeys;
-    if (key0 + kWgKeys <= seq_len) return;
-    const int nv = seq_len - key0;
-    for (int c = static_cast<int>(threadIdx.x); c < kWgKeys * 9 * 8; c += kWgThreads) {
-      const int n = c / 72, u = c - n * 72;
-      if (n >= nv) *reinterpret_cast<uint4*>(tile + swz(n, u)) = make_uint4(0, 0, 0, 0);
-    }
-    wg::fence_proxy_async();
-  }
-  __device__ __forceinline__ void mask(float (&s)[8][4], int i, int lane) const {
-    mask_past_length(s, (t0 + i) * kWgKeys, seq_len, lane);
-  }
-};
 
 // kFp8: the cache holds FP8 rows (mla_decode_fp8.cuh; scale_map: their scale units), else bf16 rows
 // (scale_map unused).
@@ -96,11 +48,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   for_each_request(a, windows, bs, pid, kWgKeys, [&](int w, int b, int t0, int t1) {
     const int32_t* bt = a.block_tables + b * a.bt_stride;
     float o[128], m[2], sum[2];
+    const PagedKeys keys{&kv_map, &q_map, bt, t0, a.seq_lens[b], page, tma_box_rows(page), hg, b};
     if constexpr (kFp8) {
-      const Fp8PagedKeys keys{&kv_map, &scale_map, &q_map, bt, t0, a.seq_lens[b], page, tma_box_rows(page), hg, b};
-      wg_attend(p, keys, t1 - t0, qk_scale, o, m, sum);
+      wg_attend(p, Fp8PagedKeys{keys, &scale_map}, t1 - t0, qk_scale, o, m, sum);
     } else {
-      const PagedKeys keys{&kv_map, &q_map, bt, t0, a.seq_lens[b], page, tma_box_rows(page), hg, b};
       wg_attend(p, keys, t1 - t0, qk_scale, o, m, sum);
     }
     store_rows(decode_sink(a, b, split_row(a, windows, w, b)), static_cast<int>(a.num_heads), frag4(o),
