@@ -49,15 +49,9 @@ from paddle_mla.platform import runtime
 from paddle_mla.ops import reference
 from paddle_mla.ops.build_output import logging_off, output_to
 
-KERNEL_SOURCES = ("metadata_cpu.h", "metadata_cuda.h", "metadata_kernels.cu", "append_attention_common.h",
-                  "append_attention_cpu.h", "append_attention_cuda.h", "append_attention_device.cuh",
-                  "append_attention_prefill.cuh", "append_attention_prefill_tc.cuh",
-                  "append_attention_decode_tc.cuh", "append_attention_decode_mma.cuh", "append_attention_mma.cuh",
-                  "append_attention_decode_plan.cuh", "append_attention_decode.cuh", "append_attention_segments.cuh",
-                  "append_attention_kernels.cu", "mla_decode_cuda.h",
-                  "mla_decode_kernel.cuh", "mla_decode_wgmma.cuh", "mla_decode_kernels.cu", "wgmma.cuh",
-                  "mla_wgmma_attend.cuh", "mla_sparse_cuda.h", "mla_sparse_wgmma.cuh",
-                  "cuda_launch.cuh")
+# the cache key covers every kernel source of custom_ops/ (kernel_sources): a header left out of a
+# hand-kept list would leave a stale build after its edit
+KERNEL_SUFFIXES = (".h", ".cuh", ".cu")
 CUDA_SOURCES = ("metadata_kernels.cu", "append_attention_kernels.cu", "mla_decode_kernels.cu")
 BINDINGS = {"paddle": ("paddle_binding.cc", "paddle_binding_attention.cc", "paddle_binding_mla.cc"),
             "torch": ("torch_binding.cc", "torch_binding_attention.cc", "torch_binding_mla.cc")}
@@ -164,9 +158,14 @@ def _first_line(exc: BaseException, limit: int = 160) -> str:
 def sources_dir() -> Path:
     """custom_ops/ of the source tree (editable install), else the copy a wheel carries."""
     for cand in (Path(__file__).resolve().parents[2] / "custom_ops", Path(__file__).resolve().parent / "_custom_ops"):
-        if (cand / KERNEL_SOURCES[0]).is_file():
+        if (cand / CUDA_SOURCES[0]).is_file():
             return cand
     raise FileNotFoundError("custom_ops sources not found (install with pip install -e .)")
+
+
+def kernel_sources(src: Path) -> list[str]:
+    """The kernel sources (headers and .cu files, every runtime's) of the custom_ops folder ``src``."""
+    return sorted(p.name for p in src.iterdir() if p.suffix in KERNEL_SUFFIXES)
 
 
 def nvcc_path() -> str | None:
@@ -186,7 +185,7 @@ def cache_root() -> Path:
 def build_dir(rt: str, with_cuda: bool, arch: list[str]) -> Path:
     src = sources_dir()
     h = hashlib.sha256()
-    for name in (*KERNEL_SOURCES, *BINDINGS[rt]):
+    for name in (*kernel_sources(src), *BINDINGS[rt]):
         h.update(name.encode() + b"\0" + (src / name).read_bytes())
     h.update(json.dumps([rt, _runtime_version(rt), sys.version, platform.machine(), with_cuda,
                          CXX_FLAGS, CUDA_FLAGS, arch]).encode())

@@ -154,10 +154,15 @@ def test_cache_key_follows_sources_and_cuda(tmp_path, monkeypatch):
     assert build.build_dir(runtime.name(), True, []) != cpu
     edited = tmp_path / "custom_ops"
     shutil.copytree(build.sources_dir(), edited)
-    with open(edited / "metadata_cpu.h", "a") as f:
-        f.write("// edited\n")
     monkeypatch.setattr(build, "sources_dir", lambda: edited)
-    assert build.build_dir(runtime.name(), False, []) != cpu
+    before = cpu
+    for name in build.kernel_sources(edited):   # every kernel source, each header included
+        with open(edited / name, "a") as f:
+            f.write("// edited\n")
+        after = build.build_dir(runtime.name(), False, [])
+        assert after != before, f"editing {name} leaves the cache key unchanged"
+        before = after
+    assert {"mla_decode_fp8.cuh", "mla_paged_keys.cuh", "mla_decode_kernels.cu"} <= set(build.kernel_sources(edited))
 
 
 def _load_as_new_process(monkeypatch) -> tuple[object, list[warnings.WarningMessage]]:
