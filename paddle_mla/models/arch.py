@@ -159,6 +159,15 @@ def _rope_spec(cfg: dict, model_type: str) -> RopeSpec:
     return spec
 
 
+def activation(cfg: dict, model_type: str) -> str:
+    """config.json's ``hidden_act``, which must be silu: the MLPs and experts are SwiGLU, and another
+    activation would run silently as SiLU."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{model_type}: hidden_act {act!r} is not supported (silu only)")
+    return act
+
+
 def check_routing(spec: MoESpec, model_type: str) -> MoESpec:
     """``spec`` when its routing can run; a ValueError naming the config.json key otherwise, where
     the router would fail at the first MoE layer or route past the experts."""
@@ -246,9 +255,7 @@ def parse_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
         scale = scale * m * m
     mla = MLADims(num_heads=int(cfg["num_attention_heads"]), kv_lora_rank=int(cfg["kv_lora_rank"]),
                   qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=v, softmax_scale=scale)
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":     # the MLPs and experts are SwiGLU: another activation would run silently as SiLU
-        raise ValueError(f"{model_type}: hidden_act {act!r} is not supported (silu only)")
+    act = activation(cfg, model_type)
     eos = eos_ids_of(cfg, generation_cfg)
     quant = cfg.get("quantization_config") or {}
     block = quant.get("weight_block_size")

@@ -12,7 +12,7 @@ probs divided by max(their sum, moe_norm_min), plus shared experts.
 from __future__ import annotations
 
 from paddle_mla.attention.backend import GQADims
-from paddle_mla.models.arch import ModelArch, MoESpec, check_routing, eos_ids_of, rope_spec_from
+from paddle_mla.models.arch import ModelArch, MoESpec, activation, check_routing, eos_ids_of, rope_spec_from
 
 INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe")   # GPT-J style pairs (x[2i], x[2i+1]); the others rotate halves
 TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe")    # transformers' config default for tie_word_embeddings
@@ -58,9 +58,7 @@ def parse_gqa_arch(cfg: dict, generation_cfg: dict | None = None) -> ModelArch:
                          f"{kv_heads}")
     if cfg.get("use_sliding_window"):
         raise ValueError(f"{model_type}: sliding-window layers (use_sliding_window: true) are not supported")
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"{model_type}: hidden_act {act!r} is not supported (silu only)")
+    act = activation(cfg, model_type)
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     # These families rotate the whole head (transformers' default rope ignores partial_rotary_factor).
     partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
