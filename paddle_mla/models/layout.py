@@ -132,7 +132,9 @@ def _as_fp8(out: dict, block: tuple[int, int]) -> None:
 
 
 _MLP = re.compile(r"^model\.layers\.(\d+)\.mlp\.(experts\.\d+\.|shared_experts\.|gate\.)?")
-_FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+# fused expert tensors (one [E, ...] tensor a projection): the layout check and the loader's split
+# match them by this one rule
+FUSED_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 # transformers initialises a missing correction bias to zeros, which is what the router does without one
 _OPTIONAL = ("e_score_correction_bias",)
 
@@ -143,7 +145,7 @@ def _found_shapes(reader) -> dict[str, tuple[int, ...]]:
     out = {}
     for name in list(reader.keys()):
         shape = tuple(reader.file_of(name).shape(name))
-        m = _FUSED.match(name)
+        m = FUSED_EXPERTS.match(name)
         if not m or len(shape) != 3:
             out[name] = shape
         elif m.group(2) == "down_proj":

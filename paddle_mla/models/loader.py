@@ -43,13 +43,12 @@ from paddle_mla.models.arch import ModelArch, load_arch
 from paddle_mla.models.deepseek import CausalLM
 from paddle_mla.models.fp8 import Fp8Weight, dequant_blocks, fp8_kernels_available
 from paddle_mla.models.gqa import GQACausalLM
-from paddle_mla.models.layout import check_checkpoint
+from paddle_mla.models.layout import FUSED_EXPERTS, check_checkpoint
 from paddle_mla.models.safetensors_io import RAW_VIEW_DTYPES, CheckpointReader
 from paddle_mla.models.sharding import Shard, checkpoint_shard, expert_range, local_arch, scale_shard, split_range
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
-_FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 # kept in float32 whatever the model dtype (the router runs in fp32, as in transformers)
 _FP32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias",
                   "mlp.moe_statics.e_score_correction_bias")   # ernie4_5_moe's spelling
@@ -316,7 +315,7 @@ class StreamingLoader:
             if em:
                 experts.setdefault(f"{em.group(1)}.{em.group(3)}", {})[int(em.group(2))] = name
                 continue
-            fm = _FUSED.match(name)
+            fm = FUSED_EXPERTS.match(name)
             tasks.append(self._fused_task(name, fm.group(1), fm.group(2)) if fm else self._plain_task(name))
         for key, by_idx in experts.items():
             tasks.extend(self._expert_tasks(key, by_idx))
