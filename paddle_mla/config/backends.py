@@ -140,7 +140,8 @@ def check_model_backend(model_type: str, backend: str, cache_dtype: str = "auto"
     if model_type == "deepseek_v32" and backend == "triton_mla":
         return ("a deepseek_v32 checkpoint needs sparse attention: set attention.backend: dsa on the GPU "
                 "(or native); triton_mla is dense")
-    if cache_dtype != "auto" and (family == "gqa" or model_type == "deepseek_v32"):
+    # a backend without FP8 rows was refused by check_backend already: one error a cause
+    if cache_dtype != "auto" and (caps is None or caps.fp8_cache) and (family == "gqa" or model_type == "deepseek_v32"):
         return (f"'cache.dtype: {cache_dtype}' stores MLA latents; this {model_type!r} checkpoint "
                 f"{'is GQA' if family == 'gqa' else 'runs sparse attention (dsa), whose kernels read a bf16 cache'}: "
                 "use cache.dtype: auto")

@@ -96,5 +96,13 @@ def test_unsupported_configs_are_refused():
     assert "is GQA" in check_model_backend("qwen3", "native", "fp8_e4m3")
     assert "dsa" in check_model_backend("deepseek_v32", "native", "fp8_e4m3")
     assert check_model_backend("deepseek_v3", "triton_mla", "fp8_e4m3") is None
+    # a backend without FP8 rows is refused once, by its capability, not again by the model rule
+    from paddle_mla.config.backends import resolved_config
+    from paddle_mla.config.schema import config_from_dict
+
+    for model_type in ("deepseek_v32", "qwen3"):
+        with pytest.raises(ConfigError) as err:
+            resolved_config(config_from_dict({"model": "tiny", "cache": FP8}), "gpu", model_type)
+        assert len(err.value.errors) == 1 and "cache.dtype: fp8_e4m3" in err.value.errors[0], err.value.errors
     with pytest.raises(ConfigError, match="'cache.dtype' is 'fp16'"):
         make_llm(cache={"dtype": "fp16"})
