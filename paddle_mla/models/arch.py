@@ -19,7 +19,7 @@ from paddle_mla.config.backends import GQA_MODEL_TYPES
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 SUPPORTED_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
 ROPE_TYPES = ("default", "yarn", "linear", "llama3")
-TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")   # in route_kernel's method-id order
 SCORING_FUNCS = ("softmax", "sigmoid")
 
 

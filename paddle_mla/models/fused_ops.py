@@ -22,6 +22,7 @@ _runtime.require_selected(__name__)
 
 import torch
 
+from paddle_mla.models.arch import SCORING_FUNCS, TOPK_METHODS
 from paddle_mla.ops import batch_invariant
 
 
@@ -138,11 +139,13 @@ def route_topk(spec, logits, bias, extra: int = 0):
 def route_kernel_args(spec) -> dict | None:
     """``route_kernel.route_call``'s arguments for a MoE spec, or None where the kernel does not apply."""
     E, k = spec.n_routed_experts, spec.num_experts_per_tok
-    method = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}.get(spec.topk_method)
+    # config-parsed specs passed arch.check_routing; the kernel's own limits (E, k) and specs built
+    # directly are why the conditions are checked here too
+    method = TOPK_METHODS.index(spec.topk_method) if spec.topk_method in TOPK_METHODS else None
     groups = 1 if method == 0 else spec.n_group
     # noaux_tc scores a group by its two best experts: groups of one have no such score (the plain
     # form's top-2 raises there)
-    if not (method is not None and spec.scoring_func in ("softmax", "sigmoid") and groups >= 1 and E % groups == 0
+    if not (method is not None and spec.scoring_func in SCORING_FUNCS and groups >= 1 and E % groups == 0
             and E <= 1024 and 0 < k <= min(32, E) and (groups == 1 or 0 < spec.topk_group <= groups)
             and (method != 2 or E // groups >= 2)):
         return None
