@@ -120,7 +120,10 @@ def prompt_ids(fields: dict[str, Any], tokenizer: Any) -> tuple[list[int], str |
 def one_prompt(body: dict[str, Any]) -> dict[str, Any]:
     """An OpenAI completions body whose ``prompt`` is a list, as OpenAI allows, with that prompt as
     this parser takes it: a list of one string is that string, a list of token ids (or a list of
-    one such list) is ``prompt_token_ids``. Several prompts are refused: a line gets one answer."""
+    one such list) is ``prompt_token_ids``. Several prompts are refused: a line gets one answer. With
+    ``prompt_token_ids`` given too, the body is left for ``prompt_ids``' one-field check."""
+    if body.get("prompt_token_ids") is not None:
+        return body
     prompt = body["prompt"]
     if not prompt:
         raise LineError("invalid_request", "'prompt' is an empty list")
@@ -136,6 +139,4 @@ def one_prompt(body: dict[str, Any]) -> dict[str, Any]:
     else:
         raise LineError("invalid_request", "'prompt' must be a string, a list of one string, or a list of "
                         "token ids")
-    if body.get("prompt_token_ids") is not None:
-        raise LineError("invalid_request", "give only one of prompt, prompt_token_ids; got both")
     return {**body, "prompt": None, "prompt_token_ids": ids}
