@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from benchmarks.harness.errors import rel_err  # noqa: E402
 from benchmarks.harness.mla_cases import D, LORA, PAGE, run_cuda  # noqa: E402
-from benchmarks.harness.timing import copy_bandwidth, median_us  # noqa: E402
+from benchmarks.harness.timing import copy_bandwidth, graph_median_us  # noqa: E402
 from paddle_mla.attention.triton_mla import cache_write, decode, reference  # noqa: E402
 from paddle_mla.cache import fp8_latent  # noqa: E402
 
@@ -60,15 +60,6 @@ def make_case(b: int, h: int, s: int, seed: int = 0):
     return rows.view(nb, PAGE, 1, D), fp8, tables, q, lens
 
 
-def graph_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return median_us(g.replay)
-
-
 def mma_kind(handle) -> str:
     """Which tensor-core instructions stage 1 compiled to (from its PTX): wgmma (SM90 warpgroup MMA,
     operands in shared memory) or mma.sync (warp MMA, operands in registers)."""
@@ -84,7 +75,7 @@ def triton_decode(cache, tables, q, lens, h: int):
     decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
     handle = decode.mla_decode(q, cache, tables, lens, out, ws, LORA, SCALE, cfg)
-    t = graph_us(lambda: decode.mla_decode(q, cache, tables, lens, out, ws, LORA, SCALE, cfg))
+    t = graph_median_us(lambda: decode.mla_decode(q, cache, tables, lens, out, ws, LORA, SCALE, cfg))
     return t, out, mma_kind(handle)
 
 
@@ -96,7 +87,7 @@ def write_us(n: int, fp8: bool) -> float:
     cache = torch.zeros(nb, PAGE, 1, width, device="cuda",
                         dtype=fp8_latent.storage_dtype() if fp8 else torch.bfloat16)
     slots = torch.arange(n, device="cuda")
-    return graph_us(lambda: cache_write.write_latent_cache(rows, cache, slots))
+    return graph_median_us(lambda: cache_write.write_latent_cache(rows, cache, slots))
 
 
 def run_case(b: int, h: int, s: int, bw: float) -> dict:
