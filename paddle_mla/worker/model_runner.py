@@ -115,8 +115,6 @@ class ModelRunner:
         backend_kwargs = dict(index_topk=arch.indexer.topk) if plan.backend == "dsa" else {}
         if plan.backend in ("triton_mla", "dsa"):
             backend_kwargs["cuda_decode"] = self.cfg.attention.cuda_decode
-        if plan.kv.fp8 and plan.backend == "triton_mla":
-            backend_kwargs["fp8_cache"] = True
         if BACKEND_CAPS[plan.backend].deterministic:     # the backends that take the mode
             backend_kwargs["deterministic"] = self.cfg.deterministic
         self.backend = create_backend(plan.backend, family=plan.family,

@@ -131,6 +131,18 @@ def resolve_quantization(quantization: str, device_kind: str) -> str:
     return "fp8" if resolve_keep_fp8(quantization, device_kind) else "none"
 
 
+def check_cache_dtype(cache_dtype: str, gpu_here: bool) -> None:
+    """cache.dtype fp8_e4m3 on a GPU needs FP8 conversions (compute capability 8.9+): refused while
+    planning, before any weight is read. CPUs run the codec (and validate plans a GPU config anywhere)."""
+    if cache_dtype == AUTO or not gpu_here:
+        return
+    from paddle_mla.models.fp8 import fp8_kernels_available
+
+    ok, why = fp8_kernels_available("gpu")
+    if not ok:
+        raise ValueError(f"cache.dtype {cache_dtype} cannot run on this GPU: {why}; use cache.dtype: auto")
+
+
 def kv_layout(cfg: EngineConfig, arch: "ModelArch") -> KVLayout:
     """The per-rank cache layout: under tensor parallelism a rank holds its share of the KV heads."""
     from paddle_mla.cache.fp8_latent import row_width
@@ -164,6 +176,7 @@ def resolve_plan(cfg: EngineConfig, arch: "ModelArch", device_kind: str | None =
                         gpu_memory_utilization=resolved.cache.gpu_memory_utilization,
                         max_blocks_per_seq=-(-max_model_len // bs))
     gpu_here = device == "gpu" and runtime.gpu_available()
+    check_cache_dtype(resolved.cache.dtype, gpu_here)
     return RunPlan(config=resolved, runtime=runtime.name(), runtime_version=runtime.version(), device=device,
                    device_name=runtime.device_name() if gpu_here else None,
                    dtype=dtype_name(resolved.dtype, device),

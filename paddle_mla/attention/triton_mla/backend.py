@@ -37,7 +37,7 @@ from paddle_mla.ops import batch_invariant
 from paddle_mla.attention.backend import MLABackend, MLADims, deterministic_split_tokens, register_backend
 from paddle_mla.attention.forward_meta import MLAStepPlan
 from paddle_mla.attention.triton_mla.cache_write import write_latent_cache
-from paddle_mla.attention.triton_mla.cuda_decode import CudaDecode, gpu_arch, unavailable_reason
+from paddle_mla.attention.triton_mla.cuda_decode import CudaDecode, unavailable_reason
 from paddle_mla.attention.triton_mla.decode import (
     SMALL_BATCH, alloc_decode_workspace, build_decode_plan, decode_config, mla_decode, split_cap,
 )
@@ -53,7 +53,7 @@ class TritonMLABackend(MLABackend):
     def __init__(self, dims: MLADims, max_num_seqs: int, max_model_len: int, block_size: int, device: str, dtype,
                  max_num_batched_tokens: int = 0, extend_chunk_tokens: int = 0, short_extend_tokens: int = -1,
                  cuda_decode: bool = False, deterministic: bool = False,
-                 split_tokens: int = 0, segment_tokens: int = 0, fp8_cache: bool = False):
+                 split_tokens: int = 0, segment_tokens: int = 0):
         """``extend_chunk_tokens``: packed key rows per extend chunk (default: ``extend.default_chunk_tokens``).
         ``short_extend_tokens``: extend rows of at most this many new tokens run absorbed (-1: the FLOP
         crossover from the dims, ``short_extend.crossover_tokens``; 0: never). ``cuda_decode``: decode
@@ -64,8 +64,8 @@ class TritonMLABackend(MLABackend):
         ``deterministic_split_tokens``), and every prompt token the expanded extend over segments of
         ``segment_tokens`` keys from key 0 (0: ``extend_segments.SEGMENT_TOKENS``), so a token's bits
         depend on its query, its context and whether it is a prompt or an output token, never on the
-        batch (docs/determinism.md). ``fp8_cache``: the latent cache holds FP8 rows (``cache.fp8_latent``),
-        which the CUDA op and the Triton kernels read alike.
+        batch (docs/determinism.md). An FP8 latent cache (``cache.fp8_latent``; its GPU checked by the
+        plan) is read by the CUDA op and the Triton kernels alike, told apart by the cache's dtype.
         """
         super().__init__(dims, max_num_seqs, max_model_len, block_size, device, dtype, max_num_batched_tokens)
         ok, why = runtime.supports_triton_on("cpu" if device == "cpu" else "gpu")
@@ -73,9 +73,6 @@ class TritonMLABackend(MLABackend):
             raise RuntimeError(f"attention.backend 'triton_mla' cannot run here: {why}; use backend 'native'")
         H, L = dims.num_heads, dims.kv_lora_rank
         elem = torch.zeros(1, dtype=dtype).element_size()
-        if fp8_cache and device != "cpu" and 0 < gpu_arch() < 89:
-            raise RuntimeError(f"cache.dtype fp8_e4m3 needs a GPU of compute capability 8.9 or newer (FP8 "
-                               f"conversions); this one is {gpu_arch() / 10:.1f}: use cache.dtype: auto")
         self.deterministic = deterministic
         # the mode computes prompt and output tokens on different paths: the scheduler keeps a row
         # from crossing the prompt's end and the prefix cache keeps output blocks from prompts

@@ -74,6 +74,23 @@ def test_a_named_device_is_planned_on_any_machine():
                                                                               (1, 2, 4))
 
 
+def test_an_fp8_cache_on_a_gpu_without_fp8_is_refused_at_planning(monkeypatch):
+    """cache.dtype fp8_e4m3 needs FP8 conversions on the GPU (8.9+): the plan refuses it, before any
+    weight is read; a CPU plan, and a GPU config planned on a machine without one, pass."""
+    from paddle_mla.models import fp8
+
+    cfg = config_from_dict({**CPU, "cache": {**CPU["cache"], "dtype": "fp8_e4m3"}})
+    assert plans.resolve_plan(cfg, _tiny_arch()).kv.fp8
+    gpu = dataclasses.replace(cfg, device="gpu", attention=dataclasses.replace(cfg.attention, backend="triton_mla"))
+    monkeypatch.setattr(runtime, "gpu_available", lambda: False)
+    assert plans.resolve_plan(gpu, _tiny_arch(), device_kind="gpu").kv.fp8
+    monkeypatch.setattr(runtime, "gpu_available", lambda: True)
+    monkeypatch.setattr(runtime, "device_name", lambda: "an sm80 GPU")
+    monkeypatch.setattr(fp8, "fp8_kernels_available", lambda kind: (False, "compute capability 8.0"))
+    with pytest.raises(ValueError, match="cache.dtype fp8_e4m3 cannot run on this GPU: compute capability 8.0"):
+        plans.resolve_plan(gpu, _tiny_arch(), device_kind="gpu")
+
+
 def test_gqa_layout_with_head_wise_swa_and_tensor_parallel_share():
     arch = parse_arch(QWEN3)
     swa = {**CPU, "attention": {"head_wise_swa_ratio": 0.5, "sliding_window": 32, "sink_tokens": 4}}
