@@ -18,10 +18,11 @@ def device_and_tolerance() -> tuple[str, float]:
 
 def kernel_namespace(device: str) -> SimpleNamespace:
     from paddle_mla.attention.triton_mla import cache_write, decode, interleave, prefill, reference
+    from paddle_mla.cache import fp8_latent
     from paddle_mla.platform.tensor_api import torch
 
     return SimpleNamespace(torch=torch, ref=reference, cw=cache_write, dec=decode, il=interleave, pf=prefill,
-                           dev=device)
+                           f8=fp8_latent, dev=device)
 
 
 def cuda_mla_namespace(op: str) -> SimpleNamespace:

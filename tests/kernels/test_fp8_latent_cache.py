@@ -5,6 +5,7 @@ references over the dequantized rows. CPU interpreter (float32) or GPU, like tes
 import numpy as np
 import pytest
 from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables
+from helpers.triton_kernel_helpers import upload as _up
 
 pytestmark = pytest.mark.triton
 
@@ -13,16 +14,7 @@ DEV, TOL = device_and_tolerance()
 
 @pytest.fixture(scope="module")
 def k():
-    ns = kernel_namespace(DEV)
-    from paddle_mla.cache import fp8_latent
-
-    ns.f8 = fp8_latent
-    return ns
-
-
-def _t(k, a, dtype=None):
-    x = k.torch.from_numpy(np.ascontiguousarray(a)).to(DEV)
-    return x if dtype is None else x.to(dtype)
+    return kernel_namespace(DEV)
 
 
 def _bytes(k, x):
@@ -49,7 +41,7 @@ def test_codec_rule(k):
     its e4m3 rounding (relative error <= 2^-4) or, below e4m3's smallest normal, zero; a zero row stays zero; the
     scale sits in the slot's first 4 bytes."""
     torch, f8 = k.torch, k.f8
-    x = _t(k, _rows(np.random.default_rng(0), 9, 72))
+    x = _up(k, _rows(np.random.default_rng(0), 9, 72))
     packed = f8.quantize(x)
     assert packed.shape == (9, 80) and packed.dtype == f8.storage_dtype()     # 72 + scale, to 16 bytes
     scale, inv = f8.row_scales(x)
@@ -66,21 +58,15 @@ def test_codec_rule(k):
     assert bool((back[~big] == 0).all()) and bool((~big[1:]).any())
     stored = packed.view(torch.uint8)[:, 72:76].contiguous().view(torch.float32)[:, 0]
     assert torch.equal(stored, scale)
-    ties = f8.dequantize(f8.quantize(_t(k, TIES[0][None])), len(TIES[0]))
-    assert torch.equal(ties[0], _t(k, TIES[1]))
+    ties = f8.dequantize(f8.quantize(_up(k, TIES[0][None])), len(TIES[0]))
+    assert torch.equal(ties[0], _up(k, TIES[1]))
 
 
-def test_row_layout():
+def test_row_layout(k):
     """The scale on a 4-byte boundary after the latent, rows of whole 16 bytes."""
-    f8 = _codec()
+    f8 = k.f8
     assert [(f8.scale_offset(d), f8.row_width(d)) for d in (576, 72, 37, 12)] == [(576, 592), (72, 80), (40, 48),
                                                                                 (12, 16)]
-
-
-def _codec():
-    from paddle_mla.cache import fp8_latent
-
-    return fp8_latent
 
 
 @pytest.mark.parametrize("d", [37, 40, 576])
@@ -92,9 +78,9 @@ def test_write_kernel_matches_codec_bitwise(k, d):
     _bytes(k, cache).fill_(0x5A)             # stale bytes: skipped slots must keep them
     expect = cache.clone()
     slots = np.array([0, 17, -1, 63, 5, -1, 32, 9, 10], dtype=np.int64)
-    lat = _t(k, _rows(rng, len(slots), d))
-    k.cw.write_latent_cache(lat, cache, _t(k, slots))
-    k.ref.write_latent_cache_ref(lat, expect, _t(k, slots))
+    lat = _up(k, _rows(rng, len(slots), d))
+    k.cw.write_latent_cache(lat, cache, _up(k, slots))
+    k.ref.write_latent_cache_ref(lat, expect, _up(k, slots))
     # the latent, its pad and the scale are the format; the zeros after the scale are never read
     end = f8.scale_offset(d) + 4
     assert torch.equal(_bytes(k, cache)[..., :end], _bytes(k, expect)[..., :end])
@@ -105,7 +91,7 @@ def test_write_kernel_matches_codec_bitwise(k, d):
 def _fp8_cache(k, rng, nb, page, lk):
     """A paged FP8 cache of random latent rows, written by the reference codec."""
     f8 = k.f8
-    rows = _t(k, rng.standard_normal((nb * page, lk)).astype(np.float32))
+    rows = _up(k, rng.standard_normal((nb * page, lk)).astype(np.float32))
     return f8.quantize(rows).view(nb, page, 1, f8.row_width(lk))
 
 
@@ -119,8 +105,8 @@ def test_decode_over_fp8_cache_matches_reference(k, seq_lens, variant, lora, rop
     bt, nb = random_block_tables(rng, seq_lens, page)
     bs, lk = len(seq_lens), lora + rope
     cache = _fp8_cache(k, rng, nb, page, lk)
-    q = _t(k, rng.standard_normal((bs, heads, lk)).astype(np.float32))
-    lens, tables = _t(k, np.array(seq_lens, dtype=np.int32)), _t(k, bt)
+    q = _up(k, rng.standard_normal((bs, heads, lk)).astype(np.float32))
+    lens, tables = _up(k, np.array(seq_lens, dtype=np.int32)), _up(k, bt)
     cfg = k.dec.decode_config(heads, programs=target, **variant)
     ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, 16, DEV, programs=target)
     k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
@@ -147,16 +133,16 @@ def test_query_groups_over_fp8_cache(k):
             g_seq.append(s), g_row0.append(len(tok_seq)), g_ntok.append(nt), g_len.append(n - q + first + nt)
             for t in range(first, first + nt):
                 tok_seq.append(s), tok_len.append(n - q + t + 1)
-    q = _t(k, rng.standard_normal((len(tok_seq), heads, lk)).astype(np.float32))
-    i32 = lambda a: _t(k, np.array(a, dtype=np.int32))  # noqa: E731
+    q = _up(k, rng.standard_normal((len(tok_seq), heads, lk)).astype(np.float32))
+    i32 = lambda a: _up(k, np.array(a, dtype=np.int32))  # noqa: E731
     groups = k.dec.QueryGroups(i32(g_row0), i32(g_ntok), 2, len(g_seq))
     cfg = k.dec.decode_config(2 * heads, programs=8, min_tiles=1)
     ws = k.dec.alloc_decode_workspace(len(g_seq), 2 * heads, lora, 16, DEV, programs=8)
     lens = i32(g_len)
     k.dec.build_decode_plan(lens, len(g_seq), ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     out = torch.full((len(tok_seq), heads, lora), float("nan"), device=DEV)
-    k.dec.mla_decode(q, cache, _t(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
-    expect = k.ref.mla_decode_ref(q, cache, _t(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
+    k.dec.mla_decode(q, cache, _up(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
+    expect = k.ref.mla_decode_ref(q, cache, _up(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
     torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
 
 
@@ -171,14 +157,14 @@ def test_interleave_reads_every_row_back_from_fp8_cache(k, case):
     page, d = 16, 40
     bt, nb = random_block_tables(rng, k_lens, page)
     cache = _fp8_cache(k, rng, nb, page, d)
-    new = _t(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
+    new = _up(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
     slots = [int(bt[b][i // page]) * page + i % page for b in range(len(q_lens)) for i in range(c_lens[b], k_lens[b])]
-    k.cw.write_latent_cache(new, cache, _t(k, np.array(slots, dtype=np.int64)))
-    cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
-    cu_k = _t(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
+    k.cw.write_latent_cache(new, cache, _up(k, np.array(slots, dtype=np.int64)))
+    cu_q = _up(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+    cu_k = _up(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
     total = int(sum(k_lens))
-    got = k.il.read_cache_and_interleave(cache, _t(k, bt), new, cu_q, cu_k, total)
-    expect = k.ref.read_cache_and_interleave_ref(cache, _t(k, bt), new, cu_q, cu_k, total)
+    got = k.il.read_cache_and_interleave(cache, _up(k, bt), new, cu_q, cu_k, total)
+    expect = k.ref.read_cache_and_interleave_ref(cache, _up(k, bt), new, cu_q, cu_k, total)
     assert got.shape == (total, d) and got.dtype == new.dtype and torch.equal(got, expect)
     o = 0
     for b in range(len(q_lens)):
@@ -207,7 +193,7 @@ def test_decode_bf16_over_fp8_cache_at_v3_dims(k, heads, seq_lens):
     cache = torch.zeros(nb, page, 1, f8.row_width(lk), dtype=f8.storage_dtype(), device=DEV)
     k.cw.write_latent_cache(rows, cache, torch.arange(nb * page, device=DEV))
     q = torch.randn(bs, heads, lk, device=DEV, dtype=torch.bfloat16)
-    lens, tables = _t(k, np.array(seq_lens, dtype=np.int32)), _t(k, bt)
+    lens, tables = _up(k, np.array(seq_lens, dtype=np.int32)), _up(k, bt)
     cfg = k.dec.decode_config(heads, small_batch=bs <= k.dec.SMALL_BATCH)
     ws = k.dec.alloc_decode_workspace(bs, heads, lora, k.dec.split_cap(cfg.programs), DEV, programs=cfg.programs)
     k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)

@@ -19,11 +19,7 @@ SEQ_CASES = [[1], [64], [32, 64, 128, 48], [1, 3], [0, 5000, 17, 300], [4097, 33
 
 @pytest.fixture(scope="module")
 def k():
-    ns = cuda_mla_namespace("mla_decode")
-    from paddle_mla.cache import fp8_latent
-
-    ns.f8 = fp8_latent
-    return ns
+    return cuda_mla_namespace("mla_decode")
 
 
 def _case(k, seq_lens, heads, page, seed, wild=False):
