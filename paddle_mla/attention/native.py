@@ -20,17 +20,13 @@ _runtime.require_selected(__name__)
 import torch
 
 from paddle_mla.attention.backend import MLABackend, register_backend
-from paddle_mla.cache.fp8_latent import is_fp8, read_rows, write_rows
+from paddle_mla.cache.fp8_latent import read_rows, write_rows
 
 
 def write_latent(kv_cache, latent, slot_mapping):
     """Reference cache write: kv_cache.view(-1, D)[slot] = latent[t] (every slot here is real),
     quantized into an FP8 cache (``cache.fp8_latent``)."""
-    flat = kv_cache.view(-1, kv_cache.shape[-1])
-    if is_fp8(kv_cache):
-        write_rows(flat, slot_mapping, latent)
-    else:
-        flat[slot_mapping] = latent.to(kv_cache.dtype)
+    write_rows(kv_cache.view(-1, kv_cache.shape[-1]), slot_mapping, latent)
 
 
 def gather_latent(kv_cache, block_table_row, k_len: int, block_size: int, latent_dim: int = 0):
@@ -41,7 +37,7 @@ def gather_latent(kv_cache, block_table_row, k_len: int, block_size: int, latent
     offs = torch.arange(block_size, dtype=torch.int64, device=blocks.device)
     rows = (blocks.unsqueeze(1) * block_size + offs.unsqueeze(0)).reshape(-1)[:k_len]
     flat = kv_cache.view(-1, kv_cache.shape[-1])
-    return read_rows(flat, rows, latent_dim) if is_fp8(kv_cache) else flat.index_select(0, rows)
+    return read_rows(flat, rows, latent_dim)
 
 
 def selected_mask(topk_pos, k_len: int):

@@ -116,10 +116,17 @@ def dequantize(packed, latent_dim: int):
 
 
 def write_rows(flat, slots, latent) -> None:
-    """flat [N, row_width(D)] FP8 cache rows: row ``slots[t]`` = ``latent[t]`` quantized."""
-    flat.view(torch.int32)[slots] = quantize(latent).view(torch.int32)
+    """Cache rows ``flat`` [N, width]: row ``slots[t]`` = ``latent[t]``, quantized into FP8 rows
+    [N, row_width(D)], cast into a plain cache's dtype."""
+    if is_fp8(flat):
+        flat.view(torch.int32)[slots] = quantize(latent).view(torch.int32)
+    else:
+        flat[slots] = latent.to(flat.dtype)
 
 
 def read_rows(flat, rows, latent_dim: int):
-    """float32 [len(rows), latent_dim] of the FP8 cache rows ``flat[rows]``."""
+    """The cache rows ``flat[rows]``: float32 [len(rows), latent_dim] from FP8 rows, a plain cache's
+    rows as stored."""
+    if not is_fp8(flat):
+        return flat.index_select(0, rows)
     return dequantize(flat.view(torch.int32).index_select(0, rows).view(torch.float8_e4m3fn), latent_dim)

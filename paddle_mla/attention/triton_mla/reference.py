@@ -23,10 +23,7 @@ def write_latent_cache_ref(latent, kv_cache, slot_mapping):
     flat = kv_cache.view(nb * page, d)
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0
-    if is_fp8(kv_cache):
-        write_rows(flat, slots[keep], latent[keep])
-    else:
-        flat[slots[keep]] = latent[keep].to(kv_cache.dtype)
+    write_rows(flat, slots[keep], latent[keep])
     return kv_cache
 
 
