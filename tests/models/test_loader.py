@@ -220,27 +220,14 @@ def test_routing_a_router_cannot_run_is_refused(tiny, update, match):
 def test_zero_shared_experts_with_empty_tensors_load(tiny, tmp_path):
     """n_shared_experts 0, saved (as transformers does) with zero-row shared-expert tensors: no shared
     MLP, the same logits as the checkpoint without those tensors."""
-    from safetensors.numpy import load_file, save_file
-
-    cfg = json.loads((tiny / "config.json").read_text())
-    path = tmp_path / "no_shared"
-    path.mkdir()
-    for f in tiny.iterdir():
-        if f.suffix != ".safetensors":
-            shutil.copy(f, path / f.name)
-    weights = {}
-    for f in tiny.glob("*.safetensors"):
-        weights.update(load_file(f))
-    hidden = cfg["hidden_size"]
+    weights = _tensors(tiny)
+    hidden = json.loads((tiny / "config.json").read_text())["hidden_size"]
     plain = {k: v for k, v in weights.items() if ".shared_experts." not in k}
     empty = {k: np.zeros((0, hidden) if "down" not in k else (hidden, 0), v.dtype) for k, v in weights.items()
              if ".shared_experts." in k}
     assert empty, "the tiny checkpoint has shared experts"
-    (path / "config.json").write_text(json.dumps({**cfg, "n_shared_experts": 0}))
-    save_file({**plain, **empty}, str(path / "model.safetensors"))
-    ref = tmp_path / "no_shared_ref"
-    shutil.copytree(path, ref)
-    save_file(plain, str(ref / "model.safetensors"))
+    path = _copy_with(tiny, tmp_path / "no_shared", {**plain, **empty}, config_update={"n_shared_experts": 0})
+    ref = _copy_with(tiny, tmp_path / "no_shared_ref", plain, config_update={"n_shared_experts": 0})
     np.testing.assert_array_equal(_logits(path)[0], _logits(ref)[0])
 
 
