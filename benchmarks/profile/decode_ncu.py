@@ -13,6 +13,9 @@ first N, N = the number of calls):
 
 ``--cfg``: ';'-separated ``decode_config`` overrides (as benchmarks.kernels.mla_decode's --variants);
 today's config comes first, so N = 1 + the number of overrides. ``--cuda``: the CUDA op's caches.
+``--flashinfer``: FlashInfer's MLA decode after them, the anchor's profile. The profiled launches sit
+in an NVTX range, so ``ncu --nvtx --nvtx-include "profiled/"`` takes every kernel of that pass (plans,
+splits, combines, the anchor's) without knowing their names.
 """
 
 from __future__ import annotations
@@ -62,6 +65,17 @@ def cuda_calls(case, a) -> list:
     return [lambda kv=caches[n]: dec.run(q, kv, tables, lens, out, a.b, 192 ** -0.5) for n in names]
 
 
+def flashinfer_call(case, a):
+    """FlashInfer's MLA decode on the same case (the anchor's own profile; its kernels' names differ)."""
+    from benchmarks.harness import flashinfer_mla
+
+    fi, origin = flashinfer_mla.load()
+    if fi is None:
+        raise SystemExit(f"FlashInfer: {origin}")
+    print(f"then FlashInfer: {origin}", flush=True)
+    return flashinfer_mla.FlashInferMla(fi, case, a.h, 192 ** -0.5).run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--b", type=int, default=128)
@@ -69,15 +83,20 @@ def main() -> None:
     ap.add_argument("--s", type=int, default=4096)
     ap.add_argument("--cfg", default="", help="';'-separated decode_config overrides, e.g. dv_split=2;num_warps=8")
     ap.add_argument("--cuda", default="", help="the CUDA op instead, over these caches in order: bf16 and / or fp8")
+    ap.add_argument("--flashinfer", action="store_true", help="then FlashInfer's MLA decode (scripts/fetch_flashinfer.sh)")
     a = ap.parse_args()
     case = make_decode_case(a.b, a.h, a.s)
     runs = cuda_calls(case, a) if a.cuda else triton_calls(case, a)
+    if a.flashinfer:
+        runs.append(flashinfer_call(case, a))
     for fn in runs:   # compiles / warms up (ncu skips these launches)
         fn()
     torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("profiled")   # ncu --nvtx --nvtx-include "profiled/": every kernel below
     for fn in runs:   # the profiled launches, in the printed order
         fn()
     torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
 
 
 if __name__ == "__main__":
