@@ -83,7 +83,8 @@ def main() -> None:
     ap.add_argument("--s", type=int, default=4096)
     ap.add_argument("--cfg", default="", help="';'-separated decode_config overrides, e.g. dv_split=2;num_warps=8")
     ap.add_argument("--cuda", default="", help="the CUDA op instead, over these caches in order: bf16 and / or fp8")
-    ap.add_argument("--flashinfer", action="store_true", help="then FlashInfer's MLA decode (scripts/fetch_flashinfer.sh)")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="then FlashInfer's MLA decode (scripts/fetch_flashinfer.sh)")
     a = ap.parse_args()
     case = make_decode_case(a.b, a.h, a.s)
     runs = cuda_calls(case, a) if a.cuda else triton_calls(case, a)
