@@ -44,10 +44,11 @@ constexpr uint32_t kWgChunk = 64 * 128;       // one 64-column chunk of a 64-row
 constexpr uint32_t kWgTile = 9 * kWgChunk;    // a 64 x 576 bf16 tile
 
 // Byte offsets from the 1024-aligned base; `total` includes the slack to align the base. bars: the
-// two stages' barriers, Q's, then (at `masks`) one 64-bit key mask a stage.
+// two stages' barriers, Q's, then (at `masks`) one 64-bit key mask a stage, then (at `lates`) the
+// overlapped schedule's second barrier a stage (its value columns 256..511, mla_wgmma_overlap.cuh).
 struct WgLayout {
   static constexpr uint32_t q = 0, kv = kWgTile, p = kv + 2 * kWgTile, rows = p + 8192, bars = rows + 1024;
-  static constexpr uint32_t masks = bars + 32;
+  static constexpr uint32_t masks = bars + 32, lates = bars + 48;
   static constexpr uint32_t total = bars + 64 + 1024;
 };
 static_assert(WgLayout::total <= 227 * 1024, "the layout must fit an SM90 block's 227 KB of shared memory");
@@ -77,9 +78,10 @@ struct WgProgram {
   uint32_t base;  // 1024-aligned shared address
   uint8_t* smem;  // the same, generic
   int tid, wgi, warp, lane;
-  uint32_t phase;  // bit s: parity of stage s's next completion; bit 2: Q's
+  uint32_t phase;  // bit s: parity of stage s's next completion; bit 2: Q's; bit 3 + s: late(s)'s
   __device__ __forceinline__ uint32_t full(int st) const { return base + WgLayout::bars + 8 * st; }
   __device__ __forceinline__ uint32_t qbar() const { return base + WgLayout::bars + 16; }
+  __device__ __forceinline__ uint32_t late(int st) const { return base + WgLayout::lates + 8 * st; }
   __device__ __forceinline__ uint32_t stage(int st) const { return base + WgLayout::kv + st * kWgTile; }
 };
 
@@ -99,9 +101,98 @@ __device__ __forceinline__ WgProgram wg_program(uint8_t* smem_raw, int stage_arr
     wg::mbar_init(p.full(0), stage_arrivals);
     wg::mbar_init(p.full(1), stage_arrivals);
     wg::mbar_init(p.qbar(), 1);
+    wg::mbar_init(p.late(0), 1);
+    wg::mbar_init(p.late(1), 1);
     wg::mbar_init_fence();
   }
   return p;
+}
+
+// Waits for bar's completion with parity bit `bit` of the thread's phase, and flips the bit.
+__device__ __forceinline__ void wg_wait(WgProgram& p, uint32_t bar, int bit) {
+  wg::mbar_wait(bar, (p.phase >> bit) & 1);
+  p.phase ^= 1u << bit;
+}
+
+// Warpgroup 0's S += Q K^T over k-steps ks of the tile at byte offset `stage` from stage 0 (16 columns
+// a step; a step's 64 x 16 slices of Q and K sit at the same offset in their 64-column chunks).
+__device__ __forceinline__ void wg_scores_step(float (&s)[32], uint64_t dq, uint64_t dk, uint32_t stage, int ks) {
+  const uint32_t off = (ks / 4) * kWgChunk + (ks % 4) * 32;
+  wg::wgmma_m64n64k16_ss(s, wg::desc_add(dq, off), wg::desc_add(dk, stage + off), ks > 0);
+}
+
+// P (warpgroup 0's softmaxed scores) as bf16 m64k16 A fragments, keys 16 kk .. 16 kk + 15 in pa[kk].
+__device__ __forceinline__ void wg_pack_p(const float (&s)[32], uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pa[kk][r] = attn::pack2<__nv_bfloat16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+// P and the rows' rescale factors handed from warpgroup 0 (wg_put_p) to warpgroup 1 (wg_take_p)
+// through shared memory, each lane's fragments at the same place for both.
+struct WgHandoff {
+  uint4* pfrag;  // + k-step * 128
+  float2* rowv;
+  __device__ __forceinline__ explicit WgHandoff(const WgProgram& p)
+      : pfrag(reinterpret_cast<uint4*>(p.smem + WgLayout::p) + p.warp * 32 + p.lane),
+        rowv(reinterpret_cast<float2*>(p.smem + WgLayout::rows) + p.warp * 32 + p.lane) {}
+  __device__ __forceinline__ void put(const uint32_t (&pa)[4][4], const float (&keep)[2]) const {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) pfrag[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+    *rowv = make_float2(keep[0], keep[1]);
+  }
+  __device__ __forceinline__ void take(uint32_t (&pa)[4][4], float (&keep)[2]) const {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint4 v = pfrag[kk * 128];
+      pa[kk][0] = v.x;
+      pa[kk][1] = v.y;
+      pa[kk][2] = v.z;
+      pa[kk][3] = v.w;
+    }
+    const float2 kf = *rowv;
+    keep[0] = kf.x;
+    keep[1] = kf.y;
+  }
+};
+
+// o = o * keep (per row) + P V over this warpgroup's 256 value columns of the tile at `stage`, waited.
+__device__ __forceinline__ void wg_rescale_pv(float (&o)[128], const uint32_t (&pa)[4][4], const float (&keep)[2],
+                                              uint64_t dv, uint32_t stage) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[4 * j] *= keep[0];
+    o[4 * j + 1] *= keep[0];
+    o[4 * j + 2] *= keep[1];
+    o[4 * j + 3] *= keep[1];
+  }
+  wg::fence_regs(o);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg::wgmma_m64n256k16_rs_mn(o, pa[kk], wg::desc_add(dv, stage + kk * 2048));
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_regs(o);
+}
+
+// The end of a run (every thread, after both warpgroups' last P V): the rows' softmax sums from
+// warpgroup 0's lanes into every warpgroup, through the row scalars.
+__device__ __forceinline__ void wg_finish_sums(const WgProgram& p, float (&l)[2], float (&sum)[2]) {
+  float2* rowv = reinterpret_cast<float2*>(p.smem + WgLayout::rows) + p.warp * 32 + p.lane;
+  __syncthreads();  // Q, the stages and the row scalars are free
+  if (p.wgi == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    *rowv = make_float2(l[0], l[1]);
+  }
+  __syncthreads();
+  const float2 sums = *rowv;
+  sum[0] = sums.x;
+  sum[1] = sums.y;
 }
 
 // One run of nt >= 1 key tiles against the Q that `keys` loads: o (this warpgroup's 256 value
@@ -110,9 +201,7 @@ __device__ __forceinline__ WgProgram wg_program(uint8_t* smem_raw, int stage_arr
 template <class Keys>
 __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt, float qk_scale, float (&o)[128],
                                           float (&m)[2], float (&sum)[2]) {
-  using T = __nv_bfloat16;
-  uint4* pfrag = reinterpret_cast<uint4*>(p.smem + WgLayout::p) + p.warp * 32 + p.lane;  // + k-step * 128
-  float2* rowv = reinterpret_cast<float2*>(p.smem + WgLayout::rows) + p.warp * 32 + p.lane;
+  const WgHandoff handoff(p);
   // descriptors of Q and stage 0 at k-step 0 (K-major), and of stage 0's value columns (MN-major)
   const uint64_t dq = wg::desc_sw128(p.base + WgLayout::q, 16, 1024);
   const uint64_t dk = wg::desc_sw128(p.base + WgLayout::kv, 16, 1024);
@@ -124,8 +213,7 @@ __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt
     if (nt > 1) keys.issue(1, 1, p.stage(1), p.full(1));  // both stages are free: two tiles in flight
   }
   __syncwarp();  // the producers' warps converge before the barrier waits and wgmma below
-  wg::mbar_wait(p.qbar(), (p.phase >> 2) & 1);
-  p.phase ^= 4;
+  wg_wait(p, p.qbar(), 2);
 
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
@@ -136,8 +224,7 @@ __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt
     // tile i landed (made ready for wgmma); every thread is done with tile i - 1, whose stage takes
     // tile i + 1 now, and warpgroup 1 is done with the previous P
     const int st = i % 2;
-    wg::mbar_wait(p.full(st), (p.phase >> st) & 1);
-    p.phase ^= 1u << st;
+    wg_wait(p, p.full(st), st);
     const uint32_t stage = st * kWgTile;
     keys.landed(i, p.smem + WgLayout::kv + stage);
     __syncthreads();
@@ -152,66 +239,23 @@ __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt
       wg::fence_regs(s);
       wg::fence();
 #pragma unroll
-      for (int ks = 0; ks < kKeyDim / 16; ++ks) {
-        const uint32_t off = (ks / 4) * kWgChunk + (ks % 4) * 32;
-        wg::wgmma_m64n64k16_ss(s, wg::desc_add(dq, off), wg::desc_add(dk, stage + off), ks > 0);
-      }
+      for (int ks = 0; ks < kKeyDim / 16; ++ks) wg_scores_step(s, dq, dk, stage, ks);
       wg::commit();
       wg::wait<0>();
       wg::fence_regs(s);
       float(&sf)[8][4] = frag4(s);
       keys.mask(sf, i, p.lane);
       online_softmax(sf, m, l, keep, qk_scale);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {  // keys 16 kk .. 16 kk + 15 as the m64k16 A fragment
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = attn::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-        pfrag[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
-      }
-      *rowv = make_float2(keep[0], keep[1]);
+      wg_pack_p(s, pa);
+      handoff.put(pa, keep);
       row_block_arrive(1, kWgThreads);
     } else {
       row_block_barrier(1, kWgThreads);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint4 v = pfrag[kk * 128];
-        pa[kk][0] = v.x;
-        pa[kk][1] = v.y;
-        pa[kk][2] = v.z;
-        pa[kk][3] = v.w;
-      }
-      const float2 kf = *rowv;
-      keep[0] = kf.x;
-      keep[1] = kf.y;
+      handoff.take(pa, keep);
     }
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j] *= keep[0];
-      o[4 * j + 1] *= keep[0];
-      o[4 * j + 2] *= keep[1];
-      o[4 * j + 3] *= keep[1];
-    }
-    wg::fence_regs(o);
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg::wgmma_m64n256k16_rs_mn(o, pa[kk], wg::desc_add(dv, stage + kk * 2048));
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_regs(o);
+    wg_rescale_pv(o, pa, keep, dv, stage);
   }
-  __syncthreads();  // Q, the stages and the row scalars are free
-  if (p.wgi == 0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    }
-    *rowv = make_float2(l[0], l[1]);
-  }
-  __syncthreads();
-  const float2 sums = *rowv;
-  sum[0] = sums.x;
-  sum[1] = sums.y;
+  wg_finish_sums(p, l, sum);
 }
 
 }  // namespace mla
