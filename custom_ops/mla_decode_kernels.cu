@@ -171,15 +171,6 @@ const char* encode_map(CUtensorMap* map, const void* ptr, const int64_t (&dims)[
 // and a build for it (paddle_mla/ops/build.py targets sm_90a there); anywhere else it is refused.
 bool on_sm90() { return device_info().cc == 90; }
 
-// The bf16 rows' schedule (mla_wgmma_overlap.cuh): decoupled unless PADDLE_MLA_DECODE_SCHEDULE says
-// serial or lagged (a measurement switch, read per call, like PADDLE_MLA_PDL).
-int decode_schedule() {
-  const char* v = std::getenv("PADDLE_MLA_DECODE_SCHEDULE");
-  if (v != nullptr && std::strcmp(v, "serial") == 0) return mla::kSerial;
-  if (v != nullptr && std::strcmp(v, "lagged") == 0) return mla::kLagged;
-  return mla::kDecoupled;
-}
-
 const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
   if (!on_sm90()) return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
   CUtensorMap kv_map{}, q_map{}, scale_map{};
@@ -197,11 +188,7 @@ const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
   }
   if (const char* err = encode_map(&q_map, a.q, q_dims, a.q_stride_h, a.q_stride_b, mla::kWgHeads)) return err;
   const size_t smem = mla::WgLayout::total;
-  const int schedule = a.kv_fp8 ? mla::kSerial : decode_schedule();
-  auto kernel = a.kv_fp8                      ? mla::mla_decode_wgmma_kernel<true, mla::kSerial>
-                : schedule == mla::kSerial    ? mla::mla_decode_wgmma_kernel<false, mla::kSerial>
-                : schedule == mla::kLagged    ? mla::mla_decode_wgmma_kernel<false, mla::kLagged>
-                                              : mla::mla_decode_wgmma_kernel<false, mla::kDecoupled>;
+  auto kernel = a.kv_fp8 ? mla::mla_decode_wgmma_kernel<true> : mla::mla_decode_wgmma_kernel<false>;
   if (const char* err = allow_smem(kernel, smem)) return err;
   const int head_groups = static_cast<int>((a.num_heads + mla::kWgHeads - 1) / mla::kWgHeads);
   return launch_pdl(kernel, dim3(head_groups, static_cast<unsigned>(a.programs)), dim3(mla::kWgThreads), smem, stream,

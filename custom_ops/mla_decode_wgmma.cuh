@@ -1,9 +1,8 @@
 // mla_decode, the SM90 warpgroup kernel (sm_90a: wgmma): one program = 64 query heads over a range of
 // 64-token key tiles of the plan (mla_decode_cuda.h), the same plan, partials and combine as the
 // mma.sync kernel (mla_decode_kernel.cuh). The warpgroups' work on a run of tiles is
-// mla_wgmma_attend.cuh's (for bf16 rows, by default, on mla_wgmma_overlap.cuh's schedule); how a
-// request's tiles arrive is the key sources' (mla_paged_keys.cuh for bf16 rows, mla_decode_fp8.cuh for
-// FP8 rows).
+// mla_wgmma_attend.cuh's; how a request's tiles arrive is the key sources' (mla_paged_keys.cuh for
+// bf16 rows, mla_decode_fp8.cuh for FP8 rows).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,15 +16,14 @@
 #include "mla_decode_kernel.cuh"
 #include "mla_paged_keys.cuh"
 #include "mla_wgmma_attend.cuh"
-#include "mla_wgmma_overlap.cuh"
 #include "wgmma.cuh"
 
 namespace paddle_mla {
 namespace mla {
 
 // kFp8: the cache holds FP8 rows (mla_decode_fp8.cuh; scale_map: their scale units), else bf16 rows
-// (scale_map unused). kSchedule: wg_attend's (kSerial) or a decoupled one (mla_wgmma_overlap.cuh).
-template <bool kFp8, int kSchedule>
+// (scale_map unused).
+template <bool kFp8>
 __global__ void __launch_bounds__(kWgThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeArgs a, const __grid_constant__ CUtensorMap kv_map,
                             const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap scale_map) {
@@ -51,11 +49,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int32_t* bt = a.block_tables + b * a.bt_stride;
     float o[128], m[2], sum[2];
     const PagedKeys keys{&kv_map, &q_map, bt, t0, a.seq_lens[b], page, tma_box_rows(page), hg, b};
-    static_assert(!(kFp8 && kSchedule != kSerial), "FP8 tiles are converted by every thread: the serial schedule");
     if constexpr (kFp8) {
       wg_attend(p, Fp8PagedKeys{keys, &scale_map}, t1 - t0, qk_scale, o, m, sum);
-    } else if constexpr (kSchedule != kSerial) {
-      wg_attend_decoupled<kSchedule == kLagged>(p, keys, t1 - t0, qk_scale, o, m, sum);
     } else {
       wg_attend(p, keys, t1 - t0, qk_scale, o, m, sum);
     }

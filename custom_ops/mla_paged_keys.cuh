@@ -36,35 +36,26 @@ struct PagedKeys {
 
   __device__ __forceinline__ bool producer(int tid) const { return tid == 128; }
   __device__ __forceinline__ void issue_q(uint32_t dst, uint32_t bar) const { load_packed_q(q_map, hg, b, dst, bar); }
-  // The 64-column chunks c of tile i whose bit c of kChunks is set (the overlapped schedule loads a
-  // tile in two parts, mla_wgmma_overlap.cuh), completing on bar.
-  template <int kChunks>
-  __device__ __forceinline__ void issue_chunks(int i, uint32_t dst, uint32_t bar) const {
+  __device__ __forceinline__ void issue(int i, int, uint32_t dst, uint32_t bar) const {
     const int tok0 = (t0 + i) * kWgKeys, boxes = (min(kWgKeys, seq_len - tok0) + box_rows - 1) / box_rows;
-    wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * __popc(kChunks)));
+    wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * 9));
     for (int x = 0; x < boxes; ++x) {  // boxes holding a key of the row; the table is read for them only
       const int tok = tok0 + x * box_rows, blk = bt[tok / page];
 #pragma unroll
       for (int c = 0; c < 9; ++c)
-        if ((kChunks >> c) & 1)
-          wg::tma_load_3d(dst + c * kWgChunk + x * box_rows * 128, kv_map, c * 64, tok % page, blk, bar);
+        wg::tma_load_3d(dst + c * kWgChunk + x * box_rows * 128, kv_map, c * 64, tok % page, blk, bar);
     }
   }
-  __device__ __forceinline__ void issue(int i, int, uint32_t dst, uint32_t bar) const { issue_chunks<0x1ff>(i, dst, bar); }
-  // whether tile i holds keys past the length (the row's last tile, unless the length fills it)
-  __device__ __forceinline__ bool partial(int i) const { return (t0 + i + 1) * kWgKeys > seq_len; }
-  // rows of tile i past the length: zeros, by threads t of n, made visible to wgmma (the caller's
-  // barrier over those threads publishes them)
-  __device__ __forceinline__ void zero_past_length(int i, uint8_t* tile, int t, int n) const {
-    const int nv = seq_len - (t0 + i) * kWgKeys;
-    for (int c = t; c < kWgKeys * 9 * 8; c += n) {
-      const int r = c / 72, u = c - r * 72;
-      if (r >= nv) *reinterpret_cast<uint4*>(tile + swz(r, u)) = make_uint4(0, 0, 0, 0);
+  // rows past the length: zeros, made visible to wgmma (the block barrier after it publishes them)
+  __device__ __forceinline__ void landed(int i, uint8_t* tile) const {
+    const int key0 = (t0 + i) * kWgKeys;
+    if (key0 + kWgKeys <= seq_len) return;
+    const int nv = seq_len - key0;
+    for (int c = static_cast<int>(threadIdx.x); c < kWgKeys * 9 * 8; c += kWgThreads) {
+      const int n = c / 72, u = c - n * 72;
+      if (n >= nv) *reinterpret_cast<uint4*>(tile + swz(n, u)) = make_uint4(0, 0, 0, 0);
     }
     wg::fence_proxy_async();
-  }
-  __device__ __forceinline__ void landed(int i, uint8_t* tile) const {
-    if (partial(i)) zero_past_length(i, tile, static_cast<int>(threadIdx.x), kWgThreads);
   }
   __device__ __forceinline__ void mask(float (&s)[8][4], int i, int lane) const {
     mask_past_length(s, (t0 + i) * kWgKeys, seq_len, lane);

@@ -44,11 +44,10 @@ constexpr uint32_t kWgChunk = 64 * 128;       // one 64-column chunk of a 64-row
 constexpr uint32_t kWgTile = 9 * kWgChunk;    // a 64 x 576 bf16 tile
 
 // Byte offsets from the 1024-aligned base; `total` includes the slack to align the base. bars: the
-// two stages' barriers, Q's, then (at `masks`) one 64-bit key mask a stage, then (at `lates`) the
-// overlapped schedule's second barrier a stage (its value columns 256..511, mla_wgmma_overlap.cuh).
+// two stages' barriers, Q's, then (at `masks`) one 64-bit key mask a stage.
 struct WgLayout {
   static constexpr uint32_t q = 0, kv = kWgTile, p = kv + 2 * kWgTile, rows = p + 8192, bars = rows + 1024;
-  static constexpr uint32_t masks = bars + 32, lates = bars + 48;
+  static constexpr uint32_t masks = bars + 32;
   static constexpr uint32_t total = bars + 64 + 1024;
 };
 static_assert(WgLayout::total <= 227 * 1024, "the layout must fit an SM90 block's 227 KB of shared memory");
@@ -78,10 +77,9 @@ struct WgProgram {
   uint32_t base;  // 1024-aligned shared address
   uint8_t* smem;  // the same, generic
   int tid, wgi, warp, lane;
-  uint32_t phase;  // bit s: parity of stage s's next completion; bit 2: Q's; bit 3 + s: late(s)'s
+  uint32_t phase;  // bit s: parity of stage s's next completion; bit 2: Q's
   __device__ __forceinline__ uint32_t full(int st) const { return base + WgLayout::bars + 8 * st; }
   __device__ __forceinline__ uint32_t qbar() const { return base + WgLayout::bars + 16; }
-  __device__ __forceinline__ uint32_t late(int st) const { return base + WgLayout::lates + 8 * st; }
   __device__ __forceinline__ uint32_t stage(int st) const { return base + WgLayout::kv + st * kWgTile; }
 };
 
@@ -101,8 +99,6 @@ __device__ __forceinline__ WgProgram wg_program(uint8_t* smem_raw, int stage_arr
     wg::mbar_init(p.full(0), stage_arrivals);
     wg::mbar_init(p.full(1), stage_arrivals);
     wg::mbar_init(p.qbar(), 1);
-    wg::mbar_init(p.late(0), 1);
-    wg::mbar_init(p.late(1), 1);
     wg::mbar_init_fence();
   }
   return p;

@@ -1,6 +1,6 @@
 """The ``mla_decode`` CUDA op (SM90 warpgroup kernel) over FP8 cache rows (``cache.fp8_latent``): its
-output equals, bit for bit, the op's over the same rows dequantized to a bf16 cache on the same
-(serial) schedule (the kernel's converted tile is exactly those rows), over head counts, page sizes (one TMA box a tile, or several),
+output equals, bit for bit, the op's over the same rows dequantized to a bf16 cache (the kernel's
+converted tile is exactly those rows), over head counts, page sizes (one TMA box a tile, or several),
 ragged, 1-token and zero-length rows, rows of very different sizes (scales from 2^-40 to 2^8, both
 conversion paths) and stale slots poisoned with NaN bytes past each row's length; it matches the
 fp32 reference over the FP8 rows; every run is bitwise the same; an mma.sync config refuses FP8."""
@@ -47,7 +47,7 @@ def _case(k, seq_lens, heads, page, seed, wild=False):
                          ids=lambda x: str(x))
 @pytest.mark.parametrize("seq_lens", SEQ_CASES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("wild", [False, True], ids=["normal_rows", "wild_rows"])
-def test_fp8_rows_equal_their_dequantized_bf16_rows(k, heads, page, seq_lens, wild, monkeypatch):
+def test_fp8_rows_equal_their_dequantized_bf16_rows(k, heads, page, seq_lens, wild):
     torch, f8 = k.torch, k.f8
     cache, poisoned, q, tables, lens = _case(k, seq_lens, heads, page, sum(seq_lens) + heads + page, wild)
     bs, scale = len(seq_lens), 192 ** -0.5
@@ -61,7 +61,6 @@ def test_fp8_rows_equal_their_dequantized_bf16_rows(k, heads, page, seq_lens, wi
     out = torch.empty(bs, heads, LORA, device=k.dev, dtype=torch.bfloat16)
     got = poisoned_runs(k, lambda: run(poisoned, out), out)
     want = torch.empty_like(out)
-    monkeypatch.setenv("PADDLE_MLA_DECODE_SCHEDULE", "serial")   # FP8 rows run the serial schedule alone
     run(plain, want)
     assert torch.equal(got, want), f"max diff {float((got.float() - want.float()).abs().max())}"
     if not wild:   # outputs of the rows' size: the reference's tolerances are for values near 1

@@ -63,33 +63,6 @@ def test_cuda_decode_bf16(k, heads, page, variant, seq_lens):
     _check_close(k, got, k.ref.mla_decode_ref(q.float(), cache.float(), tables, lens, LORA, scale))
 
 
-# The warpgroup kernel's other schedules over bf16 rows (PADDLE_MLA_DECODE_SCHEDULE; the default is the
-# decoupled one, mla_wgmma_overlap.cuh): serial (the FP8 rows' schedule) and lagged.
-@pytest.mark.parametrize("schedule", ["serial", "lagged"])
-@pytest.mark.parametrize("heads,page", [(16, 64), (20, 48), (128, 64), (128, 16)], ids=lambda x: str(x))
-@pytest.mark.parametrize("seq_lens", SEQ_CASES, ids=lambda s: "x".join(map(str, s)))
-def test_cuda_decode_bf16_schedules(k, heads, page, seq_lens, schedule, monkeypatch):
-    monkeypatch.setenv("PADDLE_MLA_DECODE_SCHEDULE", schedule)
-    test_cuda_decode_bf16(k, heads, page, {}, seq_lens)
-
-
-# The decoupled schedule moves barriers and loads, not arithmetic: its output is the serial one's, bit
-# for bit (S sums its k-steps in the same order, and the keys it zeroes after S are masked there).
-@pytest.mark.parametrize("heads,page", [(16, 64), (128, 16), (100, 48)], ids=lambda x: str(x))
-@pytest.mark.parametrize("seq_lens", SEQ_CASES, ids=lambda s: "x".join(map(str, s)))
-def test_decoupled_schedule_equals_serial_bitwise(k, heads, page, seq_lens, monkeypatch):
-    cache, q, tables, lens = _case(k, seq_lens, heads, page, 7 + sum(seq_lens) + heads)
-    bs = len(seq_lens)
-    dec = k.cd.CudaDecode(heads, 8, k.dev)
-    outs = {}
-    for schedule in ("decoupled", "serial"):
-        monkeypatch.setenv("PADDLE_MLA_DECODE_SCHEDULE", schedule)
-        outs[schedule] = k.torch.full((bs, heads, LORA), float("nan"), device=k.dev, dtype=k.torch.bfloat16)
-        dec.plan(lens, bs)
-        dec.run(q, cache, tables, lens, outs[schedule], bs, 192 ** -0.5)
-    assert k.torch.equal(outs["decoupled"], outs["serial"])
-
-
 @pytest.mark.parametrize("variant", [{}, MMA64], ids=["warpgroup", "mma_sync"])
 @pytest.mark.parametrize("heads", [16, 128])
 def test_cuda_decode_graph_replay(k, heads, variant):
