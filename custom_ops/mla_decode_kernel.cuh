@@ -137,10 +137,16 @@ __device__ __forceinline__ void mask_past_length(float (&s)[NB][4], int key0, in
   }
 }
 
+// How far (log2 units) a tile's score may pass the running max before the max moves, under kLazy: P
+// then stays below 2^8 (bf16 holds it to the same relative precision; fp32 O and l have the range),
+// and the max settles after a row's first tiles, so the output's rescale is skipped where keep is 1.
+constexpr float kLazyMaxLog2 = 8.0f;
+
 // One tile of the online softmax, log2 units: the scores become P, (m, l) move on, `keep` is the
 // factor the output accumulators are rescaled by. A quad of lanes shares a row; l stays this lane's
-// partial sum (reduced over the quad once, at the end).
-template <int NB>
+// partial sum (reduced over the quad once, at the end). kLazy: m moves only by more than kLazyMaxLog2
+// (keep is exactly 1 otherwise); a row's results still follow its own scores alone.
+template <int NB, bool kLazy = false>
 __device__ __forceinline__ void online_softmax(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&keep)[2],
                                                float qk_scale) {
 #pragma unroll
@@ -150,7 +156,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[NB][4], float (&m)[2],
     for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * h], s[nb][2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[h], mx * qk_scale);
+    const float m_tile = mx * qk_scale;
+    // (-inf + 8 is -inf: a row's first key always moves the max)
+    const float m_new = kLazy ? (m_tile > m[h] + kLazyMaxLog2 ? m_tile : m[h]) : fmaxf(m[h], m_tile);
     // -inf only while every key so far was masked (a sparse row's invalid slots; a paged row's tile
     // always holds a key): subtracting 0 then keeps P and the rescale at 0 instead of NaN
     const float m_sub = m_new == -INFINITY ? 0.0f : m_new;

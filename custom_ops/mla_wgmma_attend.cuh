@@ -154,14 +154,18 @@ struct WgHandoff {
 };
 
 // o = o * keep (per row) + P V over this warpgroup's 256 value columns of the tile at `stage`, waited.
+// The rescale (128 multiplies a thread) is skipped by a warp whose 16 rows all keep their max (the
+// lazy online softmax makes that the common case): a multiply by 1 changes no bit.
 __device__ __forceinline__ void wg_rescale_pv(float (&o)[128], const uint32_t (&pa)[4][4], const float (&keep)[2],
                                               uint64_t dv, uint32_t stage) {
+  if (__any_sync(0xffffffffu, keep[0] != 1.0f || keep[1] != 1.0f)) {
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    o[4 * j] *= keep[0];
-    o[4 * j + 1] *= keep[0];
-    o[4 * j + 2] *= keep[1];
-    o[4 * j + 3] *= keep[1];
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= keep[0];
+      o[4 * j + 1] *= keep[0];
+      o[4 * j + 2] *= keep[1];
+      o[4 * j + 3] *= keep[1];
+    }
   }
   wg::fence_regs(o);
   wg::fence();
@@ -241,7 +245,7 @@ __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt
       wg::fence_regs(s);
       float(&sf)[8][4] = frag4(s);
       keys.mask(sf, i, p.lane);
-      online_softmax(sf, m, l, keep, qk_scale);
+      online_softmax<8, true>(sf, m, l, keep, qk_scale);
       wg_pack_p(s, pa);
       handoff.put(pa, keep);
       row_block_arrive(1, kWgThreads);
