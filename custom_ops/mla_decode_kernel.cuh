@@ -138,14 +138,15 @@ __device__ __forceinline__ void mask_past_length(float (&s)[NB][4], int key0, in
 }
 
 // How far (log2 units) a tile's score may pass the running max before the max moves, under kLazy: P
-// then stays below 2^8 (bf16 holds it to the same relative precision; fp32 O and l have the range),
+// then stays at most 2^8 (bf16 holds it to the same relative precision; fp32 O and l have the range),
 // and the max settles after a row's first tiles, so the output's rescale is skipped where keep is 1.
 constexpr float kLazyMaxLog2 = 8.0f;
 
 // One tile of the online softmax, log2 units: the scores become P, (m, l) move on, `keep` is the
 // factor the output accumulators are rescaled by. A quad of lanes shares a row; l stays this lane's
 // partial sum (reduced over the quad once, at the end). kLazy: m moves only by more than kLazyMaxLog2
-// (keep is exactly 1 otherwise); a row's results still follow its own scores alone.
+// (keep is exactly 1 otherwise, once a key of the row counted); a row's results still follow its own
+// scores alone.
 template <int NB, bool kLazy = false>
 __device__ __forceinline__ void online_softmax(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&keep)[2],
                                                float qk_scale) {
@@ -197,8 +198,8 @@ __device__ __forceinline__ RowSink decode_sink(const MlaDecodeArgs& a, int b, in
 }
 
 // A finished split's rows (heads head0 and head0 + 8 of the H, columns col .. col + 8 ND of the value)
-// into `sink`; the log2-sum-exp from `lse_writer` warps. sum: the rows' softmax denominators, m: their
-// maxima (log2 units). A row that saw no valid key (sum 0: a sparse row's invalid slots) gets zeros
+// into `sink`; the log2-sum-exp from `lse_writer` warps. sum: the rows' softmax denominators, m: the
+// maxima they are relative to (log2 units; in the warpgroup kernel up to 8 below the true ones). A row that saw no valid key (sum 0: a sparse row's invalid slots) gets zeros
 // and a log2-sum-exp of -inf, which the merges weigh 0.
 template <int ND>
 __device__ __forceinline__ void store_rows(const RowSink& sink, int num_heads, const float (&acc)[ND][4], int head0,

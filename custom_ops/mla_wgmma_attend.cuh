@@ -125,8 +125,9 @@ __device__ __forceinline__ void wg_pack_p(const float (&s)[32], uint32_t (&pa)[4
     for (int r = 0; r < 4; ++r) pa[kk][r] = attn::pack2<__nv_bfloat16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
-// P and the rows' rescale factors handed from warpgroup 0 (wg_put_p) to warpgroup 1 (wg_take_p)
-// through shared memory, each lane's fragments at the same place for both.
+// P and the rows' rescale factors handed from warpgroup 0 (`put`) to warpgroup 1 (`take`) through
+// shared memory, each lane's fragments at the same place for both; the rows' sums go the same way at
+// the end of a run (wg_finish_sums).
 struct WgHandoff {
   uint4* pfrag;  // + k-step * 128
   float2* rowv;
@@ -178,8 +179,8 @@ __device__ __forceinline__ void wg_rescale_pv(float (&o)[128], const uint32_t (&
 
 // The end of a run (every thread, after both warpgroups' last P V): the rows' softmax sums from
 // warpgroup 0's lanes into every warpgroup, through the row scalars.
-__device__ __forceinline__ void wg_finish_sums(const WgProgram& p, float (&l)[2], float (&sum)[2]) {
-  float2* rowv = reinterpret_cast<float2*>(p.smem + WgLayout::rows) + p.warp * 32 + p.lane;
+__device__ __forceinline__ void wg_finish_sums(const WgProgram& p, const WgHandoff& handoff, float (&l)[2],
+                                               float (&sum)[2]) {
   __syncthreads();  // Q, the stages and the row scalars are free
   if (p.wgi == 0) {
 #pragma unroll
@@ -187,17 +188,18 @@ __device__ __forceinline__ void wg_finish_sums(const WgProgram& p, float (&l)[2]
       l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
       l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
-    *rowv = make_float2(l[0], l[1]);
+    *handoff.rowv = make_float2(l[0], l[1]);
   }
   __syncthreads();
-  const float2 sums = *rowv;
+  const float2 sums = *handoff.rowv;
   sum[0] = sums.x;
   sum[1] = sums.y;
 }
 
 // One run of nt >= 1 key tiles against the Q that `keys` loads: o (this warpgroup's 256 value
-// columns, not yet divided by the sums), m (warpgroup 0's row maxima, log2 units) and sum (the rows'
-// softmax denominators, in every warpgroup). Every thread of the block calls it.
+// columns, not yet divided by the sums), m (warpgroup 0's rows' reference maxima, log2 units: up to 8
+// below the true ones, online_softmax's kLazy) and sum (the rows' softmax denominators relative to m,
+// in every warpgroup). Every thread of the block calls it.
 template <class Keys>
 __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt, float qk_scale, float (&o)[128],
                                           float (&m)[2], float (&sum)[2]) {
@@ -255,7 +257,7 @@ __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt
     }
     wg_rescale_pv(o, pa, keep, dv, stage);
   }
-  wg_finish_sums(p, l, sum);
+  wg_finish_sums(p, handoff, l, sum);
 }
 
 }  // namespace mla

@@ -30,6 +30,8 @@ from benchmarks.harness.mla_cases import D, LORA, make_decode_case, parse_varian
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
+SCALE = 192 ** -0.5   # V3's softmax scale: 1 / sqrt(qk_nope 128 + rope 64)
+
 
 def triton_calls(case, a) -> list:
     cache, tables, q, lens = case
@@ -42,7 +44,7 @@ def triton_calls(case, a) -> list:
         out = torch.empty(a.b, a.h, LORA, dtype=torch.bfloat16, device="cuda")
         decode.build_decode_plan(lens, a.b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
         runs.append(lambda cfg=cfg, ws=ws, out=out: decode.mla_decode(q, cache, tables, lens, out, ws, LORA,
-                                                                        192 ** -0.5, cfg))
+                                                                        SCALE, cfg))
     return runs
 
 
@@ -62,7 +64,7 @@ def cuda_calls(case, a) -> list:
     dec.plan(lens, a.b)
     names = [n for n in a.cuda.split(",") if n]
     print(f"CUDA op over {', '.join(names)}", flush=True)
-    return [lambda kv=caches[n]: dec.run(q, kv, tables, lens, out, a.b, 192 ** -0.5) for n in names]
+    return [lambda kv=caches[n]: dec.run(q, kv, tables, lens, out, a.b, SCALE) for n in names]
 
 
 def flashinfer_call(case, a):
@@ -73,7 +75,7 @@ def flashinfer_call(case, a):
     if fi is None:
         raise SystemExit(f"FlashInfer: {origin}")
     print(f"then FlashInfer: {origin}", flush=True)
-    return flashinfer_mla.FlashInferMla(fi, case, a.h, 192 ** -0.5).run
+    return flashinfer_mla.FlashInferMla(fi, case, a.h, SCALE).run
 
 
 def main() -> None:
