@@ -26,7 +26,6 @@
 
 #include <cstdint>
 
-#include "mla_decode_cuda.h"
 #include "mla_decode_kernel.cuh"
 #include "mla_paged_keys.cuh"
 #include "mla_wgmma_attend.cuh"
@@ -65,7 +64,8 @@ template <bool kTwo>
 __device__ __forceinline__ void convert_row(uint8_t* tile, const uint4 (&x)[kFp8Chunks], __nv_bfloat162 f,
                                             __nv_bfloat162 g, int r, int q) {
 #pragma unroll
-  for (int c = 0; c < kFp8Chunks; ++c) convert_unit<kTwo>(tile, x[c], f, g, swz(r, 8 * c + 2 * q), swz(r, 8 * c + 2 * q + 1));
+  for (int c = 0; c < kFp8Chunks; ++c)
+    convert_unit<kTwo>(tile, x[c], f, g, swz(r, 8 * c + 2 * q), swz(r, 8 * c + 2 * q + 1));
 }
 
 // A request's key tiles [t0, t0 + nt) of FP8 rows through its block table, by TMA from thread 128:
@@ -92,7 +92,8 @@ struct Fp8PagedKeys : PagedKeys {
     const float scale = *reinterpret_cast<const float*>(tile + r * 16);
     uint4 x[kFp8Chunks];
 #pragma unroll
-    for (int c = 0; c < kFp8Chunks; ++c) x[c] = *reinterpret_cast<const uint4*>(tile + c * kWgChunk + kFp8Park + r * 64 + q * 16);
+    for (int c = 0; c < kFp8Chunks; ++c)
+      x[c] = *reinterpret_cast<const uint4*>(tile + c * kWgChunk + kFp8Park + r * 64 + q * 16);
     __syncthreads();  // every source unit and scale read: the bf16 writes may overwrite them
     const __nv_bfloat162 two120 = __floats2bfloat162_rn(0x1p120f, 0x1p120f);
     if (!live) {

@@ -7,8 +7,8 @@
 // (ncu: 30% tensor-pipe use, 21% of DRAM bandwidth, H200), the load path's own limit at one tile in
 // flight an SM. Rows past the row's length (a page's stale or poisoned slots, or boxes not issued)
 // are zeroed in shared memory before use, so a masked key never multiplies garbage into P V; heads
-// past H come in as zeros (the map's out-of-bounds fill). The first two tiles go out with Q: at b=1
-// that measured neutral against issuing the second one a tile later.
+// past H come in as zeros (the map's out-of-bounds fill). The first two tiles go out with Q, as both
+// stages are free then (at b=1 it costs nothing measurable against issuing the second a tile later).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -15,7 +15,8 @@
 // Shared memory (1024-byte aligned, 128-byte swizzle, wgmma.cuh): Q (64 x 576 bf16, 72 KB), 2 key
 // stages of 64 x 576 (144 KB), P (8 KB), row scalars (1 KB), 3 mbarriers and the sparse kernel's key
 // masks: 225 KB, one program an SM. Tile i + 1 streams in while tile i is computed (the first two
-// tiles of a run are issued together with Q: both stages are free then). One block barrier a tile.
+// tiles of a run are issued together with Q: both stages are free then). One block barrier a tile
+// (and the FP8 key source's own, inside its in-place conversion).
 //
 // A key source (`Keys`) says how Q and the tiles arrive and which keys count:
 //   producer(tid)           whether thread tid takes part in issuing tile loads;
