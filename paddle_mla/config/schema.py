@@ -51,7 +51,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     swa_recycle: bool = False     # give SWA heads' blocks that left every future window back to their pool
     # auto: the model's dtype; fp8_e4m3: MLA latents stored as FP8 with a scale a token (1.95x the tokens
-    # a GiB; backends native and triton_mla; its decode is slower today: docs/fp8_latent_cache.md)
+    # a GiB; backends native and triton_mla; its decode time and error: docs/fp8_latent_cache.md)
     dtype: Literal["auto", "fp8_e4m3"] = AUTO
 
 

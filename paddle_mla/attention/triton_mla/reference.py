@@ -10,7 +10,7 @@ _runtime.require_selected(__name__)
 
 import torch
 
-from paddle_mla.cache.fp8_latent import dequantize, is_fp8, write_rows
+from paddle_mla.cache.fp8_latent import is_fp8, read_rows, write_rows
 
 
 def write_latent_cache_ref(latent, kv_cache, slot_mapping):
@@ -27,11 +27,13 @@ def write_latent_cache_ref(latent, kv_cache, slot_mapping):
     return kv_cache
 
 
-def cache_rows(kv_cache, latent_dim: int):
-    """The cache as [num_blocks * page, latent_dim] rows in a float dtype (FP8 rows dequantized to float32)."""
+def cache_rows(kv_cache, slots, latent_dim: int):
+    """Cache rows at flat ``slots`` (block * page + token, any shape) as [*slots.shape, width] in a float
+    dtype: FP8 rows dequantized to float32 [.., latent_dim], a plain cache's rows as stored. Only the
+    rows asked for are read."""
     nb, page, _, d = kv_cache.shape
-    flat = kv_cache.view(nb * page, d)
-    return dequantize(flat, latent_dim) if is_fp8(kv_cache) else flat
+    rows = read_rows(kv_cache.view(nb * page, d), slots.reshape(-1), latent_dim)
+    return rows.view(*slots.shape, rows.shape[-1])
 
 
 def decode_plan_ref(seq_lens_k, block_n: int, programs: int, max_kv_splits: int, min_tiles: int = 1,
@@ -60,11 +62,11 @@ def decode_plan_ref(seq_lens_k, block_n: int, programs: int, max_kv_splits: int,
 
 def _gather_pages(kv_cache, block_tables, d: int):
     """[B, M * page, d] latent rows of each request in logical order (-1 pages read block 0)."""
-    nb, page = kv_cache.shape[:2]
-    rows = cache_rows(kv_cache, d)
+    page = kv_cache.shape[1]
     bt = block_tables.to(torch.int64).clamp(min=0)
     b, m = bt.shape
-    return rows.view(nb, page, d)[bt].reshape(b, m * page, d)
+    slots = bt[:, :, None] * page + torch.arange(page, dtype=torch.int64, device=bt.device)
+    return cache_rows(kv_cache, slots.reshape(b, m * page), d)
 
 
 def mla_decode_ref(q, kv_cache, block_tables, seq_lens_k, kv_lora_rank: int, sm_scale: float):
@@ -103,8 +105,8 @@ def read_cache_and_interleave_ref(kv_cache, block_tables, new_latent, cu_seqlens
     bt = block_tables.to(torch.int64)
     col = torch.where(cached, i // page, torch.zeros_like(i))
     slot = bt[b, col].clamp(min=0) * page + i % page
-    rows = cache_rows(kv_cache, new_latent.shape[1])
-    from_cache = rows[torch.where(cached, slot, torch.zeros_like(slot))].to(new_latent.dtype)
+    from_cache = cache_rows(kv_cache, torch.where(cached, slot, torch.zeros_like(slot)),
+                            new_latent.shape[1]).to(new_latent.dtype)
     new_row = torch.where(cached, torch.zeros_like(i), cu_q[b] + i - n_cached)
     if new_latent.shape[0] > 0:
         from_new = new_latent[new_row.clamp(max=new_latent.shape[0] - 1)]
