@@ -19,16 +19,20 @@ def _fp8_llm(**over):
 
 
 @pytest.fixture(scope="module")
-def fp8_baseline():
-    llm = _fp8_llm()
-    reqs = workload(llm.runner.arch.vocab_size)
-    return reqs, [o.token_ids for o in llm.generate(reqs, use_tqdm=False)]
+def fp8_engine():
+    return _fp8_llm()
 
 
-def test_cache_is_fp8_rows_with_scale_slot():
+@pytest.fixture(scope="module")
+def fp8_baseline(fp8_engine):
+    reqs = workload(fp8_engine.runner.arch.vocab_size)
+    return reqs, [o.token_ids for o in fp8_engine.generate(reqs, use_tqdm=False)]
+
+
+def test_cache_is_fp8_rows_with_scale_slot(fp8_engine):
     from paddle_mla.cache.fp8_latent import row_width, storage_dtype
 
-    llm = _fp8_llm()
+    llm = fp8_engine
     arch = llm.runner.arch
     caches = llm.runner.kv_caches
     assert len(caches) == arch.num_layers
@@ -45,9 +49,9 @@ def test_auto_sized_cache_holds_more_blocks(monkeypatch):
 
     budget = 1 << 18     # below what the engine could use, so the budget decides
     monkeypatch.setattr(kv_cache, "CPU_AUTO_CACHE_BYTES", budget)
-    blocks = {dtype: make_llm(cache={"num_blocks": "auto", "dtype": dtype}).runner.limits.num_blocks
-              for dtype in ("auto", "fp8_e4m3")}
-    arch = make_llm().runner.arch
+    runners = {dtype: make_llm(cache={"num_blocks": "auto", "dtype": dtype}).runner for dtype in ("auto", "fp8_e4m3")}
+    blocks = {dtype: r.limits.num_blocks for dtype, r in runners.items()}
+    arch = runners["auto"].arch
     from paddle_mla.cache.fp8_latent import row_width
 
     per_token = {"auto": 4 * arch.mla.latent_dim, "fp8_e4m3": row_width(arch.mla.latent_dim)}
@@ -65,11 +69,12 @@ def test_fp8_cache_rounds_the_keys_and_no_more():
     """Against the fp32 cache the first token is the same and its logprob moves (the keys are rounded)
     by a few hundredths on this random model (0.002-0.08 measured): e4m3's rounding, not a misplaced
     scale or row, which would move it by the logit's whole size."""
-    reqs = workload(make_llm().runner.arch.vocab_size, n=4)
+    plain = make_llm()
+    reqs = workload(plain.runner.arch.vocab_size, n=4)
     for r in reqs:
         r.params.logprobs = True
         r.params.max_tokens = 1
-    ref = make_llm().generate(reqs, use_tqdm=False)
+    ref = plain.generate(reqs, use_tqdm=False)
     got = _fp8_llm().generate(reqs, use_tqdm=False)
     moved = []
     for a, b in zip(ref, got):

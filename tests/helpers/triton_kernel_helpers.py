@@ -1,6 +1,7 @@
 """Shared by the MLA kernel tests (CPU interpreter and GPU, Triton and the CUDA op): the kernel modules
-in one namespace, paged block tables in random physical order, uploads, the closeness check against a
-reference, and repeated runs into a NaN-poisoned output that must agree bitwise."""
+in one namespace, paged block tables in random physical order, paged caches (plain or FP8 rows), the
+Triton decode case against its reference, uploads, the closeness check against a reference, and
+repeated runs into a NaN-poisoned output that must agree bitwise."""
 
 from types import SimpleNamespace
 
@@ -56,6 +57,38 @@ def random_block_tables(rng, seq_lens, page: int, extra_blocks: int = 3):
 
 def upload(k: SimpleNamespace, a):
     return k.torch.from_numpy(np.ascontiguousarray(a)).to(k.dev)
+
+
+def paged_cache(k: SimpleNamespace, rng, nb: int, page: int, width: int, fp8: bool = False):
+    """[nb, page, 1, width] random float32 latent rows, or the same rows as FP8 rows (the reference
+    codec's, ``cache.fp8_latent``): the same draws either way."""
+    rows = upload(k, rng.standard_normal((nb * page, width)).astype(np.float32))
+    if fp8:
+        return k.f8.quantize(rows).view(nb, page, 1, k.f8.row_width(width))
+    return rows.view(nb, page, 1, width)
+
+
+def decode_case(k: SimpleNamespace, seq_lens, heads, lora, rope, page, target, seed, max_splits=16, fp8=False,
+                **variant):
+    """The Triton split-KV decode (``decode_config`` with ``variant``, ``target`` programs) over a random
+    paged cache against ``mla_decode_ref``, every element written: (out, workspace)."""
+    torch = k.torch
+    dev, tol = device_and_tolerance()
+    rng = np.random.default_rng(seed)
+    bt, nb = random_block_tables(rng, seq_lens, page)
+    bs, lk = len(seq_lens), lora + rope
+    cache = paged_cache(k, rng, nb, page, lk, fp8)
+    q = upload(k, rng.standard_normal((bs, heads, lk)).astype(np.float32))
+    lens, tables = upload(k, np.array(seq_lens, dtype=np.int32)), upload(k, bt)
+    cfg = k.dec.decode_config(heads, programs=target, **variant)
+    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, max_splits, dev, programs=target)
+    k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
+    out = torch.full((bs, heads, lora), float("nan"), device=dev)
+    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, lk ** -0.5, cfg)
+    expect = k.ref.mla_decode_ref(q, cache, tables, lens, lora, lk ** -0.5)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, expect, atol=tol, rtol=tol)
+    return out, ws
 
 
 def check_close(k: SimpleNamespace, got, ref) -> None:

@@ -1,10 +1,11 @@
 """The FP8 latent cache (``cache.fp8_latent``): the codec's rule, the Triton write bit for bit against it,
-and the readers (split-KV decode, query groups, value slices, the extend's gather) against the plain
-references over the dequantized rows. CPU interpreter (float32) or GPU, like test_triton_kernels.py."""
+the split-KV decode's value slices and odd dims over FP8 rows, and the bf16 decode at V3 dims (GPU),
+against the plain references over the dequantized rows (the decode, query groups and the extend's
+gather over FP8 rows: test_triton_kernels.py). CPU interpreter (float32) or GPU, like that file."""
 
 import numpy as np
 import pytest
-from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables
+from helpers.triton_kernel_helpers import decode_case, device_and_tolerance, kernel_namespace, random_block_tables
 from helpers.triton_kernel_helpers import upload as _up
 
 pytestmark = pytest.mark.triton
@@ -88,89 +89,14 @@ def test_write_kernel_matches_codec_bitwise(k, d):
     assert int(_bytes(k, cache)[3, 15, 0, 0]) != 0x5A                           # slot 63 was written
 
 
-def _fp8_cache(k, rng, nb, page, lk):
-    """A paged FP8 cache of random latent rows, written by the reference codec."""
-    f8 = k.f8
-    rows = _up(k, rng.standard_normal((nb * page, lk)).astype(np.float32))
-    return f8.quantize(rows).view(nb, page, 1, f8.row_width(lk))
-
-
+# Reading FP8 rows: the decode, query groups and the extend's gather over an FP8 cache run in
+# test_triton_kernels.py (its cache parameter); here the decode's value slices and odd dims over them.
 @pytest.mark.parametrize("variant", [{}, {"dv_split": 2}], ids=["plain", "dv_split2"])
 @pytest.mark.parametrize("seq_lens", [[1], [3, 17, 64, 5], [40, 0, 16, 33]])
 @pytest.mark.parametrize("lora,rope", [(32, 16), (30, 7)], ids=["dims48", "dims37"])
 def test_decode_over_fp8_cache_matches_reference(k, seq_lens, variant, lora, rope):
-    torch = k.torch
-    rng = np.random.default_rng(len(seq_lens))
-    heads, page, target = 4, 16, 3
-    bt, nb = random_block_tables(rng, seq_lens, page)
-    bs, lk = len(seq_lens), lora + rope
-    cache = _fp8_cache(k, rng, nb, page, lk)
-    q = _up(k, rng.standard_normal((bs, heads, lk)).astype(np.float32))
-    lens, tables = _up(k, np.array(seq_lens, dtype=np.int32)), _up(k, bt)
-    cfg = k.dec.decode_config(heads, programs=target, **variant)
-    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, 16, DEV, programs=target)
-    k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
-    out = torch.full((bs, heads, lora), float("nan"), device=DEV)
-    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, lk ** -0.5, cfg)
-    expect = k.ref.mla_decode_ref(q, cache, tables, lens, lora, lk ** -0.5)
-    assert not torch.isnan(out).any()
-    torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
-
-
-def test_query_groups_over_fp8_cache(k):
-    """Short extend rows (two tokens a plan row) read the FP8 cache like decode rows."""
-    torch = k.torch
-    rng = np.random.default_rng(5)
-    heads, lora, rope, page = 4, 32, 16, 16
-    seqs = [(65, 3), (20, 2), (9, 1)]
-    bt, nb = random_block_tables(rng, [n for n, _ in seqs], page)
-    lk = lora + rope
-    cache = _fp8_cache(k, rng, nb, page, lk)
-    tok_seq, tok_len, g_seq, g_row0, g_ntok, g_len = [], [], [], [], [], []
-    for s, (n, q) in enumerate(seqs):
-        for first in range(0, q, 2):
-            nt = min(2, q - first)
-            g_seq.append(s), g_row0.append(len(tok_seq)), g_ntok.append(nt), g_len.append(n - q + first + nt)
-            for t in range(first, first + nt):
-                tok_seq.append(s), tok_len.append(n - q + t + 1)
-    q = _up(k, rng.standard_normal((len(tok_seq), heads, lk)).astype(np.float32))
-    i32 = lambda a: _up(k, np.array(a, dtype=np.int32))  # noqa: E731
-    groups = k.dec.QueryGroups(i32(g_row0), i32(g_ntok), 2, len(g_seq))
-    cfg = k.dec.decode_config(2 * heads, programs=8, min_tiles=1)
-    ws = k.dec.alloc_decode_workspace(len(g_seq), 2 * heads, lora, 16, DEV, programs=8)
-    lens = i32(g_len)
-    k.dec.build_decode_plan(lens, len(g_seq), ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
-    out = torch.full((len(tok_seq), heads, lora), float("nan"), device=DEV)
-    k.dec.mla_decode(q, cache, _up(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
-    expect = k.ref.mla_decode_ref(q, cache, _up(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
-    torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
-
-
-@pytest.mark.parametrize("case", ["no_cache", "mixed"])
-def test_interleave_reads_every_row_back_from_fp8_cache(k, case):
-    """The extend's gather takes the step's rows from the cache too (written first), dequantized, so a
-    prompt sees the same rounded keys whether it was cached, chunked or computed in one step."""
-    torch, f8 = k.torch, k.f8
-    rng = np.random.default_rng(3)
-    q_lens, c_lens = {"no_cache": ([5, 3], [0, 0]), "mixed": ([4, 1, 0, 7], [20, 0, 9, 16])}[case]
-    k_lens = [a + b for a, b in zip(q_lens, c_lens)]
-    page, d = 16, 40
-    bt, nb = random_block_tables(rng, k_lens, page)
-    cache = _fp8_cache(k, rng, nb, page, d)
-    new = _up(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
-    slots = [int(bt[b][i // page]) * page + i % page for b in range(len(q_lens)) for i in range(c_lens[b], k_lens[b])]
-    k.cw.write_latent_cache(new, cache, _up(k, np.array(slots, dtype=np.int64)))
-    cu_q = _up(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
-    cu_k = _up(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
-    total = int(sum(k_lens))
-    got = k.il.read_cache_and_interleave(cache, _up(k, bt), new, cu_q, cu_k, total)
-    expect = k.ref.read_cache_and_interleave_ref(cache, _up(k, bt), new, cu_q, cu_k, total)
-    assert got.shape == (total, d) and got.dtype == new.dtype and torch.equal(got, expect)
-    o = 0
-    for b in range(len(q_lens)):
-        qs = sum(q_lens[:b])
-        assert torch.equal(got[o + c_lens[b]:o + k_lens[b]], f8.dequantize(f8.quantize(new[qs:qs + q_lens[b]]), d))
-        o += k_lens[b]
+    decode_case(k, seq_lens, heads=4, lora=lora, rope=rope, page=16, target=3, seed=len(seq_lens), fp8=True,
+                **variant)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,8 @@ launch. bf16 at realistic shapes: tests/kernels/test_triton_kernels_gpu.py.
 
 import numpy as np
 import pytest
-from helpers.triton_kernel_helpers import device_and_tolerance, kernel_namespace, random_block_tables
+from helpers.triton_kernel_helpers import decode_case, device_and_tolerance, kernel_namespace, paged_cache
+from helpers.triton_kernel_helpers import random_block_tables
 
 pytestmark = pytest.mark.triton
 
@@ -94,30 +95,15 @@ def test_compact_workspace_size_at_128_seqs_128_heads(k):
         assert k.dec.partial_rows(128, 32, cfg.programs) * 128 * 512 * 4 <= 128 * 2**20
 
 
-def _decode_case(k, seq_lens, heads, lora, rope, page, target, seed, max_splits=16, **variant):
-    torch = k.torch
-    rng = np.random.default_rng(seed)
-    bt, nb = random_block_tables(rng, seq_lens, page)
-    bs, lk = len(seq_lens), lora + rope
-    cache = _t(k, rng.standard_normal((nb, page, 1, lk)).astype(np.float32))
-    q = _t(k, rng.standard_normal((bs, heads, lk)).astype(np.float32))
-    lens = _t(k, np.array(seq_lens, dtype=np.int32))
-    tables = _t(k, bt)
-    scale = lk ** -0.5
-    cfg = k.dec.decode_config(heads, programs=target, **variant)
-    ws = k.dec.alloc_decode_workspace(bs + 1, heads, lora, max_splits, DEV, programs=target)
-    k.dec.build_decode_plan(lens, bs, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
-    out = torch.full((bs, heads, lora), float("nan"), device=DEV)
-    k.dec.mla_decode(q, cache, tables, lens, out, ws, lora, scale, cfg)
-    expect = k.ref.mla_decode_ref(q, cache, tables, lens, lora, scale)
-    assert not torch.isnan(out).any()
-    torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
-    return out, ws
+# "fp8": the cache holds FP8 rows (cache.fp8_latent); the reference reads the same rows dequantized
+CACHES = ["plain", "fp8"]
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("seq_lens", [[1], [3, 17, 64, 5], [40, 0, 16, 33], [0, 0], [20, 0, 0]])
-def test_mla_decode_matches_reference(k, seq_lens):
-    out, _ = _decode_case(k, seq_lens, heads=4, lora=32, rope=16, page=16, target=3, seed=len(seq_lens))
+def test_mla_decode_matches_reference(k, seq_lens, cache):
+    out, _ = decode_case(k, seq_lens, heads=4, lora=32, rope=16, page=16, target=3, seed=len(seq_lens),
+                         fp8=cache == "fp8")
     for b, n in enumerate(seq_lens):
         if n == 0:
             assert k.torch.equal(out[b], k.torch.zeros_like(out[b]))
@@ -140,14 +126,14 @@ def test_split_cap_never_binds(k, seq_lens):
 def test_mla_decode_one_row_over_more_splits_than_a_merge_chunk(k):
     # 300 tokens on 20 programs with the uncapped plan: one-tile splits (19 of 16 keys under the
     # interpreter), merged in two chunks of 16 there
-    _, ws = _decode_case(k, [300], heads=4, lora=32, rope=16, page=16, target=20, seed=2,
+    _, ws = decode_case(k, [300], heads=4, lora=32, rope=16, page=16, target=20, seed=2,
                          max_splits=k.dec.split_cap(20))
     assert int(ws.num_kv_splits[0]) == -(-300 // k.dec.decode_config(4, programs=20).block_n)
 
 
 def test_mla_decode_many_splits_and_odd_dims(k):
     # 48 + 8: padded non-power-of-two dims; target 16 forces many splits per request (stage 2 merge)
-    _, ws = _decode_case(k, [70, 3], heads=3, lora=48, rope=8, page=16, target=16, seed=7)
+    _, ws = decode_case(k, [70, 3], heads=3, lora=48, rope=8, page=16, target=16, seed=7)
     assert int(ws.num_kv_splits[0]) > 1
 
 
@@ -157,7 +143,7 @@ def test_mla_decode_many_splits_and_odd_dims(k):
 def test_mla_decode_variants_match_reference(k, variant, seq_lens):
     """Each h=128 variant forced at small dims: value-column slices (QK over all dims, PV over a
     slice; one LSE per slice in the compact workspace) and smaller head blocks, many splits."""
-    out, ws = _decode_case(k, seq_lens, heads=8 if "block_h" not in variant else 24, lora=64, rope=16, page=16,
+    out, ws = decode_case(k, seq_lens, heads=8 if "block_h" not in variant else 24, lora=64, rope=16, page=16,
                            target=5, seed=3, **variant)
     for b, n in enumerate(seq_lens):
         if n == 0:
@@ -172,7 +158,7 @@ def test_mla_decode_variants_deterministic_and_poisoned(k):
     torch = k.torch
     outs = {}
     for dv in (1, 2, 4):
-        runs = [_decode_case(k, [70, 9, 33], heads=8, lora=64, rope=16, page=16, target=4, seed=5, dv_split=dv)[0]
+        runs = [decode_case(k, [70, 9, 33], heads=8, lora=64, rope=16, page=16, target=4, seed=5, dv_split=dv)[0]
                 for _ in range(2)]
         assert torch.equal(runs[0], runs[1])
         outs[dv] = runs[0]
@@ -180,8 +166,9 @@ def test_mla_decode_variants_deterministic_and_poisoned(k):
     torch.testing.assert_close(outs[4], outs[1], atol=TOL, rtol=TOL)
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("qg", [1, 2, 4, 8])
-def test_mla_decode_query_groups_match_per_token_reference(k, qg):
+def test_mla_decode_query_groups_match_per_token_reference(k, qg, cache):
     """Query groups (short extend rows): the last q tokens of each sequence, qg consecutive tokens per
     plan row, each token with its own causal length, equal the reference run one row per token. One
     tile per program puts split boundaries between a group's lengths (a token sees no key in a split)."""
@@ -191,7 +178,7 @@ def test_mla_decode_query_groups_match_per_token_reference(k, qg):
     seqs = [(65, 7), (20, 3), (33, 1), (5, 5), (64, 9)]            # (length after the step, new tokens)
     bt, nb = random_block_tables(rng, [n for n, _ in seqs], page)
     lk = lora + rope
-    cache = _t(k, rng.standard_normal((nb, page, 1, lk)).astype(np.float32))
+    kv = paged_cache(k, rng, nb, page, lk, fp8=cache == "fp8")
     tok_seq, tok_len, g_seq, g_row0, g_ntok, g_len = [], [], [], [], [], []
     for s, (n, q) in enumerate(seqs):
         for first in range(0, q, qg):
@@ -208,16 +195,20 @@ def test_mla_decode_query_groups_match_per_token_reference(k, qg):
     lens = i32(g_len)
     k.dec.build_decode_plan(lens, G, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     out = torch.full((T, heads, lora), float("nan"), device=DEV)
-    k.dec.mla_decode(q, cache, _t(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
-    expect = k.ref.mla_decode_ref(q, cache, _t(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
+    k.dec.mla_decode(q, kv, _t(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
+    expect = k.ref.mla_decode_ref(q, kv, _t(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
     assert not torch.isnan(out).any()
     torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
     assert int(ws.num_kv_splits[:G].max()) > 1   # the stage-2 merge ran
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("case", ["no_cache", "all_cached", "mixed", "zeros"])
-def test_read_cache_and_interleave_bitwise(k, case):
-    torch = k.torch
+def test_read_cache_and_interleave_bitwise(k, case, cache):
+    """The extend's gather: per request its cached rows, then its new rows. The step's rows are written
+    to the cache first, as the backends do; from an FP8 cache every row is read back from it
+    (dequantized), so a prompt sees the same rounded keys whether it was cached, chunked or new."""
+    torch, fp8 = k.torch, cache == "fp8"
     rng = np.random.default_rng(11)
     q_lens, c_lens = {
         "no_cache": ([5, 3], [0, 0]),
@@ -228,19 +219,23 @@ def test_read_cache_and_interleave_bitwise(k, case):
     k_lens = [a + b for a, b in zip(q_lens, c_lens)]
     page, d = 16, 40
     bt, nb = random_block_tables(rng, k_lens, page)
-    cache = _t(k, rng.standard_normal((nb, page, 1, d)).astype(np.float32))
+    kv = paged_cache(k, rng, nb, page, d, fp8)
     new = _t(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
+    slots = [int(bt[b][i // page]) * page + i % page for b in range(len(q_lens)) for i in range(c_lens[b], k_lens[b])]
+    if slots:
+        k.cw.write_latent_cache(new, kv, _t(k, np.array(slots, dtype=np.int64)))
     cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
     cu_k = _t(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
     total = int(sum(k_lens))
-    got = k.il.read_cache_and_interleave(cache, _t(k, bt), new, cu_q, cu_k, total)
-    expect = k.ref.read_cache_and_interleave_ref(cache, _t(k, bt), new, cu_q, cu_k, total)
-    assert got.shape == (total, d) and torch.equal(got, expect)
-    # the new rows land after each request's cached rows, unchanged
+    got = k.il.read_cache_and_interleave(kv, _t(k, bt), new, cu_q, cu_k, total)
+    expect = k.ref.read_cache_and_interleave_ref(kv, _t(k, bt), new, cu_q, cu_k, total)
+    assert got.shape == (total, d) and got.dtype == new.dtype and torch.equal(got, expect)
+    # the new rows land after each request's cached rows: unchanged, or FP8-rounded from an FP8 cache
+    kept = k.f8.dequantize(k.f8.quantize(new), d) if fp8 else new
     o = 0
     for b in range(len(q_lens)):
         qs = sum(q_lens[:b])
-        assert torch.equal(got[o + c_lens[b]:o + k_lens[b]], new[qs:qs + q_lens[b]])
+        assert torch.equal(got[o + c_lens[b]:o + k_lens[b]], kept[qs:qs + q_lens[b]])
         o += k_lens[b]
 
 

@@ -4,6 +4,7 @@ tensor runtime, so it runs under both runtimes. A failure lists every ``path:lin
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -20,13 +21,14 @@ def _skipped(name: str) -> bool:
     return name.startswith(".") or name in SKIP_DIRS or name.endswith(".egg-info")
 
 
-def _sources() -> list[Path]:
+@functools.cache   # one walk for the three tests
+def _sources() -> tuple[Path, ...]:
     files = []
     for top in SOURCE_DIRS:
         for folder, dirs, names in os.walk(ROOT / top):
             dirs[:] = sorted(d for d in dirs if not _skipped(d))
             files += [Path(folder) / n for n in sorted(names) if n.endswith(".py")]
-    return files
+    return tuple(files)
 
 
 def _lines(path: Path) -> list[str]:
