@@ -16,6 +16,7 @@ from paddle_mla.platform.tensor_api import torch  # noqa: E402
 
 LORA, ROPE, PAGE = 512, 64, 64
 D = LORA + ROPE
+SCALE = 192 ** -0.5   # V3's softmax scale: 1 / sqrt(qk_nope 128 + rope 64)
 
 
 def make_decode_case(b: int, h: int, s: int, seed: int = 0):
@@ -73,7 +74,7 @@ def cuda_decode_graphs(case, h, split_cost=None, **launch):
         dec.split_cost = split_cost
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
     dec.plan(lens, b)
-    fn = lambda: dec.run(q, cache, tables, lens, out, b, 192 ** -0.5)  # noqa: E731
+    fn = lambda: dec.run(q, cache, tables, lens, out, b, SCALE)  # noqa: E731
     fn()
     torch.cuda.synchronize()
     whole = torch.cuda.CUDAGraph()  # plan + decode, as the engine's decode step replays them

@@ -25,12 +25,11 @@ runtime.select("torch")
 
 import torch  # noqa: E402
 
-from benchmarks.harness.mla_cases import LORA, PAGE, make_decode_case, run_cuda  # noqa: E402
+from benchmarks.harness.mla_cases import LORA, PAGE, SCALE, make_decode_case, run_cuda  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth, graph_median_us, median_us  # noqa: E402
 from paddle_mla.attention.dsa.sparse_mla import plan_splits, sparse_config, sparse_mla, sparse_mla_ref  # noqa: E402
 from paddle_mla.attention.triton_mla import cuda_decode  # noqa: E402
 
-SCALE = 192 ** -0.5
 ROW_BYTES = (LORA + 64) * 2
 
 

@@ -44,7 +44,7 @@ import triton  # noqa: E402
 
 from benchmarks.harness import anchors, flashinfer_mla  # noqa: E402
 from benchmarks.harness.errors import rel_err  # noqa: E402
-from benchmarks.harness.mla_cases import D, LORA, PAGE, make_decode_case, parse_variants, run_cuda  # noqa: E402
+from benchmarks.harness.mla_cases import D, LORA, PAGE, SCALE, make_decode_case, parse_variants, run_cuda  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth, median_us  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 
@@ -99,7 +99,7 @@ def run_ours(case, h, cfg_override):
     out = torch.empty(b, h, LORA, dtype=torch.bfloat16, device="cuda")
     decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     t_plan = median_us(lambda: decode.build_decode_plan(lens, b, ws, cfg.block_n, cfg.target_items, cfg.min_tiles))
-    fn = lambda: decode.mla_decode(q, cache, tables, lens, out, ws, LORA, 192 ** -0.5, cfg)
+    fn = lambda: decode.mla_decode(q, cache, tables, lens, out, ws, LORA, SCALE, cfg)
     handle = fn()
     splits = ws.num_kv_splits[:b].float().mean().item()
     regs = (getattr(handle, "n_regs", None), getattr(handle, "n_spills", None))
@@ -117,7 +117,7 @@ def run_flashinfer(fi, case, h):
     host-side, once a step, so neither time holds it."""
     from benchmarks.harness.flashinfer_mla import FlashInferMla
 
-    anchor = FlashInferMla(fi, case, h, 192 ** -0.5)
+    anchor = FlashInferMla(fi, case, h, SCALE)
     anchor.run()
     t = median_us(anchor.run)
     torch.cuda.synchronize()
@@ -145,7 +145,7 @@ def run_sglang(sg_fwd, case, h):
         nsplit = torch.full((b,), ns, dtype=torch.int32, device="cuda")
 
         def fn(logits=logits, lse=lse, nsplit=nsplit, ns=ns):
-            sg_fwd(q, kbuf, vbuf, o, kv_indptr, kv_indices, logits, lse, nsplit, ns, 192 ** -0.5)
+            sg_fwd(q, kbuf, vbuf, o, kv_indptr, kv_indices, logits, lse, nsplit, ns, SCALE)
 
         t = median_us(fn)
         if t < best[0]:

@@ -26,11 +26,9 @@ from paddle_mla.platform import runtime
 
 runtime.select("torch")  # as the decode kernel benchmark
 
-from benchmarks.harness.mla_cases import D, LORA, make_decode_case, parse_variants  # noqa: E402
+from benchmarks.harness.mla_cases import D, LORA, SCALE, make_decode_case, parse_variants  # noqa: E402
 from paddle_mla.attention.triton_mla import decode  # noqa: E402
 from paddle_mla.platform.tensor_api import torch  # noqa: E402
-
-SCALE = 192 ** -0.5   # V3's softmax scale: 1 / sqrt(qk_nope 128 + rope 64)
 
 
 def triton_calls(case, a) -> list:
