@@ -26,9 +26,12 @@ def usable_num_blocks(max_num_seqs: int, max_model_len: int, block_size: int) ->
     return max_num_seqs * (-(-max_model_len // block_size)) + 1
 
 
-def kv_width(arch) -> int:
+def kv_width(arch, fp8: bool = False) -> int:
     """Elements one token stores per layer: K and V of every KV head (GQA), or the latent + the
-    deepseek_v32 indexer key (MLA)."""
+    deepseek_v32 indexer key (MLA); ``fp8``: the bytes of the latent's FP8 row (``cache.fp8_latent``;
+    never with an indexer: its kernels read a bf16 cache)."""
+    if fp8:
+        return row_width(arch.mla.latent_dim)
     if arch.family == "gqa":
         return 2 * arch.gqa.num_kv_heads * arch.gqa.head_dim
     return arch.mla.latent_dim + (arch.indexer.head_dim if arch.indexer is not None else 0)
@@ -84,6 +87,6 @@ def allocate_kv_caches(arch, num_blocks: int, block_size: int, dtype, device: st
         return allocate_gqa_caches(arch.num_layers, arch.gqa.num_kv_heads, num_blocks, block_size, arch.gqa.head_dim,
                                    dtype, device)
     if fp8:
-        return allocate_latent_caches(arch.num_layers, num_blocks, block_size, row_width(arch.mla.latent_dim),
+        return allocate_latent_caches(arch.num_layers, num_blocks, block_size, kv_width(arch, fp8),
                                       storage_dtype(), device)
     return allocate_latent_caches(arch.num_layers, num_blocks, block_size, arch.mla.latent_dim, dtype, device)

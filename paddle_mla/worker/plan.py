@@ -145,7 +145,6 @@ def check_cache_dtype(cache_dtype: str, gpu_here: bool) -> None:
 
 def kv_layout(cfg: EngineConfig, arch: "ModelArch") -> KVLayout:
     """The per-rank cache layout: under tensor parallelism a rank holds its share of the KV heads."""
-    from paddle_mla.cache.fp8_latent import row_width
     from paddle_mla.cache.kv_cache import kv_width
     from paddle_mla.models.sharding import local_arch
 
@@ -157,7 +156,7 @@ def kv_layout(cfg: EngineConfig, arch: "ModelArch") -> KVLayout:
     swa = head_wise_swa(cfg, local.family, arch.gqa.num_kv_heads if gqa else 0, cfg.parallel.tensor_parallel_size)
     fp8 = cfg.cache.dtype != AUTO       # resolved_config refused it for GQA and deepseek_v32 checkpoints
     return KVLayout(kind=GQA_HEAD_MAJOR if gqa else MLA_LATENT, num_layers=local.num_layers,
-                    width=row_width(local.mla.latent_dim) if fp8 else kv_width(local), fp8=fp8,
+                    width=kv_width(local, fp8), fp8=fp8,
                     index_dim=local.indexer.head_dim if local.indexer is not None else 0, swa=swa)
 
 
