@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+
 #include "cuda_launch.cuh"
 #include "mla_decode_cuda.h"
 #include "mla_decode_kernel.cuh"
@@ -18,48 +20,43 @@ namespace {
 
 constexpr int kCombineThreads = kMlaLatentDim / 4;  // 4 value columns a thread (one float4)
 constexpr int kCombineClasses = 4;                  // splits summed apart by s % 4, then in class order
+constexpr int kCombineBlocksPerSm = 8;              // the G = 1 program's residency (by its registers)
 
-// One program per (row, head): rows with several splits merge their partials by log2-sum-exp; zero-
-// length rows get zeros; single-split rows were written by the split kernel.
+// A combine program's shared memory: the warps' maxima, the classes handed to group 0, and the plan
+// of the program's rows.
+template <int G>
+struct CombineShared {
+  static constexpr int kWarps = kCombineThreads * G / 32, kHanded = G > 1 ? kCombineClasses - kCombineClasses / G : 1;
+  float warp_max[kWarps];
+  float4 class_acc[kHanded][kCombineThreads];
+  float class_den[kHanded][kCombineThreads];
+  int seq_len[kCombineThreads], splits[kCombineThreads];
+  int64_t start[kCombineThreads];
+};
+
+// Merges the n >= 2 splits of (row b, head h), whose partial rows start at r0, into out. Every thread
+// of the program calls it (it syncs the block).
 //
-// G groups of kCombineThreads threads share a program. The splits are summed in 4 classes (s % 4),
+// G groups of kCombineThreads threads share the merge. The splits are summed in 4 classes (s % 4),
 // each in split order, and the classes' sums are added in class order: group g sums classes
 // g * 4 / G .. (g + 1) * 4 / G - 1, so every G gives the same bits (the launcher picks G by the grid's
 // size, and a row's bits must not follow its batch). At b=1 a program merges up to 65 splits and
 // the merge is a latency-bound chain: 4 groups walk a quarter each.
-// Launched by PDL behind the split kernel: its blocks may wait on free SMs for the split grid to end.
 template <int G>
-__global__ void __launch_bounds__(kCombineThreads * G) mla_combine_kernel(MlaDecodeArgs a) {
-  constexpr int R = kCombineClasses / G, kWarps = kCombineThreads * G / 32;
-  static_assert(kCombineClasses % G == 0, "G must divide the class count");
-  __shared__ float warp_max[kWarps];
-  __shared__ float4 class_acc[G > 1 ? kCombineClasses - R : 1][kCombineThreads];
-  __shared__ float class_den[G > 1 ? kCombineClasses - R : 1][kCombineThreads];
-  const int64_t b = blockIdx.x, h = blockIdx.y;
+__device__ __forceinline__ void combine_head(const MlaDecodeArgs& a, int64_t b, int64_t h, int n, int64_t r0,
+                                             CombineShared<G>& sh) {
+  constexpr int R = kCombineClasses / G, kWarps = CombineShared<G>::kWarps;
   const int tid = static_cast<int>(threadIdx.x), g = tid / kCombineThreads, t = tid % kCombineThreads;
   const int col = t * 4;
-  __nv_bfloat16* o = static_cast<__nv_bfloat16*>(a.out) + b * a.out_stride_b + h * a.out_stride_h + col;
-  grid_dependency_wait();
-  const int seq_len = a.seq_lens[b], n = a.num_splits[b];
-  const int64_t r0 = a.split_start[b];
-  if (seq_len <= 0) {
-    if (g == 0) {
-      const __nv_bfloat162 zero = __floats2bfloat162_rn(0.0f, 0.0f);
-      reinterpret_cast<__nv_bfloat162*>(o)[0] = zero;
-      reinterpret_cast<__nv_bfloat162*>(o)[1] = zero;
-    }
-    return;
-  }
-  if (n <= 1) return;
   const float* lse = a.partial_lse + r0 * a.lse_stride_row + h * a.lse_stride_head;
   float mx = -INFINITY;  // the block's maximum over the splits' LSEs (max is exact in any order)
   for (int s = tid; s < n; s += kCombineThreads * G) mx = fmaxf(mx, lse[s * a.lse_stride_row]);
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-  if (tid % 32 == 0) warp_max[tid / 32] = mx;
+  if (tid % 32 == 0) sh.warp_max[tid / 32] = mx;
   __syncthreads();
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, warp_max[w]);
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sh.warp_max[w]);
   float den[R];
   float4 acc[R];
   const float* po = a.partial_out + r0 * a.po_stride_row + h * a.po_stride_head + col;
@@ -82,38 +79,82 @@ __global__ void __launch_bounds__(kCombineThreads * G) mla_combine_kernel(MlaDec
     if (g > 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        class_acc[(g - 1) * R + r][t] = acc[r];
-        class_den[(g - 1) * R + r][t] = den[r];
+        sh.class_acc[(g - 1) * R + r][t] = acc[r];
+        sh.class_den[(g - 1) * R + r][t] = den[r];
       }
     }
     __syncthreads();
-    if (g > 0) return;
   }
-  float d = den[0];
-  float4 sum = acc[0];
+  if (g == 0) {
+    float d = den[0];
+    float4 sum = acc[0];
 #pragma unroll
-  for (int c = 1; c < kCombineClasses; ++c) {  // class order, whoever summed each class
-    const float dc = c < R ? den[c % R] : class_den[G > 1 ? c - R : 0][t];
-    const float4 ac = c < R ? acc[c % R] : class_acc[G > 1 ? c - R : 0][t];
-    d += dc;
-    sum.x += ac.x;
-    sum.y += ac.y;
-    sum.z += ac.z;
-    sum.w += ac.w;
+    for (int c = 1; c < kCombineClasses; ++c) {  // class order, whoever summed each class
+      const float dc = c < R ? den[c % R] : sh.class_den[G > 1 ? c - R : 0][t];
+      const float4 ac = c < R ? acc[c % R] : sh.class_acc[G > 1 ? c - R : 0][t];
+      d += dc;
+      sum.x += ac.x;
+      sum.y += ac.y;
+      sum.z += ac.z;
+      sum.w += ac.w;
+    }
+    const float inv = 1.0f / d;
+    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(a.out) + b * a.out_stride_b + h * a.out_stride_h + col;
+    reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(sum.x * inv, sum.y * inv);
+    reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
   }
-  const float inv = 1.0f / d;
-  reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(sum.x * inv, sum.y * inv);
-  reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
+}
+
+// One program per head and run of `rows` rows: rows with several splits merge their partials by
+// log2-sum-exp (combine_head); zero-length rows get zeros; single-split rows were written by the split
+// kernel. Runs of rows keep the grid to about one wave: where most rows are whole (the plan keeps
+// uniform rows whole), a program a (row, head) cost a wave of programs that only read the plan.
+// Launched by PDL behind the split kernel: its blocks may wait on free SMs for the split grid to end.
+template <int G>
+__global__ void __launch_bounds__(kCombineThreads * G) mla_combine_kernel(MlaDecodeArgs a, int rows) {
+  __shared__ CombineShared<G> sh;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * rows, h = blockIdx.y;
+  const int tid = static_cast<int>(threadIdx.x);
+  rows = static_cast<int>(min(static_cast<int64_t>(rows), a.batch - b0));
+  grid_dependency_wait();
+  if (tid < rows) {  // the plan of every row at once: one round trip, not one a row
+    sh.seq_len[tid] = a.seq_lens[b0 + tid];
+    sh.splits[tid] = a.num_splits[b0 + tid];
+    sh.start[tid] = a.split_start[b0 + tid];
+  }
+  __syncthreads();
+  for (int i = 0; i < rows; ++i) {
+    const int64_t b = b0 + i;
+    const int n = sh.splits[i];
+    if (sh.seq_len[i] <= 0) {
+      if (tid < kCombineThreads) {
+        __nv_bfloat16* o = static_cast<__nv_bfloat16*>(a.out) + b * a.out_stride_b + h * a.out_stride_h + tid * 4;
+        const __nv_bfloat162 zero = __floats2bfloat162_rn(0.0f, 0.0f);
+        reinterpret_cast<__nv_bfloat162*>(o)[0] = zero;
+        reinterpret_cast<__nv_bfloat162*>(o)[1] = zero;
+      }
+    } else if (n > 1) {
+      combine_head<G>(a, b, h, n, sh.start[i], sh);
+      __syncthreads();  // the next row reuses the warps' maxima and the handed classes
+    }
+  }
 }
 
 // The combine's group count: programs of 4 groups where the grid leaves most SMs idle (few rows), 1
-// where it fills the GPU several times over. The bits are the same for every count.
+// where it fills the GPU several times over; the bits are the same for every count. With one group, a
+// program takes a run of rows, enough to keep the grid to one wave of resident programs (at most
+// kCombineThreads: the plan of a run is read at once).
 const char* launch_combine(const MlaDecodeArgs& a, cudaStream_t stream) {
   const int64_t programs = a.batch * a.num_heads, sms = sm_count();
-  const dim3 grid(static_cast<unsigned>(a.batch), static_cast<unsigned>(a.num_heads));
-  if (programs <= sms) return launch_pdl(mla_combine_kernel<4>, grid, dim3(kCombineThreads * 4), 0, stream, a);
-  if (programs <= 4 * sms) return launch_pdl(mla_combine_kernel<2>, grid, dim3(kCombineThreads * 2), 0, stream, a);
-  return launch_pdl(mla_combine_kernel<1>, grid, dim3(kCombineThreads), 0, stream, a);
+  const auto grid = [&](int64_t rows) {
+    return dim3(static_cast<unsigned>((a.batch + rows - 1) / rows), static_cast<unsigned>(a.num_heads));
+  };
+  if (programs <= sms) return launch_pdl(mla_combine_kernel<4>, grid(1), dim3(kCombineThreads * 4), 0, stream, a, 1);
+  if (programs <= 4 * sms)
+    return launch_pdl(mla_combine_kernel<2>, grid(1), dim3(kCombineThreads * 2), 0, stream, a, 1);
+  const int64_t wave = sms * kCombineBlocksPerSm;
+  const int rows = static_cast<int>(std::min<int64_t>((programs + wave - 1) / wave, kCombineThreads));
+  return launch_pdl(mla_combine_kernel<1>, grid(rows), dim3(kCombineThreads), 0, stream, a, rows);
 }
 
 template <int RB, int CS, int BN, int NST>
