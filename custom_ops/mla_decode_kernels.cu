@@ -46,6 +46,7 @@ template <int G>
 __device__ __forceinline__ void combine_head(const MlaDecodeArgs& a, int64_t b, int64_t h, int n, int64_t r0,
                                              CombineShared<G>& sh) {
   constexpr int R = kCombineClasses / G, kWarps = CombineShared<G>::kWarps;
+  static_assert(kCombineClasses % G == 0, "G must divide the class count");
   const int tid = static_cast<int>(threadIdx.x), g = tid / kCombineThreads, t = tid % kCombineThreads;
   const int col = t * 4;
   const float* lse = a.partial_lse + r0 * a.lse_stride_row + h * a.lse_stride_head;
@@ -108,7 +109,8 @@ __device__ __forceinline__ void combine_head(const MlaDecodeArgs& a, int64_t b, 
 // One program per head and run of `rows` rows: rows with several splits merge their partials by
 // log2-sum-exp (combine_head); zero-length rows get zeros; single-split rows were written by the split
 // kernel. Runs of rows keep the grid to about one wave: where most rows are whole (the plan keeps
-// uniform rows whole), a program a (row, head) cost a wave of programs that only read the plan.
+// uniform rows whole), a program per (row, head) would be several waves of programs that only read
+// the plan.
 // Launched by PDL behind the split kernel: its blocks may wait on free SMs for the split grid to end.
 template <int G>
 __global__ void __launch_bounds__(kCombineThreads * G) mla_combine_kernel(MlaDecodeArgs a, int rows) {
