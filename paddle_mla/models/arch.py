@@ -41,7 +41,7 @@ class RopeSpec:
     high_freq_factor: float = 4.0         # llama3
 
 
-@dataclass
+@dataclass(frozen=True)   # hashable: the routing kernel's arguments are cached per spec
 class MoESpec:
     n_routed_experts: int
     num_experts_per_tok: int

@@ -136,8 +136,10 @@ def route_topk(spec, logits, bias, extra: int = 0):
     return route_call(logits, bias if spec.topk_method == "noaux_tc" else None, extra=extra, **args)
 
 
+@functools.lru_cache(maxsize=None)
 def route_kernel_args(spec) -> dict | None:
-    """``route_kernel.route_call``'s arguments for a MoE spec, or None where the kernel does not apply."""
+    """``route_kernel.route_call``'s arguments for a MoE spec, or None where the kernel does not apply
+    (once per spec: the result is read-only)."""
     E, k = spec.n_routed_experts, spec.num_experts_per_tok
     # config-parsed specs passed arch.check_routing; the kernel's own limits (E, k) and specs built
     # directly are why the conditions are checked here too
