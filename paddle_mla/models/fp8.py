@@ -47,7 +47,7 @@ def fp8_kernels_available(device_kind: str) -> tuple[bool, str]:
     except Exception as exc:   # a runtime that cannot report it: let the kernel launch decide
         return True, f"compute capability unknown ({exc})"
     if (major, minor) < (8, 9):
-        return False, f"FP8 tensor cores need compute capability >= 8.9 (this GPU is {major}.{minor})"
+        return False, f"FP8 (e4m3) math needs compute capability >= 8.9 (this GPU is {major}.{minor})"
     return True, ""
 
 
