@@ -24,6 +24,7 @@ namespace paddle_mla {
 constexpr int64_t kMlaLatentDim = 512;  // kv_lora_rank: the value width
 constexpr int64_t kMlaKeyDim = 576;     // kv_lora_rank + qk_rope_head_dim
 constexpr int64_t kMlaFp8Row = 592;     // bytes of an FP8 cache row: 576 e4m3 values, the fp32 scale, zeros
+static_assert(kMlaFp8Row == (kMlaKeyDim + 4 + 15) / 16 * 16, "the FP8 row: values, scale, zeros to 16 bytes");
 
 struct MlaDecodeArgs {
   const void* q;  // bf16 [q_rows >= batch, H, 576], last dim packed

@@ -34,7 +34,6 @@
 namespace paddle_mla {
 namespace mla {
 
-constexpr int kFp8Chunks = kKeyDim / 64;  // 64-value chunks of a row (9)
 constexpr uint32_t kFp8Park = kWgChunk / 2;  // where chunk c's FP8 values land inside bf16 chunk c
 
 // Two e4m3 values (the bytes `sel` picks from w: 0x1404 the low two, 0x3424 the high two) as bf16x2,
@@ -61,10 +60,10 @@ __device__ __forceinline__ void convert_unit(uint8_t* tile, uint4 x, __nv_bfloat
 }
 
 template <bool kTwo>
-__device__ __forceinline__ void convert_row(uint8_t* tile, const uint4 (&x)[kFp8Chunks], __nv_bfloat162 f,
+__device__ __forceinline__ void convert_row(uint8_t* tile, const uint4 (&x)[kWgChunks], __nv_bfloat162 f,
                                             __nv_bfloat162 g, int r, int q) {
 #pragma unroll
-  for (int c = 0; c < kFp8Chunks; ++c)
+  for (int c = 0; c < kWgChunks; ++c)
     convert_unit<kTwo>(tile, x[c], f, g, swz(r, 8 * c + 2 * q), swz(r, 8 * c + 2 * q + 1));
 }
 
@@ -76,11 +75,11 @@ struct Fp8PagedKeys : PagedKeys {
 
   __device__ __forceinline__ void issue(int i, int, uint32_t dst, uint32_t bar) const {
     const int tok0 = (t0 + i) * kWgKeys, boxes = (min(kWgKeys, seq_len - tok0) + box_rows - 1) / box_rows;
-    wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * (kFp8Chunks * 64 + 16)));
+    wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * (kWgChunks * 64 + 16)));
     for (int x = 0; x < boxes; ++x) {  // boxes holding a key of the row; the table is read for them only
       const int tok = tok0 + x * box_rows, blk = bt[tok / page];
 #pragma unroll
-      for (int c = 0; c < kFp8Chunks; ++c)
+      for (int c = 0; c < kWgChunks; ++c)
         wg::tma_load_3d(dst + c * kWgChunk + kFp8Park + x * box_rows * 64, kv_map, c * 64, tok % page, blk, bar);
       wg::tma_load_3d(dst + x * box_rows * 16, scale_map, kKeyDim, tok % page, blk, bar);
     }
@@ -90,15 +89,15 @@ struct Fp8PagedKeys : PagedKeys {
     const int r = static_cast<int>(threadIdx.x) / 4, q = static_cast<int>(threadIdx.x) % 4;
     const bool live = (t0 + i) * kWgKeys + r < seq_len;
     const float scale = *reinterpret_cast<const float*>(tile + r * 16);
-    uint4 x[kFp8Chunks];
+    uint4 x[kWgChunks];
 #pragma unroll
-    for (int c = 0; c < kFp8Chunks; ++c)
+    for (int c = 0; c < kWgChunks; ++c)
       x[c] = *reinterpret_cast<const uint4*>(tile + c * kWgChunk + kFp8Park + r * 64 + q * 16);
     __syncthreads();  // every source unit and scale read: the bf16 writes may overwrite them
     const __nv_bfloat162 two120 = __floats2bfloat162_rn(0x1p120f, 0x1p120f);
     if (!live) {
 #pragma unroll
-      for (int c = 0; c < kFp8Chunks; ++c) {
+      for (int c = 0; c < kWgChunks; ++c) {
         *reinterpret_cast<uint4*>(tile + swz(r, 8 * c + 2 * q)) = make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(tile + swz(r, 8 * c + 2 * q + 1)) = make_uint4(0, 0, 0, 0);
       }

@@ -199,9 +199,9 @@ __device__ __forceinline__ RowSink decode_sink(const MlaDecodeArgs& a, int b, in
 
 // A finished split's rows (heads head0 and head0 + 8 of the H, columns col .. col + 8 ND of the value)
 // into `sink`; the log2-sum-exp from `lse_writer` warps. sum: the rows' softmax denominators, m: the
-// maxima they are relative to (log2 units; in the warpgroup kernel up to 8 below the true ones). A row
-// that saw no valid key (sum 0: a sparse row's invalid slots) gets zeros and a log2-sum-exp of -inf,
-// which the merges weigh 0.
+// maxima they are relative to (log2 units; in the warpgroup kernel up to kLazyMaxLog2 below the true
+// ones). A row that saw no valid key (sum 0: a sparse row's invalid slots) gets zeros and a
+// log2-sum-exp of -inf, which the merges weigh 0.
 template <int ND>
 __device__ __forceinline__ void store_rows(const RowSink& sink, int num_heads, const float (&acc)[ND][4], int head0,
                                            int col, const float (&sum)[2], const float (&m)[2], bool lse_writer,

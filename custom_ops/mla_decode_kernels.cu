@@ -20,7 +20,6 @@ namespace {
 
 constexpr int kCombineThreads = kMlaLatentDim / 4;  // 4 value columns a thread (one float4)
 constexpr int kCombineClasses = 4;                  // splits summed apart by s % 4, then in class order
-constexpr int kCombineBlocksPerSm = 8;              // the G = 1 program's residency (by its registers)
 
 // A combine program's shared memory: the warps' maxima, the classes handed to group 0, and the plan
 // of the program's rows.
@@ -154,13 +153,26 @@ const char* launch_combine(const MlaDecodeArgs& a, cudaStream_t stream) {
   if (programs <= sms) return launch_pdl(mla_combine_kernel<4>, grid(1), dim3(kCombineThreads * 4), 0, stream, a, 1);
   if (programs <= 4 * sms)
     return launch_pdl(mla_combine_kernel<2>, grid(1), dim3(kCombineThreads * 2), 0, stream, a, 1);
-  const int64_t wave = sms * kCombineBlocksPerSm;
+  static const int resident = [] {  // programs of one group an SM (its registers set it)
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_combine_kernel<1>, kCombineThreads, 0) == cudaSuccess
+               ? std::max(n, 1)
+               : 1;
+  }();
+  const int64_t wave = sms * resident;
   const int rows = static_cast<int>(std::min<int64_t>((programs + wave - 1) / wave, kCombineThreads));
   return launch_pdl(mla_combine_kernel<1>, grid(rows), dim3(kCombineThreads), 0, stream, a, rows);
 }
 
+// A launch config (row_blocks, col_splits, block_n, stages) as one switch label.
+constexpr int64_t config_key(int64_t rb, int64_t cs, int64_t bn, int64_t st) {
+  return ((rb * 10 + cs) * 100 + bn) * 10 + st;
+}
+
+// The mma.sync kernel (mla_decode_kernel.cuh): bf16 rows only.
 template <int RB, int CS, int BN, int NST>
 const char* launch_split(const MlaDecodeArgs& a, cudaStream_t stream) {
+  if (a.kv_fp8) return "FP8 cache rows are read by the warpgroup config only";
   const size_t smem = mla::SplitLayout(RB, CS, BN, NST).total;
   auto kernel = mla::mla_decode_split_kernel<RB, CS, BN, NST>;
   if (const char* err = allow_smem(kernel, smem)) return err;
@@ -267,17 +279,14 @@ const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
   if (a.batch == 0) return nullptr;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // the configs of paddle_mla/ops/mla_decode.py (launch_config and its variants)
-  const int64_t key = ((a.row_blocks * 10 + a.col_splits) * 100 + a.block_n) * 10 + a.stages;
-  constexpr int64_t kWarpgroup = ((4 * 10 + 2) * 100 + 64) * 10 + 2;
-  if (a.kv_fp8 && key != kWarpgroup) return "FP8 cache rows are read by the warpgroup config only";
   const char* err = nullptr;
-  switch (key) {
-    case ((1 * 10 + 4) * 100 + 32) * 10 + 4: err = launch_split<1, 4, 32, 4>(a, stream); break;
-    case ((1 * 10 + 4) * 100 + 32) * 10 + 2: err = launch_split<1, 4, 32, 2>(a, stream); break;
-    case ((2 * 10 + 4) * 100 + 32) * 10 + 3: err = launch_split<2, 4, 32, 3>(a, stream); break;
-    case ((4 * 10 + 2) * 100 + 32) * 10 + 3: err = launch_split<4, 2, 32, 3>(a, stream); break;
-    case ((4 * 10 + 2) * 100 + 32) * 10 + 2: err = launch_split<4, 2, 32, 2>(a, stream); break;
-    case kWarpgroup: err = launch_wgmma(a, stream); break;
+  switch (config_key(a.row_blocks, a.col_splits, a.block_n, a.stages)) {
+    case config_key(1, 4, 32, 4): err = launch_split<1, 4, 32, 4>(a, stream); break;
+    case config_key(1, 4, 32, 2): err = launch_split<1, 4, 32, 2>(a, stream); break;
+    case config_key(2, 4, 32, 3): err = launch_split<2, 4, 32, 3>(a, stream); break;
+    case config_key(4, 2, 32, 3): err = launch_split<4, 2, 32, 3>(a, stream); break;
+    case config_key(4, 2, 32, 2): err = launch_split<4, 2, 32, 2>(a, stream); break;
+    case config_key(4, 2, 64, 2): err = launch_wgmma(a, stream); break;
     default: return "unsupported launch config (row_blocks, col_splits, block_n, stages)";
   }
   if (err != nullptr) return err;

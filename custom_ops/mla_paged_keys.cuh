@@ -38,11 +38,11 @@ struct PagedKeys {
   __device__ __forceinline__ void issue_q(uint32_t dst, uint32_t bar) const { load_packed_q(q_map, hg, b, dst, bar); }
   __device__ __forceinline__ void issue(int i, int, uint32_t dst, uint32_t bar) const {
     const int tok0 = (t0 + i) * kWgKeys, boxes = (min(kWgKeys, seq_len - tok0) + box_rows - 1) / box_rows;
-    wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * 9));
+    wg::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * 128 * kWgChunks));
     for (int x = 0; x < boxes; ++x) {  // boxes holding a key of the row; the table is read for them only
       const int tok = tok0 + x * box_rows, blk = bt[tok / page];
 #pragma unroll
-      for (int c = 0; c < 9; ++c)
+      for (int c = 0; c < kWgChunks; ++c)
         wg::tma_load_3d(dst + c * kWgChunk + x * box_rows * 128, kv_map, c * 64, tok % page, blk, bar);
     }
   }
@@ -51,7 +51,7 @@ struct PagedKeys {
     const int key0 = (t0 + i) * kWgKeys;
     if (key0 + kWgKeys <= seq_len) return;
     const int nv = seq_len - key0;
-    for (int c = static_cast<int>(threadIdx.x); c < kWgKeys * 9 * 8; c += kWgThreads) {
+    for (int c = static_cast<int>(threadIdx.x); c < kWgKeys * kWgChunks * 8; c += kWgThreads) {
       const int n = c / 72, u = c - n * 72;
       if (n >= nv) *reinterpret_cast<uint4*>(tile + swz(n, u)) = make_uint4(0, 0, 0, 0);
     }

@@ -40,7 +40,7 @@ struct SlotKeys {
 
   __device__ __forceinline__ bool producer(int tid) const { return tid >= 128; }
   __device__ __forceinline__ void issue_q(uint32_t dst, uint32_t bar) const {
-    wg::mbar_expect_tx(bar, 9 * kWgHeads * 128);
+    wg::mbar_expect_tx(bar, kWgChunks * kWgHeads * 128);
 #pragma unroll
     for (int c = 0; c < 8; ++c) wg::tma_load_3d(dst + c * kWgChunk, ql_map, c * 64, hg * kWgHeads, t, bar);
     wg::tma_load_3d(dst + 8 * kWgChunk, qp_map, 0, hg * kWgHeads, t, bar);

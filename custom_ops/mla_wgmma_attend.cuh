@@ -42,7 +42,8 @@ constexpr int kWgHeads = 64;                  // rows of a program: wgmma's M
 constexpr int kWgKeys = 64;                   // keys a tile
 constexpr int kWgThreads = 256;               // two warpgroups
 constexpr uint32_t kWgChunk = 64 * 128;       // one 64-column chunk of a 64-row tile (128-byte rows)
-constexpr uint32_t kWgTile = 9 * kWgChunk;    // a 64 x 576 bf16 tile
+constexpr int kWgChunks = kKeyDim / 64;       // 64-column chunks of a 576-wide row (9)
+constexpr uint32_t kWgTile = kWgChunks * kWgChunk;  // a 64 x 576 bf16 tile
 
 // Byte offsets from the 1024-aligned base; `total` includes the slack to align the base. bars: the
 // two stages' barriers, Q's, then (at `masks`) one 64-bit key mask a stage.
@@ -68,9 +69,9 @@ __device__ __forceinline__ uint32_t swz(int row, int unit) {
 // Q packed [rows, H, 576] (the paged decode's query): head group hg of row b into dst by TMA, 9 boxes of
 // 64 heads x 64 columns completing on bar (heads past H arrive as zeros, the map's out-of-bounds fill).
 __device__ __forceinline__ void load_packed_q(const CUtensorMap* q_map, int hg, int b, uint32_t dst, uint32_t bar) {
-  wg::mbar_expect_tx(bar, 9 * kWgHeads * 128);
+  wg::mbar_expect_tx(bar, kWgChunks * kWgHeads * 128);
 #pragma unroll
-  for (int c = 0; c < 9; ++c) wg::tma_load_3d(dst + c * kWgChunk, q_map, c * 64, hg * kWgHeads, b, bar);
+  for (int c = 0; c < kWgChunks; ++c) wg::tma_load_3d(dst + c * kWgChunk, q_map, c * 64, hg * kWgHeads, b, bar);
 }
 
 // A program's shared memory, its threads' roles and the pipeline's barrier parities across its runs.
@@ -198,9 +199,9 @@ __device__ __forceinline__ void wg_finish_sums(const WgProgram& p, const WgHando
 }
 
 // One run of nt >= 1 key tiles against the Q that `keys` loads: o (this warpgroup's 256 value
-// columns, not yet divided by the sums), m (warpgroup 0's rows' reference maxima, log2 units: up to 8
-// below the true ones, online_softmax's kLazy) and sum (the rows' softmax denominators relative to m,
-// in every warpgroup). Every thread of the block calls it.
+// columns, not yet divided by the sums), m (warpgroup 0's rows' reference maxima, log2 units: up to
+// kLazyMaxLog2 below the true ones, online_softmax's kLazy) and sum (the rows' softmax denominators
+// relative to m, in every warpgroup). Every thread of the block calls it.
 template <class Keys>
 __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt, float qk_scale, float (&o)[128],
                                           float (&m)[2], float (&sum)[2]) {
