@@ -34,6 +34,7 @@ runtime.select("torch")
 
 import torch  # noqa: E402
 
+from benchmarks.harness.mla_cases import SCALE  # noqa: E402
 from benchmarks.harness.models import V3_STEP_MODELS, time_steps, v3_step_runner  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth, median_us  # noqa: E402
 from paddle_mla.attention.dsa.index_kernels import index_scores  # noqa: E402
@@ -112,15 +113,15 @@ def bench_sparse_decode(b: int, h: int, topk: int, s: int, sweep: bool) -> dict:
     out = torch.empty(b, h, LORA, dtype=DTYPE, device=DEV)
     flops = b * h * topk * 2 * (LORA + ROPE + LORA)
     cfg = sparse_config(h)
-    t_sparse = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, 192 ** -0.5, part_o, part_lse, out, cfg))
+    t_sparse = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, SCALE, part_o, part_lse, out, cfg))
     variants = []
     if sweep:   # each variant at its automatic split count and at 4 / 8 / 16 splits
-        want = sparse_mla_ref(q_lat[:4], q_pe[:4], cache, slots[:4], 192 ** -0.5)
+        want = sparse_mla_ref(q_lat[:4], q_pe[:4], cache, slots[:4], SCALE)
         for over in SPARSE_SWEEP:
             for splits in (0, 4, 8, 16):
                 c = sparse_config(h, **over, max_splits=16)
                 try:
-                    t = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, 192 ** -0.5, part_o, part_lse, out, c,
+                    t = bench(lambda: sparse_mla(q_lat, q_pe, cache, slots, SCALE, part_o, part_lse, out, c,
                                                  num_splits=splits))
                 except Exception as e:   # noqa: BLE001  (a variant that does not compile is reported, not fatal)
                     variants.append(dict(over, splits=splits, error=str(e)[:120]))
@@ -132,7 +133,7 @@ def bench_sparse_decode(b: int, h: int, topk: int, s: int, sweep: bool) -> dict:
     ws = decode.alloc_decode_workspace(b, h, LORA, 64, DEV)
     dense_out = torch.empty(b, h, LORA, dtype=DTYPE, device=DEV)
     decode.build_decode_plan(lens, b, ws, dcfg.block_n, dcfg.target_items, dcfg.min_tiles)
-    t_dense = bench(lambda: decode.mla_decode(q, cache, tables, lens, dense_out, ws, LORA, 192 ** -0.5, dcfg))
+    t_dense = bench(lambda: decode.mla_decode(q, cache, tables, lens, dense_out, ws, LORA, SCALE, dcfg))
     gathered = b * topk * (LORA + ROPE) * 2
     return dict(b=b, h=h, topk=topk, context=s, config=str(cfg), sparse_us=t_sparse, dense_us=t_dense,
                 speedup=t_dense / t_sparse, sparse_tflops=flops / (t_sparse * 1e-6) / 1e12,

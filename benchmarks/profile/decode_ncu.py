@@ -55,12 +55,16 @@ def cuda_calls(case, a) -> list:
         raise SystemExit(f"the mla_decode op cannot run here: {why}")
     cache, tables, q, lens = case
     nb, page = cache.shape[:2]
-    caches = {"bf16": cache,
-              "fp8": fp8_latent.quantize(cache.view(-1, D)).view(nb, page, 1, fp8_latent.row_width(D))}
+    names = [n for n in a.cuda.split(",") if n]
+    unknown = set(names) - {"bf16", "fp8"}
+    if unknown:
+        raise SystemExit(f"--cuda takes bf16 and / or fp8, not {', '.join(sorted(unknown))}")
+    caches = {"bf16": cache}
+    if "fp8" in names:   # the same rows as FP8 (the whole cache quantized: built only when asked for)
+        caches["fp8"] = fp8_latent.quantize(cache.view(-1, D)).view(nb, page, 1, fp8_latent.row_width(D))
     dec = cuda_decode.CudaDecode(a.h, a.b, "cuda")
     out = torch.empty(a.b, a.h, LORA, dtype=torch.bfloat16, device="cuda")
     dec.plan(lens, a.b)
-    names = [n for n in a.cuda.split(",") if n]
     print(f"CUDA op over {', '.join(names)}", flush=True)
     return [lambda kv=caches[n]: dec.run(q, kv, tables, lens, out, a.b, SCALE) for n in names]
 

@@ -171,6 +171,7 @@ def test_a_config_json_that_disagrees_with_its_tensors_is_one_line(tmp_path):
                     "model.layers.1.mlp.gate_proj.weight is missing (config.json makes layer 1 a dense layer, "
                     "the checkpoint a MoE layer)")
 
+
 def test_an_empty_model_path_is_named_as_such(no_model_load):
     """--set model= (or --model "") is an empty model path, said so, not a folder without a name."""
     for args in (["generate", "--set", "model="], ["generate", "--model", ""],

@@ -222,8 +222,7 @@ def test_read_cache_and_interleave_bitwise(k, case, cache):
     kv = paged_cache(k, rng, nb, page, d, fp8)
     new = _t(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
     slots = [int(bt[b][i // page]) * page + i % page for b in range(len(q_lens)) for i in range(c_lens[b], k_lens[b])]
-    if slots:
-        k.cw.write_latent_cache(new, kv, _t(k, np.array(slots, dtype=np.int64)))
+    k.cw.write_latent_cache(new, kv, _t(k, np.array(slots, dtype=np.int64)))
     cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
     cu_k = _t(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
     total = int(sum(k_lens))

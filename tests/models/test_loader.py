@@ -213,7 +213,11 @@ def test_routing_a_router_cannot_run_is_refused(tiny, update, match):
     cfg = json.loads((tiny / "config.json").read_text())    # deepseek_v3: 8 experts, top-2, noaux_tc in 2 groups
     with pytest.raises(ValueError, match=match):
         parse_arch({**cfg, **update})
-    # greedy ignores the groups: n_group 3 of 8 experts is no error there
+
+
+def test_greedy_routing_ignores_the_groups(tiny):
+    """greedy routing does not read the groups: n_group 3 of 8 experts is no error there."""
+    cfg = json.loads((tiny / "config.json").read_text())
     assert parse_arch({**cfg, "topk_method": "greedy", "n_group": 3}).moe.n_group == 3
 
 
