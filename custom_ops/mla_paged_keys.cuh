@@ -52,7 +52,7 @@ struct PagedKeys {
     if (key0 + kWgKeys <= seq_len) return;
     const int nv = seq_len - key0;
     for (int c = static_cast<int>(threadIdx.x); c < kWgKeys * kWgChunks * 8; c += kWgThreads) {
-      const int n = c / 72, u = c - n * 72;
+      const int n = c / (kWgChunks * 8), u = c - n * (kWgChunks * 8);  // row, 16-byte unit
       if (n >= nv) *reinterpret_cast<uint4*>(tile + swz(n, u)) = make_uint4(0, 0, 0, 0);
     }
     wg::fence_proxy_async();
