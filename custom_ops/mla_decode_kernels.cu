@@ -1,6 +1,7 @@
 // mla_decode and mla_sparse: the CUDA launchers and the decode's split combine. Framework-neutral:
 // nvcc compiles this file alone (scripts/check_cuda_compile.sh). Contracts: mla_decode_cuda.h and
-// mla_sparse_cuda.h; kernels: mla_decode_kernel.cuh, mla_decode_wgmma.cuh, mla_sparse_wgmma.cuh.
+// mla_sparse_cuda.h; kernels: mla_decode_kernel.cuh, mla_decode_wgmma.cuh, mla_decode_narrow.cuh,
+// mla_sparse_wgmma.cuh.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 #include "cuda_launch.cuh"
 #include "mla_decode_cuda.h"
 #include "mla_decode_kernel.cuh"
+#include "mla_decode_narrow.cuh"
 #include "mla_decode_wgmma.cuh"
 #include "mla_sparse_cuda.h"
 #include "mla_sparse_wgmma.cuh"
@@ -226,9 +228,10 @@ const char* encode_map(CUtensorMap* map, const void* ptr, const int64_t (&dims)[
 // and a build for it (paddle_mla/ops/build.py targets sm_90a there); anywhere else it is refused.
 bool on_sm90() { return device_info().cc == 90; }
 
-const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
-  if (!on_sm90()) return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
-  CUtensorMap kv_map{}, q_map{}, scale_map{};
+// The paged kernels' tensor maps: the cache (and, for FP8 rows, their scale units) in boxes of
+// tma_box_rows(page) tokens, Q in boxes of q_rows heads; nullptr or why not.
+const char* encode_paged_maps(const MlaDecodeArgs& a, int q_rows, CUtensorMap& kv_map, CUtensorMap& q_map,
+                              CUtensorMap& scale_map) {
   const int rows = mla::tma_box_rows(static_cast<int>(a.page_size));
   const int64_t kv_dims[3] = {a.kv_fp8 ? kMlaFp8Row : kMlaKeyDim, a.page_size, a.kv_blocks};
   const int64_t q_dims[3] = {kMlaKeyDim, a.num_heads, a.q_rows};
@@ -241,13 +244,34 @@ const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
                                      16, true))
       return err;
   }
-  if (const char* err = encode_map(&q_map, a.q, q_dims, a.q_stride_h, a.q_stride_b, mla::kWgHeads)) return err;
+  return encode_map(&q_map, a.q, q_dims, a.q_stride_h, a.q_stride_b, q_rows);
+}
+
+const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
+  if (!on_sm90()) return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
+  CUtensorMap kv_map{}, q_map{}, scale_map{};
+  if (const char* err = encode_paged_maps(a, mla::kWgHeads, kv_map, q_map, scale_map)) return err;
   const size_t smem = mla::WgLayout::total;
   auto kernel = a.kv_fp8 ? mla::mla_decode_wgmma_kernel<true> : mla::mla_decode_wgmma_kernel<false>;
   if (const char* err = allow_smem(kernel, smem)) return err;
   const int head_groups = static_cast<int>((a.num_heads + mla::kWgHeads - 1) / mla::kWgHeads);
   return launch_pdl(kernel, dim3(head_groups, static_cast<unsigned>(a.programs)), dim3(mla::kWgThreads), smem, stream,
                     a, kv_map, q_map, scale_map);
+}
+
+// The narrow kernel (mla_decode_narrow.cuh): 16 heads a program, bf16 rows. FP8 rows go to the 64-head
+// kernel: a plan's windows (64-token tiles) serve any head grouping.
+const char* launch_narrow(const MlaDecodeArgs& a, cudaStream_t stream) {
+  if (a.kv_fp8) return launch_wgmma(a, stream);
+  if (!on_sm90()) return "the narrow warpgroup kernel needs a compute capability 9.0 GPU";
+  CUtensorMap kv_map{}, q_map{}, scale_map{};
+  if (const char* err = encode_paged_maps(a, mla::kNarrowHeads, kv_map, q_map, scale_map)) return err;
+  const size_t smem = mla::NarrowLayout::total;
+  auto kernel = mla::mla_decode_narrow_kernel;
+  if (const char* err = allow_smem(kernel, smem)) return err;
+  const int head_groups = static_cast<int>((a.num_heads + mla::kNarrowHeads - 1) / mla::kNarrowHeads);
+  return launch_pdl(kernel, dim3(head_groups, static_cast<unsigned>(a.programs)), dim3(mla::kNarrowThreads + 32), smem,
+                    stream, a, kv_map, q_map);
 }
 
 // The sparse kernel (mla_sparse_wgmma.cuh): Q by TMA from q_lat and q_pe, one program a row, head
@@ -287,6 +311,7 @@ const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
     case config_key(4, 2, 32, 3): err = launch_split<4, 2, 32, 3>(a, stream); break;
     case config_key(4, 2, 32, 2): err = launch_split<4, 2, 32, 2>(a, stream); break;
     case config_key(4, 2, 64, 2): err = launch_wgmma(a, stream); break;
+    case config_key(1, 1, 64, 2): err = launch_narrow(a, stream); break;
     default: return "unsupported launch config (row_blocks, col_splits, block_n, stages)";
   }
   if (err != nullptr) return err;

@@ -46,12 +46,13 @@ struct PagedKeys {
         wg::tma_load_3d(dst + c * kWgChunk + x * box_rows * 128, kv_map, c * 64, tok % page, blk, bar);
     }
   }
-  // rows past the length: zeros, made visible to wgmma (the block barrier after it publishes them)
-  __device__ __forceinline__ void landed(int i, uint8_t* tile) const {
+  // rows past the length: zeros, made visible to wgmma (the barrier after it publishes them); by the
+  // first `threads` threads of the block
+  __device__ __forceinline__ void landed(int i, uint8_t* tile, int threads = kWgThreads) const {
     const int key0 = (t0 + i) * kWgKeys;
     if (key0 + kWgKeys <= seq_len) return;
     const int nv = seq_len - key0;
-    for (int c = static_cast<int>(threadIdx.x); c < kWgKeys * kWgChunks * 8; c += kWgThreads) {
+    for (int c = static_cast<int>(threadIdx.x); c < kWgKeys * kWgChunks * 8; c += threads) {
       const int n = c / (kWgChunks * 8), u = c - n * (kWgChunks * 8);  // row, 16-byte unit
       if (n >= nv) *reinterpret_cast<uint4*>(tile + swz(n, u)) = make_uint4(0, 0, 0, 0);
     }

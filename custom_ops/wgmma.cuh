@@ -1,5 +1,5 @@
 // Hopper warpgroup MMA (wgmma) building blocks, sm_90a only: shared-memory matrix descriptors for the
-// 128-byte-swizzled layout, the two MMA shapes the MLA decode kernel issues, the fences and group
+// 128-byte-swizzled layout, the MMA shapes the MLA decode kernels issue, the fences and group
 // waits around them, and the tensor-memory-accelerator (TMA) loads with their mbarriers that fill
 // that layout. Written from the PTX ISA ("Asynchronous Warpgroup Level Matrix
 // Instructions"): the operand lists are long because every fp32 accumulator register is an operand.
@@ -32,6 +32,10 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // This thread's arrival, announcing `bytes` that TMA copies will complete on the barrier.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// This thread's plain arrival (a consumer releasing what the barrier guards).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // Waits until the barrier's phase of parity `phase` has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
@@ -106,6 +110,19 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// c (+)= A B for a 64 x 16 tile, k16, both operands from shared memory; B K-major, A K-major or, with
+// kTransA, MN-major (A's 64 rows contiguous: the key tile's value columns read as M); `accumulate` 0
+// overwrites c.
+template <int kTransA>
+__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7},"
+      " %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
 }
 
 // c += A B for a 64 x 256 tile, k16: A from registers (the m64k16 fragment of the thread's warp), B

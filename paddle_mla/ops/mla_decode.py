@@ -1,7 +1,8 @@
 """The ``mla_decode`` custom op: absorbed-MLA decode over the paged latent cache (bf16, or FP8 rows in
 ``cache.fp8_latent``'s format, read by the warpgroup kernel: custom_ops/mla_decode_fp8.cuh), CUDA kernels
-for SM90 (contract: custom_ops/mla_decode_cuda.h; the default, warpgroup MMA + TMA kernel:
-custom_ops/mla_decode_wgmma.cuh; the mma.sync kernel: custom_ops/mla_decode_kernel.cuh).
+for SM90 (contract: custom_ops/mla_decode_cuda.h; the defaults, warpgroup MMA + TMA kernels:
+custom_ops/mla_decode_wgmma.cuh, and custom_ops/mla_decode_narrow.cuh up to 16 heads; the mma.sync kernel:
+custom_ops/mla_decode_kernel.cuh).
 
 It runs on the split plan that ``attention.triton_mla.decode_plan.build_decode_plan`` writes on the
 GPU (built with this config's ``block_n``, ``programs`` and ``min_tiles``) and into that plan's
@@ -28,9 +29,13 @@ LATENT_DIM = 512   # kv_lora_rank: the value width
 KEY_DIM = 576      # kv_lora_rank + qk_rope_head_dim
 # (row_blocks, col_splits, block_n, stages) instantiated in custom_ops/mla_decode_kernels.cu. WARPGROUP
 # is the sm_90a kernel (custom_ops/mla_decode_wgmma.cuh): 64 heads, two warpgroups splitting the value
-# columns, 64-token tiles, two stages; the others are the mma.sync kernel (mla_decode_kernel.cuh).
+# columns, 64-token tiles, two stages. NARROW is its sm_90a twin for up to 16 heads
+# (custom_ops/mla_decode_narrow.cuh): one warpgroup, the keys as the MMAs' M, so 16 heads cost 16
+# heads' tensor work. The others are the mma.sync kernel (mla_decode_kernel.cuh).
 WARPGROUP = (4, 2, 64, 2)
-SUPPORTED = frozenset({(1, 4, 32, 4), (1, 4, 32, 2), (2, 4, 32, 3), (4, 2, 32, 3), (4, 2, 32, 2), WARPGROUP})
+NARROW = (1, 1, 64, 2)
+NARROW_MAX_HEADS = 16
+SUPPORTED = frozenset({(1, 4, 32, 4), (1, 4, 32, 2), (2, 4, 32, 3), (4, 2, 32, 3), (4, 2, 32, 2), WARPGROUP, NARROW})
 
 
 @dataclass(frozen=True)
@@ -60,14 +65,16 @@ def launch_config(num_heads: int, num_sms: int, **override) -> MlaDecodeLaunch:
     """The config for ``num_heads`` (1..128) on a GPU of ``num_sms`` SMs; ``override`` (or env
     PADDLE_MLA_CUDA_DECODE_CFG="min_tiles=4") sets fields for tuning.
 
-    Every head count runs the warpgroup kernel (WARPGROUP: 64-head programs; fewer heads are padded,
-    the kernel is memory-bound there and the padding costs tensor time it has to spare). The mma.sync
-    configs stay selectable by override, for comparison and for measuring. Shared memory admits one
-    program per SM, so the grid is one program per SM over the head groups.
+    Up to 16 heads run the narrow warpgroup kernel (NARROW: the 64-head program would pad them to 64
+    rows and spend four times their tensor work, which at 16 heads outlasts a key tile's load); more
+    run the warpgroup kernel (WARPGROUP: 64-head programs, partial groups padded). FP8 cache rows are
+    read by the 64-head kernel at every head count (the launcher sends them there; the plan is the
+    same). The other configs stay selectable by override, for comparison and for measuring. Shared
+    memory admits one program per SM, so the grid is one program per SM over the head groups.
     """
     if num_heads < 1:
         raise ValueError("num_heads must be >= 1")
-    rb, cs, bn, st = WARPGROUP
+    rb, cs, bn, st = NARROW if num_heads <= NARROW_MAX_HEADS else WARPGROUP
     cfg = {"row_blocks": rb, "col_splits": cs, "block_n": bn, "stages": st, "min_tiles": 2}
     cfg.update(env_overrides("PADDLE_MLA_CUDA_DECODE_CFG"))
     cfg.update(override)

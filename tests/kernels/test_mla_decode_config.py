@@ -21,16 +21,19 @@ def _smem(rb, cs, bn, nst):
     fragments, row scalars, alignment slack)."""
     if (rb, cs, bn, nst) == op.WARPGROUP:
         return 3 * 64 * 576 * 2 + 8192 + 1024 + 1024
+    if (rb, cs, bn, nst) == op.NARROW:   # two key tiles, Q and P^T of 16 heads, maxima and sums, barriers, slack
+        return 2 * 64 * 576 * 2 + 16 * 576 * 2 + 16 * 64 * 2 + 3 * 4 * 16 * 4 + 6 * 8 + 1024
     kv = _up(16 * rb * PITCH * 2)
     red = kv + nst * _up(bn * PITCH * 2)
     return red + (_up(cs * 16 * rb * (bn + 4) * 4) if cs > 1 else 0)
 
 
-@pytest.mark.parametrize("heads,groups", [(1, 1), (16, 1), (20, 1), (64, 1), (65, 2), (100, 2), (128, 2)])
+@pytest.mark.parametrize("heads,groups", [(1, 1), (16, 1), (17, 1), (20, 1), (64, 1), (65, 2), (100, 2), (128, 2)])
 def test_launch_config_by_heads(heads, groups):
     c = op.launch_config(heads, 132)
-    assert (c.row_blocks, c.col_splits, c.block_n, c.stages) == op.WARPGROUP   # every head count
-    assert c.heads_per_program == 64 and c.head_groups(heads) == groups
+    narrow = heads <= 16   # the narrow kernel's 16-head programs, else 64-head ones
+    assert (c.row_blocks, c.col_splits, c.block_n, c.stages) == (op.NARROW if narrow else op.WARPGROUP)
+    assert c.heads_per_program == (16 if narrow else 64) and c.head_groups(heads) == groups
     assert c.programs == 132 // groups   # one program per SM over all head groups
     assert op.launch_config(heads, 132, row_blocks=1, col_splits=4, block_n=32, stages=4).row_blocks == 1
 

@@ -1,9 +1,11 @@
 """The ``mla_decode`` CUDA op (SM90 warpgroup kernel) over FP8 cache rows (``cache.fp8_latent``): its
 output equals, bit for bit, the op's over the same rows dequantized to a bf16 cache (the kernel's
-converted tile is exactly those rows), over head counts, page sizes (one TMA box a tile, or several),
-ragged, 1-token and zero-length rows, rows of very different sizes (scales from 2^-40 to 2^8, both
-conversion paths) and stale slots poisoned with NaN bytes past each row's length; it matches the
-fp32 reference over the FP8 rows; every run is bitwise the same; an mma.sync config refuses FP8."""
+converted tile is exactly those rows; FP8 rows take the 64-head kernel at every head count, so the bf16
+run is pinned to it where the default would be the narrow kernel), over head counts, page sizes (one TMA
+box a tile, or several), ragged, 1-token and zero-length rows, rows of very different sizes (scales from
+2^-40 to 2^8, both conversion paths) and stale slots poisoned with NaN bytes past each row's length; it
+matches the fp32 reference over the FP8 rows; every run is bitwise the same; an mma.sync config refuses
+FP8."""
 
 import numpy as np
 import pytest
@@ -52,16 +54,18 @@ def test_fp8_rows_equal_their_dequantized_bf16_rows(k, heads, page, seq_lens, wi
     cache, poisoned, q, tables, lens = _case(k, seq_lens, heads, page, sum(seq_lens) + heads + page, wild)
     bs, scale = len(seq_lens), 192 ** -0.5
     plain = f8.dequantize(cache, D).to(torch.bfloat16)
-    dec = k.cd.CudaDecode(heads, 8, k.dev)
+    dec = k.cd.CudaDecode(heads, 8, k.dev)   # the default config: FP8 rows go to the 64-head kernel
+    wg64 = k.cd.CudaDecode(heads, 8, k.dev, row_blocks=4, col_splits=2, block_n=64, stages=2)
+    assert (wg64.launch.programs, wg64.split_cost) == (dec.launch.programs, dec.split_cost)   # the same plan
 
-    def run(kv, out):
-        dec.plan(lens, bs)
-        dec.run(q, kv, tables, lens, out, bs, scale)
+    def run(d, kv, out):
+        d.plan(lens, bs)
+        d.run(q, kv, tables, lens, out, bs, scale)
 
     out = torch.empty(bs, heads, LORA, device=k.dev, dtype=torch.bfloat16)
-    got = poisoned_runs(k, lambda: run(poisoned, out), out)
+    got = poisoned_runs(k, lambda: run(dec, poisoned, out), out)
     want = torch.empty_like(out)
-    run(plain, want)
+    run(wg64, plain, want)
     assert torch.equal(got, want), f"max diff {float((got.float() - want.float()).abs().max())}"
     if not wild:   # outputs of the rows' size: the reference's tolerances are for values near 1
         check_close(k, got, k.ref.mla_decode_ref(q.float(), cache, tables, lens, LORA, scale))

@@ -16,8 +16,10 @@ from paddle_mla.platform import runtime
 pytestmark = [pytest.mark.gpu, pytest.mark.triton]
 
 LORA, ROPE = 512, 64
-# the default config is the sm_90a warpgroup kernel (ops.mla_decode.WARPGROUP); the mma.sync kernel's
-# configs by head count (16, 32 and 64 heads a program)
+# the default configs are the sm_90a warpgroup kernels (ops.mla_decode.NARROW up to 16 heads, WARPGROUP
+# above); WG64 keeps the 64-head kernel at 16 heads and fewer; the mma.sync kernel's configs by head count
+# (16, 32 and 64 heads a program)
+WG64 = {"row_blocks": 4, "col_splits": 2, "block_n": 64, "stages": 2}
 MMA16 = {"row_blocks": 1, "col_splits": 4, "block_n": 32, "stages": 4}
 MMA32 = {"row_blocks": 2, "col_splits": 4, "block_n": 32, "stages": 3}
 MMA64 = {"row_blocks": 4, "col_splits": 2, "block_n": 32, "stages": 3, "min_tiles": 4}
@@ -38,13 +40,15 @@ def _case(k, seq_lens, heads, page, seed):
     return cache, q, _up(k, bt), _up(k, np.array(seq_lens, dtype=np.int32))
 
 
-# 16 / 128: V3 at TP=8 and TP=1; 1, 20, 40 and 100: partial head blocks (padding rows); 32, 64: whole
-# blocks of the mma.sync kernel. Pages: 64 and 128 hold a 64-token tile (one TMA box a chunk), 16, 32
-# and 48 split it into boxes of 16 or 32 rows (48: the box is gcd(page, 64)); 16 also makes the mma.sync
-# kernel's 32-token tiles span two pages (its per-token table path).
+# 16 / 128: V3 at TP=8 and TP=1; 1, 8, 20, 40 and 100: partial head blocks (padding rows, and up to 16
+# heads the narrow kernel's zero columns); 32, 64: whole blocks of the mma.sync kernel. Pages: 64 and 128
+# hold a 64-token tile (one TMA box a chunk), 16, 32 and 48 split it into boxes of 16 or 32 rows (48: the
+# box is gcd(page, 64)); 16 also makes the mma.sync kernel's 32-token tiles span two pages (its
+# per-token table path).
 @pytest.mark.parametrize("heads,page,variant", [
     (16, 64, {}), (16, 16, {}), (1, 64, {}), (20, 48, {}), (32, 128, {}), (40, 32, {}), (64, 64, {}),
-    (100, 64, {}), (128, 64, {}), (128, 128, {}), (128, 16, {}),
+    (100, 64, {}), (128, 64, {}), (128, 128, {}), (128, 16, {}), (8, 32, {}), (16, 128, {}), (12, 8, {}),
+    (16, 64, WG64), (1, 16, WG64),
     (16, 64, MMA16), (16, 16, dict(MMA16, stages=2)), (20, 64, MMA32), (40, 64, MMA64), (64, 16, MMA64),
     (128, 64, MMA64), (128, 128, dict(MMA64, stages=2)),
 ], ids=lambda x: str(x).replace(" ", ""))
