@@ -174,7 +174,7 @@ constexpr int64_t config_key(int64_t rb, int64_t cs, int64_t bn, int64_t st) {
 // The mma.sync kernel (mla_decode_kernel.cuh): bf16 rows only.
 template <int RB, int CS, int BN, int NST>
 const char* launch_split(const MlaDecodeArgs& a, cudaStream_t stream) {
-  if (a.kv_fp8) return "FP8 cache rows are read by the warpgroup config only";
+  if (a.kv_fp8) return "FP8 cache rows are read by the warpgroup configs only";
   const size_t smem = mla::SplitLayout(RB, CS, BN, NST).total;
   auto kernel = mla::mla_decode_split_kernel<RB, CS, BN, NST>;
   if (const char* err = allow_smem(kernel, smem)) return err;

@@ -8,7 +8,7 @@
 //   the key tile's first 512 columns read MN-major as A, P^T from shared memory as B.
 // The accumulator is 64 registers a thread. What it buys, measured on an H200 (BENCHMARKS.md): a
 // tile's compute alone is 1.5 us against the 64-head program's 1.8, which shortens a small batch's
-// splits (b=1: 5-8% less time); from b=64 both kernels wait on the tile loads (about 2.45 us a 72 KB
+// splits (b=1: 5-6% less time); from b=64 both kernels wait on the tile loads (about 2.45 us a 72 KB
 // tile an SM with two stages) and run within 1-2% of each other.
 //
 // The softmax runs down the accumulator's columns: a head's 64 scores are spread over the 4 warps, so
@@ -42,7 +42,7 @@ constexpr int kNarrowThreads = 128;                     // one warpgroup
 constexpr uint32_t kNarrowQChunk = kNarrowHeads * 128;  // one 64-column chunk of Q: 16 rows of 128 bytes
 
 // Byte offsets from the 1024-aligned base (the stages, Q's chunks and P^T on 1024-byte swizzle atoms);
-// red: [3][4 warps][16 heads] floats (two tiles' maxima by parity, the final sums).
+// red: [3][4 warps][16 heads] floats (two tiles' maxima, by the stage's parity; the final sums).
 struct NarrowLayout {
   static constexpr uint32_t kv = 0, q = 2 * kWgTile, p = q + kWgChunks * kNarrowQChunk;
   static constexpr uint32_t red = p + kNarrowHeads * 128, bars = red + 3 * 4 * kNarrowHeads * 4;
@@ -175,10 +175,11 @@ __device__ __forceinline__ void narrow_store(const RowSink& sink, int num_heads,
 // Warps 0..3 (the warpgroup) compute; warp 4 is the producer. Its lane 0 walks the same request
 // pieces and issues every TMA load as soon as its buffer is free: tile n of the program's sequence
 // into stage n % 2 once the warpgroup released tile n - 2 there (`empty`, 128 arrivals), a request's
-// Q once the warpgroup's last S^T of the previous request read the old one (`qempty`). The loads
-// are what this kernel waits for from b=64 on: a stage goes back to the producer the moment its last
-// P V is done, and the block-table read of each issue stays off the warpgroup's path (measured, the
-// same time as issuing from the warpgroup between tiles, within 1% at every benchmark point).
+// Q once the warpgroup's last S^T of the previous request read the old one (`qempty`). A stage goes
+// back to the producer the moment its last P V is done, and the block-table read of each issue stays
+// off the warpgroup's path. It did not measure faster than issuing from thread 0 between tiles (the
+// same within the run-to-run spread, BENCHMARKS.md); it keeps the load bookkeeping out of the
+// compute loop.
 __global__ void __launch_bounds__(kNarrowThreads + 32, 1)
     mla_decode_narrow_kernel(MlaDecodeArgs a, const __grid_constant__ CUtensorMap kv_map,
                              const __grid_constant__ CUtensorMap q_map) {
@@ -208,26 +209,19 @@ __global__ void __launch_bounds__(kNarrowThreads + 32, 1)
   if (!windows.has(pid)) return;
   const int page = static_cast<int>(a.page_size);
   __syncthreads();  // the barriers' initialisation (the last block-wide barrier: the producer leaves early)
-  const auto keys_of = [&](int b, int t0) {
-    return PagedKeys{&kv_map, &q_map, a.block_tables + b * a.bt_stride, t0, a.seq_lens[b], page, tma_box_rows(page),
-                     hg, b};
-  };
 
   if (warp == kNarrowThreads / 32) {  // the producer
     if (lane == 0) {
       uint32_t n = 0, qn = 0;  // tiles and requests issued so far
       for_each_request(a, windows, bs, pid, kWgKeys, [&](int, int b, int t0, int t1) {
-        const PagedKeys keys = keys_of(b, t0);
+        const PagedKeys keys = PagedKeys::of(a, &kv_map, &q_map, page, hg, b, t0);
         for (int i = 0; i < t1 - t0; ++i, ++n) {
           const uint32_t st = n & 1;
           if (n >= 2) wg::mbar_wait(empty0 + 8 * st, ((n >> 1) - 1) & 1);
           keys.issue(i, st, base + NarrowLayout::kv + st * kWgTile, full0 + 8 * st);
           if (i == 0) {  // Q after the request's first tile: the old Q is read until the last tile's S^T
             if (qn > 0) wg::mbar_wait(qempty, (qn - 1) & 1);
-            wg::mbar_expect_tx(qfull, kWgChunks * kNarrowQChunk);
-#pragma unroll
-            for (int c = 0; c < kWgChunks; ++c)
-              wg::tma_load_3d(base + NarrowLayout::q + c * kNarrowQChunk, &q_map, c * 64, hg * kNarrowHeads, b, qfull);
+            load_packed_q<kNarrowHeads>(&q_map, hg, b, base + NarrowLayout::q, qfull);
           }
         }
         ++qn;
@@ -246,7 +240,7 @@ __global__ void __launch_bounds__(kNarrowThreads + 32, 1)
   uint32_t n = 0, qn = 0;  // tiles and requests consumed so far (the producer's sequence)
 
   for_each_request(a, windows, bs, pid, kWgKeys, [&](int w, int b, int t0, int t1) {
-    const PagedKeys keys = keys_of(b, t0);
+    const PagedKeys keys = PagedKeys::of(a, &kv_map, &q_map, page, hg, b, t0);
     const int nt = t1 - t0;
     wg::mbar_wait(qfull, qn & 1);
     float o[8][8], m[4], l[4];
@@ -285,15 +279,18 @@ __global__ void __launch_bounds__(kNarrowThreads + 32, 1)
 #pragma unroll
           for (int hc = 0; hc < 4; ++hc) s[narrow_reg(h, hc)] = -INFINITY;
       float keep[4];
+      // the barrier in narrow_softmax's reduction is what frees the old P^T (every warp waited for its
+      // previous P V before it); one maxima slot would do as well as two (every warp reads a tile's
+      // maxima before the barrier below)
       narrow_softmax(s, m, l, keep, red + st * 4 * kNarrowHeads, warp, lane, qk_scale);
       narrow_put_p(smem + NarrowLayout::p, s, warp, lane);
       wg::fence_proxy_async();
-      narrow_sync();  // P^T complete (every warp is past the previous tile's P V: it read the old P^T)
+      narrow_sync();  // P^T complete
       narrow_rescale_pv(o, keep, dv, dp, stage);
       wg::mbar_arrive(empty0 + 8 * st);  // this thread is done with the stage
     }
     ++qn;
-    // every warp is past its last P V here (P^T and the reduction buffers are free for the next request)
+    // past this reduction's barrier every warp is past its last P V: P^T is free for the next request
     narrow_reduce(l, red + 8 * kNarrowHeads, warp, lane, [](float x, float y) { return x + y; });
     narrow_store(decode_sink(a, b, split_row(a, windows, w, b)), static_cast<int>(a.num_heads), hg * kNarrowHeads,
                  o, m, l, warp, lane);

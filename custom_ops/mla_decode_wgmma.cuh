@@ -46,9 +46,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   __syncthreads();  // the barriers' initialisation
 
   for_each_request(a, windows, bs, pid, kWgKeys, [&](int w, int b, int t0, int t1) {
-    const int32_t* bt = a.block_tables + b * a.bt_stride;
     float o[128], m[2], sum[2];
-    const PagedKeys keys{&kv_map, &q_map, bt, t0, a.seq_lens[b], page, tma_box_rows(page), hg, b};
+    const PagedKeys keys = PagedKeys::of(a, &kv_map, &q_map, page, hg, b, t0);
     if constexpr (kFp8) {
       wg_attend(p, Fp8PagedKeys{keys, &scale_map}, t1 - t0, qk_scale, o, m, sum);
     } else {

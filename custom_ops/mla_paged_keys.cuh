@@ -7,8 +7,9 @@
 // (ncu: 30% tensor-pipe use, 21% of DRAM bandwidth, H200), the load path's own limit at one tile in
 // flight an SM. Rows past the row's length (a page's stale or poisoned slots, or boxes not issued)
 // are zeroed in shared memory before use, so a masked key never multiplies garbage into P V; heads
-// past H come in as zeros (the map's out-of-bounds fill). The first two tiles go out with Q, as both
-// stages are free then (at b=1 it costs nothing measurable against issuing the second a tile later).
+// past H come in as zeros (the map's out-of-bounds fill). wg_attend issues the first two tiles with Q,
+// as both stages are free then (at b=1 it costs nothing measurable against issuing the second a tile
+// later).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,6 +34,13 @@ struct PagedKeys {
   const CUtensorMap* q_map;
   const int32_t* bt;  // the request's block table row
   int t0, seq_len, page, box_rows, hg, b;
+
+  // Request b's tiles from t0 on, for head group hg (page: a.page_size).
+  __device__ __forceinline__ static PagedKeys of(const MlaDecodeArgs& a, const CUtensorMap* kv_map,
+                                                 const CUtensorMap* q_map, int page, int hg, int b, int t0) {
+    const int32_t* bt = a.block_tables + b * a.bt_stride;
+    return {kv_map, q_map, bt, t0, a.seq_lens[b], page, tma_box_rows(page), hg, b};
+  }
 
   __device__ __forceinline__ bool producer(int tid) const { return tid == 128; }
   __device__ __forceinline__ void issue_q(uint32_t dst, uint32_t bar) const { load_packed_q(q_map, hg, b, dst, bar); }

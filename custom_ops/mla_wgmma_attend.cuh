@@ -66,12 +66,15 @@ __device__ __forceinline__ uint32_t swz(int row, int unit) {
   return (unit >> 3) * kWgChunk + row * 128 + (((unit & 7) ^ (row & 7)) << 4);
 }
 
-// Q packed [rows, H, 576] (the paged decode's query): head group hg of row b into dst by TMA, 9 boxes of
-// 64 heads x 64 columns completing on bar (heads past H arrive as zeros, the map's out-of-bounds fill).
+// Q packed [rows, H, 576] (the paged decode's query): head group hg (kHeads heads: the map's box) of row
+// b into dst by TMA, 9 boxes of kHeads heads x 64 columns, a chunk of kHeads 128-byte rows each,
+// completing on bar (heads past H arrive as zeros, the map's out-of-bounds fill).
+template <int kHeads = kWgHeads>
 __device__ __forceinline__ void load_packed_q(const CUtensorMap* q_map, int hg, int b, uint32_t dst, uint32_t bar) {
-  wg::mbar_expect_tx(bar, kWgChunks * kWgHeads * 128);
+  constexpr uint32_t chunk = kHeads * 128;
+  wg::mbar_expect_tx(bar, kWgChunks * chunk);
 #pragma unroll
-  for (int c = 0; c < kWgChunks; ++c) wg::tma_load_3d(dst + c * kWgChunk, q_map, c * 64, hg * kWgHeads, b, bar);
+  for (int c = 0; c < kWgChunks; ++c) wg::tma_load_3d(dst + c * chunk, q_map, c * 64, hg * kHeads, b, bar);
 }
 
 // A program's shared memory, its threads' roles and the pipeline's barrier parities across its runs.

@@ -76,5 +76,5 @@ def test_mma_sync_config_refuses_fp8_rows(k):
     dec = k.cd.CudaDecode(16, 1, k.dev, row_blocks=1, col_splits=4, block_n=32, stages=4)
     out = k.torch.empty(1, 16, LORA, device=k.dev, dtype=k.torch.bfloat16)
     dec.plan(lens, 1)
-    with pytest.raises(RuntimeError, match="warpgroup config only"):
+    with pytest.raises(RuntimeError, match="warpgroup configs only"):
         dec.run(q, cache, tables, lens, out, 1, 0.1)
