@@ -100,8 +100,9 @@ def mla_decode(q, kv_cache, block_tables, seq_lens, out, num_splits, cu_tiles, s
                partial_out, partial_lse, batch: int, softmax_scale: float, launch: MlaDecodeLaunch):
     """q bf16 [>= batch, H, 576] -> out bf16 [>= batch, H, 512] (rows [0, batch) written in place);
     kv_cache bf16 [num_blocks, page, 1, 576] or float8 e4m3 FP8 rows [num_blocks, page, 1, 592] (read
-    by the 64-head kernel: the WARPGROUP config, or NARROW, which sends them there); block_tables / seq_lens int32; the plan tensors and
-    the fp32 partials as ``decode_plan.DecodeWorkspace`` holds them. Returns ``out``."""
+    by the 64-head kernel: the WARPGROUP config, or NARROW, which sends them there); block_tables /
+    seq_lens int32; the plan tensors and the fp32 partials as ``decode_plan.DecodeWorkspace`` holds
+    them. Returns ``out``."""
     why = available()
     if why:
         raise RuntimeError(f"the mla_decode op cannot run: {why}; use the Triton decode")
