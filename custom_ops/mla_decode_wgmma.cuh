@@ -35,12 +35,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     wg::prefetch_tensor_map(&q_map);
     if (kFp8) wg::prefetch_tensor_map(&scale_map);
   }
-  grid_dependency_wait();  // q, the plan and the lengths come from the kernels before (PDL)
-  launch_dependents();     // the combine may take the SMs this grid leaves free and wait there
-  const int hg = static_cast<int>(blockIdx.x), pid = static_cast<int>(blockIdx.y);
-  const int bs = static_cast<int>(a.batch);
-  const PlanWindows windows = plan_windows(a.tiles_per_prog, a.cu_tiles, bs);
-  if (!windows.has(pid)) return;
+  const PagedPlace at = paged_place_after_wait(a);
+  if (at.idle()) return;
+  const int hg = at.hg, pid = at.pid, bs = at.bs;
+  const PlanWindows windows = at.windows;
   const int page = static_cast<int>(a.page_size);
   const float qk_scale = a.softmax_scale * kLog2e;
   __syncthreads();  // the barriers' initialisation

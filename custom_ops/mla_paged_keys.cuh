@@ -16,12 +16,32 @@
 
 #include <cstdint>
 
+#include "cuda_launch.cuh"
 #include "mla_decode_kernel.cuh"
 #include "mla_wgmma_attend.cuh"
 #include "wgmma.cuh"
 
 namespace paddle_mla {
 namespace mla {
+
+// A paged decode program's place in the grid and the plan: head group hg (blockIdx.x), program pid
+// (blockIdx.y) of the plan's windows over the step's bs rows.
+struct PagedPlace {
+  int hg, pid, bs;
+  PlanWindows windows;
+  __device__ __forceinline__ bool idle() const { return !windows.has(pid); }
+};
+
+// The SM90 paged kernels' start after their setup: the wait for the kernels before (PDL: q, the plan
+// and the lengths), the combine let in (it may take the SMs this grid leaves free and wait there),
+// and the program's place. Nothing before it may read what earlier kernels write.
+__device__ __forceinline__ PagedPlace paged_place_after_wait(const MlaDecodeArgs& a) {
+  grid_dependency_wait();
+  launch_dependents();
+  const int bs = static_cast<int>(a.batch);
+  const PlanWindows windows = plan_windows(a.tiles_per_prog, a.cu_tiles, bs);
+  return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), bs, windows};
+}
 
 // Rows of a TMA box: the largest power of two dividing both the page and a tile, so that a box never
 // straddles a page (host and device compute it alike). Pages that are not a multiple of 8 are not
