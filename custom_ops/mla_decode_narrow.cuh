@@ -258,10 +258,7 @@ __global__ void __launch_bounds__(kNarrowThreads + 32, 1)
         narrow_sync();
       }
       float s[8];
-#pragma unroll
-      for (int x = 0; x < 8; ++x) s[x] = 0.0f;
-      wg::fence_regs(s);
-      wg::fence();
+      wg::start_chain(s);
 #pragma unroll
       for (int ks = 0; ks < kKeyDim / 16; ++ks) {
         const uint32_t k_off = (ks / 4) * kWgChunk + (ks % 4) * 32, q_off = (ks / 4) * kNarrowQChunk + (ks % 4) * 32;

@@ -241,10 +241,7 @@ __device__ __forceinline__ void wg_attend(WgProgram& p, const Keys& keys, int nt
     float keep[2];
     if (p.wgi == 0) {
       float s[32];
-#pragma unroll
-      for (int x = 0; x < 32; ++x) s[x] = 0.0f;
-      wg::fence_regs(s);
-      wg::fence();
+      wg::start_chain(s);
 #pragma unroll
       for (int ks = 0; ks < kKeyDim / 16; ++ks) wg_scores_step(s, dq, dk, stage, ks);
       wg::commit();

@@ -96,6 +96,16 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// An accumulator made ready for the wgmma chain that starts on it: defined values (the chain's first
+// step overwrites them) and the fences before the first issue.
+template <int N>
+__device__ __forceinline__ void start_chain(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) d[i] = 0.0f;
+  fence_regs(d);
+  fence();
+}
+
 // c (+)= A B for a 64 x 64 tile, k16: A and B from shared memory (descriptors), both K-major;
 // `accumulate` 0 overwrites c.
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
