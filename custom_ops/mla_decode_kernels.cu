@@ -171,10 +171,13 @@ constexpr int64_t config_key(int64_t rb, int64_t cs, int64_t bn, int64_t st) {
   return ((rb * 10 + cs) * 100 + bn) * 10 + st;
 }
 
+// Only the 64-head warpgroup kernel reads FP8 rows (ops.mla_decode.launch_config picks it for them).
+constexpr const char* kFp8NeedsWarpgroup = "FP8 cache rows are read by the 64-head warpgroup config only";
+
 // The mma.sync kernel (mla_decode_kernel.cuh): bf16 rows only.
 template <int RB, int CS, int BN, int NST>
 const char* launch_split(const MlaDecodeArgs& a, cudaStream_t stream) {
-  if (a.kv_fp8) return "FP8 cache rows are read by the warpgroup configs only";
+  if (a.kv_fp8) return kFp8NeedsWarpgroup;
   const size_t smem = mla::SplitLayout(RB, CS, BN, NST).total;
   auto kernel = mla::mla_decode_split_kernel<RB, CS, BN, NST>;
   if (const char* err = allow_smem(kernel, smem)) return err;
@@ -259,10 +262,9 @@ const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
                     a, kv_map, q_map, scale_map);
 }
 
-// The narrow kernel (mla_decode_narrow.cuh): 16 heads a program, bf16 rows. FP8 rows go to the 64-head
-// kernel: a plan's windows (64-token tiles) serve any head grouping.
+// The narrow kernel (mla_decode_narrow.cuh): 16 heads a program, bf16 rows only.
 const char* launch_narrow(const MlaDecodeArgs& a, cudaStream_t stream) {
-  if (a.kv_fp8) return launch_wgmma(a, stream);
+  if (a.kv_fp8) return kFp8NeedsWarpgroup;
   if (!on_sm90()) return "the narrow warpgroup kernel needs a compute capability 9.0 GPU";
   CUtensorMap kv_map{}, q_map{}, scale_map{};
   if (const char* err = encode_paged_maps(a, mla::kNarrowHeads, kv_map, q_map, scale_map)) return err;

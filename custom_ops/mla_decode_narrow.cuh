@@ -169,8 +169,8 @@ __device__ __forceinline__ void narrow_store(const RowSink& sink, int num_heads,
 }
 
 // Grid (head groups of 16, programs): program (hg, pid) takes the plan's windows pid, pid + grid, ...
-// (mla_decode_cuda.h) for heads 16 hg ..; bf16 rows only (the launcher sends FP8 rows to the
-// 64-head kernel, over the same plan).
+// (mla_decode_cuda.h) for heads 16 hg ..; bf16 rows only (FP8 rows take the 64-head config:
+// ops.mla_decode.launch_config).
 //
 // Warps 0..3 (the warpgroup) compute; warp 4 is the producer. Its lane 0 walks the same request
 // pieces and issues every TMA load as soon as its buffer is free: tile n of the program's sequence

@@ -29,9 +29,10 @@ LATENT_DIM = 512   # kv_lora_rank: the value width
 KEY_DIM = 576      # kv_lora_rank + qk_rope_head_dim
 # (row_blocks, col_splits, block_n, stages) instantiated in custom_ops/mla_decode_kernels.cu. WARPGROUP
 # is the sm_90a kernel (custom_ops/mla_decode_wgmma.cuh): 64 heads, two warpgroups splitting the value
-# columns, 64-token tiles, two stages. NARROW is its sm_90a twin for up to 16 heads
-# (custom_ops/mla_decode_narrow.cuh): one warpgroup, the keys as the MMAs' M, so 16 heads cost 16
-# heads' tensor work. The others are the mma.sync kernel (mla_decode_kernel.cuh).
+# columns, 64-token tiles, two stages; the only one that reads FP8 rows. NARROW is its sm_90a twin for
+# up to 16 heads over bf16 rows (custom_ops/mla_decode_narrow.cuh): one warpgroup, the keys as the
+# MMAs' M, so 16 heads cost 16 heads' tensor work. The others are the mma.sync kernel
+# (mla_decode_kernel.cuh, bf16 rows).
 WARPGROUP = (4, 2, 64, 2)
 NARROW = (1, 1, 64, 2)
 NARROW_MAX_HEADS = 16
@@ -40,8 +41,9 @@ SUPPORTED = frozenset({(1, 4, 32, 4), (1, 4, 32, 2), (2, 4, 32, 3), (4, 2, 32, 3
 
 @dataclass(frozen=True)
 class MlaDecodeLaunch:
-    """Launch config: 16 * ``row_blocks`` heads a program; ``col_splits`` warps per 16-head row block
-    share its QK^T depth and split the 512 value columns; ``block_n``-token key tiles, ``stages``
+    """Launch config: 16 * ``row_blocks`` heads a program; (``row_blocks``, ``col_splits``,
+    ``block_n``, ``stages``) name the kernel (WARPGROUP, NARROW, or an mma.sync config, where
+    ``col_splits`` warps per 16-head row block share its QK^T depth and split the 512 value columns); ``block_n``-token key tiles, ``stages``
     deep; ``programs`` programs per head block (the plan's persistent grid); ``min_tiles``: fewest
     tiles per split (bounds the partial-output traffic: one split of 16 heads writes 32 KB of fp32
     partials, about one 32-token tile of the latent)."""
@@ -61,21 +63,21 @@ class MlaDecodeLaunch:
         return -(-num_heads // self.heads_per_program)
 
 
-def launch_config(num_heads: int, num_sms: int, **override) -> MlaDecodeLaunch:
-    """The config for ``num_heads`` (1..128) on a GPU of ``num_sms`` SMs; ``override`` (or env
-    PADDLE_MLA_CUDA_DECODE_CFG="min_tiles=4") sets fields for tuning.
+def launch_config(num_heads: int, num_sms: int, fp8: bool = False, **override) -> MlaDecodeLaunch:
+    """The config for ``num_heads`` (1..128) on a GPU of ``num_sms`` SMs, over bf16 rows or (``fp8``)
+    FP8 rows; ``override`` (or env PADDLE_MLA_CUDA_DECODE_CFG="min_tiles=4") sets fields for tuning.
 
-    Up to 16 heads run the narrow warpgroup kernel (NARROW: their own tensor work, where the 64-head
-    program pads them to 64 rows; its shorter tiles take 5-6% off b=1 on an H200, and from b=64 both
-    kernels wait on the tile loads and run level); more run the warpgroup kernel (WARPGROUP: 64-head
-    programs, partial groups padded). FP8 cache rows are read by the 64-head kernel at every head
-    count (the launcher sends them there; the plan is the same). The other configs stay selectable by
-    override, for comparison and for measuring. Shared memory admits one program per SM, so the grid
-    is one program per SM over the head groups.
+    Up to 16 heads over bf16 rows run the narrow warpgroup kernel (NARROW: their own tensor work,
+    where the 64-head program pads them to 64 rows; its shorter tiles take 5-6% off b=1 on an H200, and
+    from b=64 both kernels wait on the tile loads and run level); more heads, and FP8 rows at every
+    head count, run the warpgroup kernel (WARPGROUP: 64-head programs, partial groups padded). Up to
+    16 heads both plan alike (64-token tiles, one head group, the same programs). The other configs
+    stay selectable by override, for comparison and for measuring. Shared memory admits one program
+    per SM, so the grid is one program per SM over the head groups.
     """
     if num_heads < 1:
         raise ValueError("num_heads must be >= 1")
-    rb, cs, bn, st = NARROW if num_heads <= NARROW_MAX_HEADS else WARPGROUP
+    rb, cs, bn, st = NARROW if num_heads <= NARROW_MAX_HEADS and not fp8 else WARPGROUP
     cfg = {"row_blocks": rb, "col_splits": cs, "block_n": bn, "stages": st, "min_tiles": 2}
     cfg.update(env_overrides("PADDLE_MLA_CUDA_DECODE_CFG"))
     cfg.update(override)
@@ -99,9 +101,8 @@ def available() -> str:
 def mla_decode(q, kv_cache, block_tables, seq_lens, out, num_splits, cu_tiles, split_start, tiles_per_prog,
                partial_out, partial_lse, batch: int, softmax_scale: float, launch: MlaDecodeLaunch):
     """q bf16 [>= batch, H, 576] -> out bf16 [>= batch, H, 512] (rows [0, batch) written in place);
-    kv_cache bf16 [num_blocks, page, 1, 576] or float8 e4m3 FP8 rows [num_blocks, page, 1, 592] (read
-    by the 64-head kernel: the WARPGROUP config, or NARROW, which sends them there); block_tables /
-    seq_lens int32; the plan tensors and the fp32 partials as ``decode_plan.DecodeWorkspace`` holds
+    kv_cache bf16 [num_blocks, page, 1, 576] or float8 e4m3 FP8 rows [num_blocks, page, 1, 592] (the
+    WARPGROUP config only: ``launch_config(..., fp8=True)``); block_tables / seq_lens int32; the plan tensors and the fp32 partials as ``decode_plan.DecodeWorkspace`` holds
     them. Returns ``out``."""
     why = available()
     if why:

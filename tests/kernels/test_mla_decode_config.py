@@ -35,6 +35,9 @@ def test_launch_config_by_heads(heads, groups):
     assert (c.row_blocks, c.col_splits, c.block_n, c.stages) == (op.NARROW if narrow else op.WARPGROUP)
     assert c.heads_per_program == (16 if narrow else 64) and c.head_groups(heads) == groups
     assert c.programs == 132 // groups   # one program per SM over all head groups
+    f = op.launch_config(heads, 132, fp8=True)   # FP8 rows: the 64-head kernel at every head count
+    assert (f.row_blocks, f.col_splits, f.block_n, f.stages) == op.WARPGROUP
+    assert (f.block_n, f.programs, f.min_tiles) == (c.block_n, c.programs, c.min_tiles) or heads > 16
     assert op.launch_config(heads, 132, row_blocks=1, col_splits=4, block_n=32, stages=4).row_blocks == 1
 
 

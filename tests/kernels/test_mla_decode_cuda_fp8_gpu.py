@@ -54,9 +54,10 @@ def test_fp8_rows_equal_their_dequantized_bf16_rows(k, heads, page, seq_lens, wi
     cache, poisoned, q, tables, lens = _case(k, seq_lens, heads, page, sum(seq_lens) + heads + page, wild)
     bs, scale = len(seq_lens), 192 ** -0.5
     plain = f8.dequantize(cache, D).to(torch.bfloat16)
-    dec = k.cd.CudaDecode(heads, 8, k.dev)   # the default config: FP8 rows go to the 64-head kernel
+    dec = k.cd.CudaDecode(heads, 8, k.dev)   # the default configs: FP8 rows take the 64-head one
     wg64 = k.cd.CudaDecode(heads, 8, k.dev, row_blocks=4, col_splits=2, block_n=64, stages=2)
     assert (wg64.launch.programs, wg64.split_cost) == (dec.launch.programs, dec.split_cost)   # the same plan
+    assert dec.fp8_launch == wg64.launch   # FP8 rows take the 64-head config
 
     def run(d, kv, out):
         d.plan(lens, bs)
@@ -76,5 +77,5 @@ def test_mma_sync_config_refuses_fp8_rows(k):
     dec = k.cd.CudaDecode(16, 1, k.dev, row_blocks=1, col_splits=4, block_n=32, stages=4)
     out = k.torch.empty(1, 16, LORA, device=k.dev, dtype=k.torch.bfloat16)
     dec.plan(lens, 1)
-    with pytest.raises(RuntimeError, match="warpgroup configs only"):
+    with pytest.raises(RuntimeError, match="64-head warpgroup config only"):
         dec.run(q, cache, tables, lens, out, 1, 0.1)

@@ -19,6 +19,7 @@ import torch
 from paddle_mla.platform.triton_host import interpreting, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import (alloc_decode_workspace, build_decode_plan, fixed_split_tiles,
                                                         fixed_split_workspace, split_cap, split_cost_of)
+from paddle_mla.cache.fp8_latent import is_fp8
 from paddle_mla.ops import mla_decode as op
 
 
@@ -49,6 +50,11 @@ def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str, b
     return op.available()
 
 
+def _plan_fields(launch: op.MlaDecodeLaunch, num_heads: int) -> tuple:
+    """What the split plan reads of a launch config (tiles, grid, fewest tiles, a split's heads)."""
+    return launch.block_n, launch.programs, launch.min_tiles, min(num_heads, launch.heads_per_program)
+
+
 class CudaDecode:
     """Plan + launch of the CUDA decode for up to ``max_bs`` rows of ``num_heads`` heads.
 
@@ -64,6 +70,10 @@ class CudaDecode:
         # the fixed plan's workspace holds every split of a max_len row: without max_len it is too small
         assert not split_tokens or max_len > 0, "the batch-invariant plan needs max_len"
         self.launch = op.launch_config(num_heads, num_sms(), **override)
+        # FP8 rows take the 64-head kernel (up to 16 heads bf16 rows take the narrow one); one plan
+        # serves both
+        self.fp8_launch = op.launch_config(num_heads, num_sms(), fp8=True, **override)
+        assert _plan_fields(self.fp8_launch, num_heads) == _plan_fields(self.launch, num_heads), self.fp8_launch
         p, bn = self.launch.programs, self.launch.block_n
         # a split's partial rows (this program's heads, fp32) against a key tile: the plan weighs them
         self.split_cost = split_cost_of(min(num_heads, self.launch.heads_per_program), op.LATENT_DIM, bn, op.KEY_DIM)
@@ -83,6 +93,7 @@ class CudaDecode:
     def run(self, q, kv_cache, block_tables, seq_lens_k, out, bs: int, sm_scale: float, ws=None):
         """q [>= bs, H, 576] -> out [>= bs, H, 512] over the plan from ``plan`` (same rows, same ``ws``)."""
         ws = self.ws if ws is None else ws
+        launch = self.fp8_launch if is_fp8(kv_cache) else self.launch
         return op.mla_decode(q, kv_cache, block_tables, seq_lens_k, out, ws.num_kv_splits, ws.cu_tiles,
                              ws.split_start, ws.tiles_per_prog, ws.partial_out, ws.partial_lse, bs, sm_scale,
-                             self.launch)
+                             launch)
