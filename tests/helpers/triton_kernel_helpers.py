@@ -14,7 +14,11 @@ def device_and_tolerance() -> tuple[str, float]:
     from paddle_mla.platform import runtime
 
     dev = runtime.device_string("gpu" if runtime.gpu_available() else "cpu")
-    return dev, 2e-4 if dev == "cpu" else 3e-2
+    return dev, tolerance(dev)
+
+
+def tolerance(dev: str) -> float:
+    return 2e-4 if dev == "cpu" else 3e-2
 
 
 def kernel_namespace(device: str) -> SimpleNamespace:
@@ -72,8 +76,8 @@ def decode_case(k: SimpleNamespace, seq_lens, heads, lora, rope, page, target, s
                 **variant):
     """The Triton split-KV decode (``decode_config`` with ``variant``, ``target`` programs) over a random
     paged cache against ``mla_decode_ref``, every element written: (out, workspace)."""
-    torch = k.torch
-    dev, tol = device_and_tolerance()
+    torch, dev = k.torch, k.dev
+    tol = tolerance(dev)
     rng = np.random.default_rng(seed)
     bt, nb = random_block_tables(rng, seq_lens, page)
     bs, lk = len(seq_lens), lora + rope

@@ -90,10 +90,11 @@ def test_write_kernel_matches_codec_bitwise(k, d):
 
 
 # Reading FP8 rows: the decode, query groups and the extend's gather over an FP8 cache run in
-# test_triton_kernels.py (its cache parameter); here the decode's value slices and odd dims over them.
-@pytest.mark.parametrize("variant", [{}, {"dv_split": 2}], ids=["plain", "dv_split2"])
+# test_triton_kernels.py (its cache parameter; the plain decode at dims 32 + 16 among them); here the
+# decode's value slices and odd dims over them.
+@pytest.mark.parametrize("variant,lora,rope", [({}, 30, 7), ({"dv_split": 2}, 32, 16), ({"dv_split": 2}, 30, 7)],
+                         ids=["plain-dims37", "dv_split2-dims48", "dv_split2-dims37"])
 @pytest.mark.parametrize("seq_lens", [[1], [3, 17, 64, 5], [40, 0, 16, 33]])
-@pytest.mark.parametrize("lora,rope", [(32, 16), (30, 7)], ids=["dims48", "dims37"])
 def test_decode_over_fp8_cache_matches_reference(k, seq_lens, variant, lora, rope):
     decode_case(k, seq_lens, heads=4, lora=lora, rope=rope, page=16, target=3, seed=len(seq_lens), fp8=True,
                 **variant)

@@ -8,7 +8,7 @@ launch. bf16 at realistic shapes: tests/kernels/test_triton_kernels_gpu.py.
 import numpy as np
 import pytest
 from helpers.triton_kernel_helpers import decode_case, device_and_tolerance, kernel_namespace, paged_cache
-from helpers.triton_kernel_helpers import random_block_tables
+from helpers.triton_kernel_helpers import random_block_tables, upload
 
 pytestmark = pytest.mark.triton
 
@@ -20,13 +20,6 @@ def k():
     return kernel_namespace(DEV)
 
 
-
-
-def _t(k, a, dtype=None):
-    x = k.torch.from_numpy(np.ascontiguousarray(a)).to(DEV)
-    return x if dtype is None else x.to(dtype)
-
-
 def test_write_latent_cache_skips_negative_slots(k):
     torch = k.torch
     rng = np.random.default_rng(0)
@@ -34,9 +27,9 @@ def test_write_latent_cache_skips_negative_slots(k):
     cache = torch.randn(nb, page, 1, d, device=DEV)
     expect = cache.clone()
     slots = np.array([0, 17, -1, 63, 5, -1, 32], dtype=np.int64)
-    lat = _t(k, rng.standard_normal((len(slots), d)).astype(np.float32))
-    k.cw.write_latent_cache(lat, cache, _t(k, slots))
-    k.ref.write_latent_cache_ref(lat, expect, _t(k, slots))
+    lat = upload(k, rng.standard_normal((len(slots), d)).astype(np.float32))
+    k.cw.write_latent_cache(lat, cache, upload(k, slots))
+    k.ref.write_latent_cache_ref(lat, expect, upload(k, slots))
     assert torch.equal(cache, expect)
     assert torch.equal(cache[0, 0, 0], lat[0]) and torch.equal(cache[1, 1, 0], lat[1])
 
@@ -48,7 +41,7 @@ def test_decode_plan_matches_reference(k, seq_lens, split_cost):
     torch = k.torch
     bs, max_bs, max_splits = len(seq_lens), 8, 4
     ws = k.dec.alloc_decode_workspace(max_bs, 4, 32, max_splits, DEV)
-    lens = _t(k, np.array(seq_lens + [7] * (max_bs - bs), dtype=np.int32))
+    lens = upload(k, np.array(seq_lens + [7] * (max_bs - bs), dtype=np.int32))
     for programs in (1, 5, 64):
         k.dec.build_decode_plan(lens, bs, ws, block_n=16, target_items=programs, split_cost=split_cost)
         splits, cu, q = k.ref.decode_plan_ref(lens[:bs], 16, programs, max_splits, split_cost=split_cost,
@@ -68,7 +61,7 @@ def test_split_aware_plan_keeps_uniform_rows_whole(k):
     """64 rows of 64 tiles over 66 programs: the balanced plan takes windows of 63 tiles (every row in
     two splits); with a split's cost counted (128 KB of partials a row at 64 heads against a 72 KB
     tile) it takes 64 (one window a row, no partials), and a cost of 0 keeps 63."""
-    lens = _t(k, np.full(64, 64 * 64, dtype=np.int32))
+    lens = upload(k, np.full(64, 64 * 64, dtype=np.int32))
     cost = k.dec.split_cost_of(64, 512, 64, 576)
     assert cost == 228
     for split_cost, q_want, splits_want in ((0, 63, 2), (cost, 64, 1)):
@@ -115,7 +108,7 @@ def test_split_cap_never_binds(k, seq_lens):
     no request has more splits than programs, and the workspace rows stay max_bs + P."""
     programs, bs = 7, len(seq_lens)
     ws = k.dec.alloc_decode_workspace(bs, 2, 16, k.dec.split_cap(programs), DEV, programs=programs)
-    k.dec.build_decode_plan(_t(k, np.array(seq_lens, dtype=np.int32)), bs, ws, block_n=16, target_items=programs)
+    k.dec.build_decode_plan(upload(k, np.array(seq_lens, dtype=np.int32)), bs, ws, block_n=16, target_items=programs)
     tiles = [-(-n // 16) for n in seq_lens]
     assert int(ws.tiles_per_prog[0]) == max(-(-sum(tiles) // programs), 1)
     splits = ws.num_kv_splits[:bs]
@@ -187,16 +180,16 @@ def test_mla_decode_query_groups_match_per_token_reference(k, qg, cache):
             for t in range(first, first + nt):
                 tok_seq.append(s), tok_len.append(n - q + t + 1)
     T, G = len(tok_seq), len(g_seq)
-    q = _t(k, rng.standard_normal((T, heads, lk)).astype(np.float32))
-    i32 = lambda a: _t(k, np.array(a, dtype=np.int32))  # noqa: E731
+    q = upload(k, rng.standard_normal((T, heads, lk)).astype(np.float32))
+    i32 = lambda a: upload(k, np.array(a, dtype=np.int32))  # noqa: E731
     groups = k.dec.QueryGroups(i32(g_row0), i32(g_ntok), qg, G)
     cfg = k.dec.decode_config(qg * heads, programs=16, min_tiles=1)
     ws = k.dec.alloc_decode_workspace(G, qg * heads, lora, 16, DEV, programs=16)
     lens = i32(g_len)
     k.dec.build_decode_plan(lens, G, ws, cfg.block_n, cfg.target_items, cfg.min_tiles)
     out = torch.full((T, heads, lora), float("nan"), device=DEV)
-    k.dec.mla_decode(q, kv, _t(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
-    expect = k.ref.mla_decode_ref(q, kv, _t(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
+    k.dec.mla_decode(q, kv, upload(k, bt[g_seq]), lens, out, ws, lora, lk ** -0.5, cfg, groups)
+    expect = k.ref.mla_decode_ref(q, kv, upload(k, bt[tok_seq]), i32(tok_len), lora, lk ** -0.5)
     assert not torch.isnan(out).any()
     torch.testing.assert_close(out, expect, atol=TOL, rtol=TOL)
     assert int(ws.num_kv_splits[:G].max()) > 1   # the stage-2 merge ran
@@ -220,14 +213,14 @@ def test_read_cache_and_interleave_bitwise(k, case, cache):
     page, d = 16, 40
     bt, nb = random_block_tables(rng, k_lens, page)
     kv = paged_cache(k, rng, nb, page, d, fp8)
-    new = _t(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
+    new = upload(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
     slots = [int(bt[b][i // page]) * page + i % page for b in range(len(q_lens)) for i in range(c_lens[b], k_lens[b])]
-    k.cw.write_latent_cache(new, kv, _t(k, np.array(slots, dtype=np.int64)))
-    cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
-    cu_k = _t(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
+    k.cw.write_latent_cache(new, kv, upload(k, np.array(slots, dtype=np.int64)))
+    cu_q = upload(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+    cu_k = upload(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
     total = int(sum(k_lens))
-    got = k.il.read_cache_and_interleave(kv, _t(k, bt), new, cu_q, cu_k, total)
-    expect = k.ref.read_cache_and_interleave_ref(kv, _t(k, bt), new, cu_q, cu_k, total)
+    got = k.il.read_cache_and_interleave(kv, upload(k, bt), new, cu_q, cu_k, total)
+    expect = k.ref.read_cache_and_interleave_ref(kv, upload(k, bt), new, cu_q, cu_k, total)
     assert got.shape == (total, d) and got.dtype == new.dtype and torch.equal(got, expect)
     # the new rows land after each request's cached rows: unchanged, or FP8-rounded from an FP8 cache
     kept = k.f8.dequantize(k.f8.quantize(new), d) if fp8 else new
@@ -245,11 +238,11 @@ def test_prefill_with_cached_prefix(k, dqk, dv):
     q_lens, c_lens = [5, 1, 0, 20], [0, 9, 4, 13]
     k_lens = [a + b for a, b in zip(q_lens, c_lens)]
     h = 2
-    q = _t(k, rng.standard_normal((sum(q_lens), h, dqk)).astype(np.float32))
-    kk = _t(k, rng.standard_normal((sum(k_lens), h, dqk)).astype(np.float32))
-    v = _t(k, rng.standard_normal((sum(k_lens), h, dv)).astype(np.float32))
-    cu_q = _t(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
-    cu_k = _t(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
+    q = upload(k, rng.standard_normal((sum(q_lens), h, dqk)).astype(np.float32))
+    kk = upload(k, rng.standard_normal((sum(k_lens), h, dqk)).astype(np.float32))
+    v = upload(k, rng.standard_normal((sum(k_lens), h, dv)).astype(np.float32))
+    cu_q = upload(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+    cu_k = upload(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
     scale = dqk ** -0.5
     got = k.pf.prefill_attention(q, kk, v, cu_q, cu_k, max(q_lens), scale)
     expect = k.ref.prefill_ref(q, kk, v, cu_q, cu_k, scale)
