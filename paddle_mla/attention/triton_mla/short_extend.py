@@ -151,7 +151,7 @@ class PseudoRows:
                  split_tokens: int = 0, max_len: int = 0, cuda=None):
         """``split_tokens`` > 0: the batch-invariant plan (``decode_plan.fixed_split_tiles``) over
         contexts of at most ``max_len`` keys, and room for a partial group in every row. ``cuda``: a
-        ``cuda_decode.CudaDecode`` to run the rows with (one token a row: its programs hold 64 heads
+        ``cuda_decode.CudaDecode`` to run the rows with (one token a row: its programs hold the heads
         of one token), planned into this object's workspaces; None: the Triton decode kernel."""
         H, L = dims.num_heads, dims.kv_lora_rank
         self.cuda = cuda
