@@ -41,12 +41,12 @@ SUPPORTED = frozenset({(1, 4, 32, 4), (1, 4, 32, 2), (2, 4, 32, 3), (4, 2, 32, 3
 
 @dataclass(frozen=True)
 class MlaDecodeLaunch:
-    """Launch config: 16 * ``row_blocks`` heads a program; (``row_blocks``, ``col_splits``,
-    ``block_n``, ``stages``) name the kernel (WARPGROUP, NARROW, or an mma.sync config, where
-    ``col_splits`` warps per 16-head row block share its QK^T depth and split the 512 value columns); ``block_n``-token key tiles, ``stages``
-    deep; ``programs`` programs per head block (the plan's persistent grid); ``min_tiles``: fewest
-    tiles per split (bounds the partial-output traffic: one split of 16 heads writes 32 KB of fp32
-    partials, about one 32-token tile of the latent)."""
+    """Launch config: 16 * ``row_blocks`` heads a program; (``row_blocks``, ``col_splits``, ``block_n``,
+    ``stages``) name the kernel (WARPGROUP, NARROW, or an mma.sync config, where ``col_splits`` warps per
+    16-head row block share its QK^T depth and split the 512 value columns); ``block_n``-token key tiles,
+    ``stages`` deep; ``programs`` programs per head block (the plan's persistent grid); ``min_tiles``: fewest
+    tiles per split (bounds the partial-output traffic: one split of 16 heads writes 32 KB of fp32 partials,
+    about one 32-token tile of the latent)."""
 
     row_blocks: int
     col_splits: int
@@ -102,8 +102,8 @@ def mla_decode(q, kv_cache, block_tables, seq_lens, out, num_splits, cu_tiles, s
                partial_out, partial_lse, batch: int, softmax_scale: float, launch: MlaDecodeLaunch):
     """q bf16 [>= batch, H, 576] -> out bf16 [>= batch, H, 512] (rows [0, batch) written in place);
     kv_cache bf16 [num_blocks, page, 1, 576] or float8 e4m3 FP8 rows [num_blocks, page, 1, 592] (the
-    WARPGROUP config only: ``launch_config(..., fp8=True)``); block_tables / seq_lens int32; the plan tensors and the fp32 partials as ``decode_plan.DecodeWorkspace`` holds
-    them. Returns ``out``."""
+    WARPGROUP config only: ``launch_config(..., fp8=True)``); block_tables / seq_lens int32; the plan
+    tensors and the fp32 partials as ``decode_plan.DecodeWorkspace`` holds them. Returns ``out``."""
     why = available()
     if why:
         raise RuntimeError(f"the mla_decode op cannot run: {why}; use the Triton decode")
