@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI compile check of the CUDA kernels: every custom_ops/*.cu must compile with nvcc ALONE (no
-# framework headers, no GPU needed), so the kernels stay framework-neutral (docs/architecture.md).
+# framework headers, no GPU needed), so the kernels stay framework-neutral (docs/architecture.md);
+# so must the standalone probes in benchmarks/profile/*.cu, which include the kernels' headers.
 # The op build itself takes the C++ standard from the framework (Paddle: C++17; torch >= 2.14:
 # C++20), so the sources are checked under both; sm_90a is the Hopper target the MLA decode op is
 # written for. The compiles run one per core (CI's time is the suite's budget too).
@@ -31,7 +32,7 @@ compile_one() {   # "STD SRC": one nvcc compile, or the plain-C++ check of a CPU
 export -f compile_one
 jobs=()
 for std in c++17 c++20; do
-  for src in custom_ops/*.cu custom_ops/metadata_cpu.h custom_ops/append_attention_cpu.h custom_ops/mla_decode_cuda.h custom_ops/mla_sparse_cuda.h; do
+  for src in custom_ops/*.cu benchmarks/profile/*.cu custom_ops/metadata_cpu.h custom_ops/append_attention_cpu.h custom_ops/mla_decode_cuda.h custom_ops/mla_sparse_cuda.h; do
     jobs+=("$std $src")
   done
 done
