@@ -19,7 +19,7 @@ import torch
 
 from paddle_mla.platform import runtime
 from paddle_mla.ops import batch_invariant
-from paddle_mla.platform.triton_host import device_index, next_pow2, num_sms
+from paddle_mla.platform.triton_host import compute_capability, device_index, next_pow2, num_sms
 from paddle_mla.models.fp8_kernels import (
     BATCH_INVARIANT_TILE,
     FP8_MAX,
@@ -43,8 +43,8 @@ def fp8_kernels_available(device_kind: str) -> tuple[bool, str]:
     if not runtime.gpu_available():
         return False, f"the {runtime.name()} runtime sees no GPU"
     try:
-        major, minor = torch.cuda.get_device_capability()
-    except Exception as exc:   # a runtime that cannot report it: let the kernel launch decide
+        major, minor = compute_capability()
+    except Exception as exc:   # a driver that cannot report it: let the kernel launch decide
         return True, f"compute capability unknown ({exc})"
     if (major, minor) < (8, 9):
         return False, f"FP8 (e4m3) math needs compute capability >= 8.9 (this GPU is {major}.{minor})"

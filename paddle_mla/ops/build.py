@@ -48,6 +48,7 @@ import torch  # the real torch on the torch runtime; used only there
 from paddle_mla.platform import runtime
 from paddle_mla.ops import reference
 from paddle_mla.ops.build_output import logging_off, output_to
+from paddle_mla.platform.triton_host import compute_capability
 
 # the cache key covers every kernel source of custom_ops/ (kernel_sources): a header left out of a
 # hand-kept list would leave a stale build after its edit
@@ -209,7 +210,7 @@ def compiler_id() -> str:
 def _build_and_load() -> CompiledOps:
     rt = runtime.name()
     with_cuda = wants_cuda()
-    arch = arch_flags(rt) if with_cuda else []
+    arch = arch_flags() if with_cuda else []
     out = build_dir(rt, with_cuda, arch)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".lock", "w") as lock:
@@ -280,16 +281,11 @@ def _compile(rt: str, with_cuda: bool, arch: list[str], out: Path) -> tuple[str,
     return str(lib), module
 
 
-def arch_flags(rt: str) -> list[str]:
+def arch_flags() -> list[str]:
     """nvcc's target for the current GPU. A 9.0 device gets sm_90a, the Hopper-specific target whose
     warpgroup MMA the MLA decode kernel needs (custom_ops/wgmma.cuh); plain sm_90 has no wgmma. (An
     arch flag in the extra CUDA flags also replaces torch's own choice of targets.)"""
-    if rt == "paddle":
-        import paddle
-
-        major, minor = paddle.device.cuda.get_device_capability()
-    else:
-        major, minor = torch.cuda.get_device_capability()
+    major, minor = compute_capability()
     cc = f"{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
     return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
 

@@ -1,5 +1,6 @@
-"""Host-side helpers of kernel launches (no tensor imports): SM count, device index, launch-config
-overrides from the environment, the Triton interpreter flag, power-of-two rounding."""
+"""Host-side helpers of kernel launches (no tensor imports): SM count, compute capability, device
+index, launch-config overrides from the environment, the Triton interpreter flag, power-of-two
+rounding."""
 
 from __future__ import annotations
 
@@ -41,6 +42,19 @@ def num_sms(device_index: int = 0) -> int:
 
     props = triton.runtime.driver.active.utils.get_device_properties(device_index)
     return int(props["multiprocessor_count"])
+
+
+def compute_capability() -> tuple[int, int]:
+    """The current CUDA device's (major, minor), (0, 0) under the interpreter or off CUDA
+    (runtime-neutral: asks Triton's driver, so the torch and Paddle runtimes get one answer)."""
+    if interpreting():
+        return 0, 0
+    import triton
+
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend != "cuda" or not isinstance(target.arch, int):
+        return 0, 0
+    return divmod(int(target.arch), 10)
 
 
 def device_index(t) -> int:

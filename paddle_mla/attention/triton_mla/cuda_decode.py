@@ -16,20 +16,11 @@ _runtime.require_selected(__name__)
 
 import torch
 
-from paddle_mla.platform.triton_host import interpreting, num_sms
+from paddle_mla.platform.triton_host import compute_capability, interpreting, num_sms
 from paddle_mla.attention.triton_mla.decode_plan import (alloc_decode_workspace, build_decode_plan, fixed_split_tiles,
                                                         fixed_split_workspace, split_cap, split_cost_of)
 from paddle_mla.cache.fp8_latent import is_fp8
 from paddle_mla.ops import mla_decode as op
-
-
-def gpu_arch() -> int:
-    """The current device's compute capability as major * 10 + minor (90 on an H100), 0 off CUDA
-    (runtime-neutral: asks Triton)."""
-    import triton
-
-    target = triton.runtime.driver.active.get_current_target()
-    return int(target.arch) if target.backend == "cuda" and isinstance(target.arch, int) else 0
 
 
 def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str, block_size: int = 64) -> str:
@@ -44,9 +35,9 @@ def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str, b
     if block_size % 8:
         # its TMA boxes are gcd(page, 64) rows; fewer than 8 would start inside a swizzle atom (untested)
         return f"cache block_size {block_size} (the kernel takes a multiple of 8)"
-    arch = gpu_arch()
-    if arch // 10 != 9:
-        return f"compute capability {arch / 10:.1f} (the kernel is sized for SM90)"
+    major, minor = compute_capability()
+    if major != 9:
+        return f"compute capability {major}.{minor} (the kernel is sized for SM90)"
     return op.available()
 
 

@@ -1,0 +1,58 @@
+"""The one compute-capability probe (platform.triton_host.compute_capability) and the refusals built on
+it: the CUDA MLA decode needs SM90, the FP8 kernels 8.9 or newer. Triton's driver is replaced by a
+stand-in reporting a chosen target, so every branch runs on a CPU."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from paddle_mla.platform import triton_host  # noqa: E402
+
+
+def _target(monkeypatch, backend: str, arch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    active = SimpleNamespace(get_current_target=lambda: SimpleNamespace(backend=backend, arch=arch))
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=active))
+
+
+@pytest.mark.parametrize("backend, arch, want", [("cuda", 90, (9, 0)), ("cuda", 89, (8, 9)), ("cuda", 100, (10, 0)),
+                                                 ("hip", "gfx942", (0, 0))])
+def test_compute_capability_from_the_driver_target(monkeypatch, backend, arch, want):
+    _target(monkeypatch, backend, arch)
+    assert triton_host.compute_capability() == want
+
+
+def test_compute_capability_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_host.compute_capability() == (0, 0)
+
+
+def test_cuda_decode_names_the_capability_it_refuses(monkeypatch):
+    from paddle_mla.platform import runtime
+
+    if runtime.name() != "torch":
+        pytest.skip("the CUDA decode's host side runs on the torch runtime")
+    import torch
+
+    from paddle_mla.attention.triton_mla import cuda_decode
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(cuda_decode, "compute_capability", lambda: (8, 0))
+    assert cuda_decode.unavailable_reason(512, 576, torch.bfloat16, "cuda") == (
+        "compute capability 8.0 (the kernel is sized for SM90)")
+
+
+def test_fp8_kernels_refuse_below_8_9(monkeypatch):
+    from paddle_mla.models import fp8
+    from paddle_mla.platform import runtime
+
+    monkeypatch.setattr(runtime, "gpu_available", lambda: True)
+    monkeypatch.setattr(fp8, "compute_capability", lambda: (8, 0))
+    ok, why = fp8.fp8_kernels_available("gpu")
+    assert not ok and "8.9" in why and "8.0" in why
+    monkeypatch.setattr(fp8, "compute_capability", lambda: (9, 0))
+    assert fp8.fp8_kernels_available("gpu") == (True, "")
