@@ -110,6 +110,33 @@ __device__ __forceinline__ void pv_half(float (&o)[128], const uint32_t (&pa)[4]
   pw::fence_regs(o);
 }
 
+// Operands with finite values (their values do not matter for time), made visible to wgmma; then the
+// round's start by thread 0.
+__device__ __forceinline__ long long fill_and_start(uint8_t* smem) {
+  for (int i = threadIdx.x; i < 3 * kTile / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu);
+  pw::fence_proxy_async();
+  __syncthreads();
+  long long t0 = 0;
+  if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  return t0;
+}
+
+// The program's time (thread 0, after every thread is done) and a sum of its results, so that no
+// MMA is left out as dead code.
+template <int N>
+__device__ __forceinline__ void stop_and_sink(long long t0, long long* ns, float* sink, float acc,
+                                              const float (&r)[N]) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    long long t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    ns[blockIdx.x] = t1 - t0;
+  }
+  for (int i = 0; i < N; ++i) acc += r[i];
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+
 template <int kMix>
 __global__ void __launch_bounds__(256, 1) rates(long long* ns, float* sink) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma: the sm_90a pass only
@@ -117,10 +144,6 @@ __global__ void __launch_bounds__(256, 1) rates(long long* ns, float* sink) {
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
   const uint32_t base = (raw_addr + 1023) & ~1023u;
   uint8_t* smem = raw + (base - raw_addr);
-  for (int i = threadIdx.x; i < 3 * kTile / 4; i += blockDim.x)
-    reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncthreads();
   const int wgi = threadIdx.x / 128;
   const uint64_t dq = pw::desc_sw128(base, 16, 1024);
   const uint64_t dk = pw::desc_sw128(base + kTile, 16, 1024);
@@ -132,9 +155,7 @@ __global__ void __launch_bounds__(256, 1) rates(long long* ns, float* sink) {
   for (int i = 0; i < 32; ++i) s[i] = 0.0f;
   for (int i = 0; i < 64; ++i) s2[i] = 0.0f;
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  __syncthreads();
-  long long t0 = 0;
-  if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long t0 = fill_and_start(smem);
   for (int r = 0; r < kRounds; ++r) {
     if constexpr (kMix == kS) {
       if (wgi == 0) s_ss(s, dq, dk);
@@ -196,18 +217,11 @@ __global__ void __launch_bounds__(256, 1) rates(long long* ns, float* sink) {
       __syncthreads();
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    long long t1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-    ns[blockIdx.x] = t1 - t0;
-  }
   float acc = 0.0f;
   for (int i = 0; i < 32; ++i) acc += s[i];
   for (int i = 0; i < 64; ++i) acc += s2[i];
   for (int i = 0; i < 16; ++i) acc += s1[i];
-  for (int i = 0; i < 128; ++i) acc += o[i];
-  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+  stop_and_sink(t0, ns, sink, acc, o);
 #endif
 }
 
@@ -228,23 +242,10 @@ __global__ void __launch_bounds__(mla::kWgThreads, 1) attend_resident(long long*
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma: the sm_90a pass only
   extern __shared__ __align__(1024) uint8_t raw[];
   mla::WgProgram p = mla::wg_program(raw, 1);
-  for (int i = threadIdx.x; i < 3 * kTile / 4; i += blockDim.x)
-    reinterpret_cast<uint32_t*>(p.smem)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu);
-  pw::fence_proxy_async();
-  __syncthreads();
-  long long t0 = 0;
-  if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long t0 = fill_and_start(p.smem);
   float o[128], m[2], sum[2];
   mla::wg_attend(p, ResidentKeys{}, kRounds, 0.06f, o, m, sum);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    long long t1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-    ns[blockIdx.x] = t1 - t0;
-  }
-  float acc = sum[0] + m[1];
-  for (int i = 0; i < 128; ++i) acc += o[i];
-  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+  stop_and_sink(t0, ns, sink, sum[0] + m[1], o);
 #endif
 }
 
@@ -255,12 +256,7 @@ __global__ void __launch_bounds__(mla::kWgThreads, 1) attend_cut(long long* ns, 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma: the sm_90a pass only
   extern __shared__ __align__(1024) uint8_t raw[];
   mla::WgProgram p = mla::wg_program(raw, 1);
-  for (int i = threadIdx.x; i < 3 * kTile / 4; i += blockDim.x)
-    reinterpret_cast<uint32_t*>(p.smem)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu);
-  pw::fence_proxy_async();
-  __syncthreads();
-  long long t0 = 0;
-  if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long t0 = fill_and_start(p.smem);
   const mla::WgHandoff handoff(p);
   const uint64_t dq = pw::desc_sw128(p.base + mla::WgLayout::q, 16, 1024);
   const uint64_t dk = pw::desc_sw128(p.base + mla::WgLayout::kv, 16, 1024);
@@ -291,15 +287,7 @@ __global__ void __launch_bounds__(mla::kWgThreads, 1) attend_cut(long long* ns, 
     }
     mla::wg_rescale_pv(o, pa, keep, dv, stage);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    long long t1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-    ns[blockIdx.x] = t1 - t0;
-  }
-  float acc = l[0] + m[1];
-  for (int i = 0; i < 128; ++i) acc += o[i];
-  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+  stop_and_sink(t0, ns, sink, l[0] + m[1], o);
 #endif
 }
 
