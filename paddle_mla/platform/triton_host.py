@@ -45,13 +45,15 @@ def num_sms(device_index: int = 0) -> int:
 
 
 def compute_capability() -> tuple[int, int]:
-    """The current CUDA device's (major, minor), (0, 0) under the interpreter or off CUDA
-    (runtime-neutral: asks Triton's driver, so the torch and Paddle runtimes get one answer)."""
-    if interpreting():
-        return 0, 0
+    """The current CUDA device's (major, minor); (0, 0) where Triton sees no CUDA device (runtime-neutral:
+    asks Triton's driver, so the torch and Paddle runtimes get one answer). The interpreter flag does
+    not change it: the op build on a GPU machine needs the real target even then."""
     import triton
 
-    target = triton.runtime.driver.active.get_current_target()
+    try:
+        target = triton.runtime.driver.active.get_current_target()
+    except RuntimeError:   # no active driver: no GPU
+        return 0, 0
     if target.backend != "cuda" or not isinstance(target.arch, int):
         return 0, 0
     return divmod(int(target.arch), 10)

@@ -26,9 +26,20 @@ def test_compute_capability_from_the_driver_target(monkeypatch, backend, arch, w
     assert triton_host.compute_capability() == want
 
 
-def test_compute_capability_under_the_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_compute_capability_without_a_driver(monkeypatch):
+    def no_driver():
+        raise RuntimeError("0 active drivers ([]). There should only be one.")
+
+    _target(monkeypatch, "cuda", 90)
+    monkeypatch.setattr(triton.runtime.driver.active, "get_current_target", no_driver)
     assert triton_host.compute_capability() == (0, 0)
+
+
+def test_compute_capability_ignores_the_interpreter_flag(monkeypatch):
+    """The op build on a GPU machine asks it even when the Triton kernels are interpreted."""
+    _target(monkeypatch, "cuda", 90)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_host.compute_capability() == (9, 0)
 
 
 def test_cuda_decode_names_the_capability_it_refuses(monkeypatch):
