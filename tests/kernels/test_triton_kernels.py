@@ -198,9 +198,11 @@ def test_mla_decode_query_groups_match_per_token_reference(k, qg, cache):
 @pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("case", ["no_cache", "all_cached", "mixed", "zeros"])
 def test_read_cache_and_interleave_bitwise(k, case, cache):
-    """The extend's gather: per request its cached rows, then its new rows. The step's rows are written
-    to the cache first, as the backends do; from an FP8 cache every row is read back from it
-    (dequantized), so a prompt sees the same rounded keys whether it was cached, chunked or new."""
+    """The extend's gather: per request its cached rows, then its new rows. A bf16/fp32 gather takes
+    the new rows from `new` (their cache slots keep random rows, so reading them from the cache would
+    fail); over an FP8 cache the step's rows are written first, as the backends do, and every row is
+    read back from it (dequantized), so a prompt sees the same rounded keys whether it was cached,
+    chunked or new."""
     torch, fp8 = k.torch, cache == "fp8"
     rng = np.random.default_rng(11)
     q_lens, c_lens = {
@@ -215,7 +217,8 @@ def test_read_cache_and_interleave_bitwise(k, case, cache):
     kv = paged_cache(k, rng, nb, page, d, fp8)
     new = upload(k, rng.standard_normal((sum(q_lens), d)).astype(np.float32))
     slots = [int(bt[b][i // page]) * page + i % page for b in range(len(q_lens)) for i in range(c_lens[b], k_lens[b])]
-    k.cw.write_latent_cache(new, kv, upload(k, np.array(slots, dtype=np.int64)))
+    if fp8:
+        k.cw.write_latent_cache(new, kv, upload(k, np.array(slots, dtype=np.int64)))
     cu_q = upload(k, np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
     cu_k = upload(k, np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32))
     total = int(sum(k_lens))
