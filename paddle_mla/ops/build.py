@@ -285,8 +285,10 @@ def arch_flags() -> list[str]:
     """nvcc's target for the current GPU. A 9.0 device gets sm_90a, the Hopper-specific target whose
     warpgroup MMA the MLA decode kernel needs (custom_ops/wgmma.cuh); plain sm_90 has no wgmma. (An
     arch flag in the extra CUDA flags also replaces torch's own choice of targets.)"""
-    major, minor = compute_capability()
-    cc = f"{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
+    found = compute_capability()
+    if found is None:
+        raise RuntimeError("building the CUDA ops needs a CUDA device, and Triton sees none")
+    cc = f"{found[0]}{found[1]}{'a' if found == (9, 0) else ''}"
     return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
 
 

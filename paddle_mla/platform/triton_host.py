@@ -44,8 +44,8 @@ def num_sms(device_index: int = 0) -> int:
     return int(props["multiprocessor_count"])
 
 
-def compute_capability() -> tuple[int, int]:
-    """The current CUDA device's (major, minor); (0, 0) where Triton sees no CUDA device (runtime-neutral:
+def compute_capability() -> tuple[int, int] | None:
+    """The current CUDA device's (major, minor); None where Triton sees no CUDA device (runtime-neutral:
     asks Triton's driver, so the torch and Paddle runtimes get one answer). The interpreter flag does
     not change it: the op build on a GPU machine needs the real target even then."""
     import triton
@@ -53,9 +53,9 @@ def compute_capability() -> tuple[int, int]:
     try:
         target = triton.runtime.driver.active.get_current_target()
     except RuntimeError:   # no active driver: no GPU
-        return 0, 0
+        return None
     if target.backend != "cuda" or not isinstance(target.arch, int):
-        return 0, 0
+        return None
     return divmod(int(target.arch), 10)
 
 

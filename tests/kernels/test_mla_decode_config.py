@@ -37,7 +37,11 @@ def test_launch_config_by_heads(heads, groups):
     assert c.programs == 132 // groups   # one program per SM over all head groups
     f = op.launch_config(heads, 132, fp8=True)   # FP8 rows: the 64-head kernel at every head count
     assert (f.row_blocks, f.col_splits, f.block_n, f.stages) == op.WARPGROUP
-    assert (f.block_n, f.programs, f.min_tiles) == (c.block_n, c.programs, c.min_tiles) or heads > 16
+    if heads > 16:
+        assert f == c   # the same 64-head config
+    else:   # what the split plan reads is the same, so one plan serves both caches
+        plan = lambda x: (x.block_n, x.programs, x.min_tiles, min(heads, x.heads_per_program))  # noqa: E731
+        assert plan(f) == plan(c)
     assert op.launch_config(heads, 132, row_blocks=1, col_splits=4, block_n=32, stages=4).row_blocks == 1
 
 

@@ -20,7 +20,7 @@ def _target(monkeypatch, backend: str, arch):
 
 
 @pytest.mark.parametrize("backend, arch, want", [("cuda", 90, (9, 0)), ("cuda", 89, (8, 9)), ("cuda", 100, (10, 0)),
-                                                 ("hip", "gfx942", (0, 0))])
+                                                 ("hip", "gfx942", None)])
 def test_compute_capability_from_the_driver_target(monkeypatch, backend, arch, want):
     _target(monkeypatch, backend, arch)
     assert triton_host.compute_capability() == want
@@ -32,7 +32,7 @@ def test_compute_capability_without_a_driver(monkeypatch):
 
     _target(monkeypatch, "cuda", 90)
     monkeypatch.setattr(triton.runtime.driver.active, "get_current_target", no_driver)
-    assert triton_host.compute_capability() == (0, 0)
+    assert triton_host.compute_capability() is None
 
 
 def test_compute_capability_ignores_the_interpreter_flag(monkeypatch):
@@ -55,6 +55,8 @@ def test_cuda_decode_names_the_capability_it_refuses(monkeypatch):
     monkeypatch.setattr(cuda_decode, "compute_capability", lambda: (8, 0))
     assert cuda_decode.unavailable_reason(512, 576, torch.bfloat16, "cuda") == (
         "compute capability 8.0 (the kernel is sized for SM90)")
+    monkeypatch.setattr(cuda_decode, "compute_capability", lambda: None)
+    assert cuda_decode.unavailable_reason(512, 576, torch.bfloat16, "cuda") == "no CUDA device visible to Triton"
 
 
 def test_fp8_kernels_refuse_below_8_9(monkeypatch):
@@ -67,3 +69,20 @@ def test_fp8_kernels_refuse_below_8_9(monkeypatch):
     assert not ok and "8.9" in why and "8.0" in why
     monkeypatch.setattr(fp8, "compute_capability", lambda: (9, 0))
     assert fp8.fp8_kernels_available("gpu") == (True, "")
+    monkeypatch.setattr(fp8, "compute_capability", lambda: None)   # the launch decides
+    ok, why = fp8.fp8_kernels_available("gpu")
+    assert ok and "unknown" in why
+
+
+def test_the_op_build_refuses_without_a_cuda_device(monkeypatch):
+    from paddle_mla.platform import runtime
+
+    if runtime.name() != "torch":
+        pytest.skip("the op build module imports torch")
+    from paddle_mla.ops import build
+
+    monkeypatch.setattr(build, "compute_capability", lambda: None)
+    with pytest.raises(RuntimeError, match="CUDA device"):
+        build.arch_flags()
+    monkeypatch.setattr(build, "compute_capability", lambda: (9, 0))
+    assert build.arch_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]

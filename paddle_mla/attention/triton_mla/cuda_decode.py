@@ -35,9 +35,11 @@ def unavailable_reason(kv_lora_rank: int, latent_dim: int, dtype, device: str, b
     if block_size % 8:
         # its TMA boxes are gcd(page, 64) rows; fewer than 8 would start inside a swizzle atom (untested)
         return f"cache block_size {block_size} (the kernel takes a multiple of 8)"
-    major, minor = compute_capability()
-    if major != 9:
-        return f"compute capability {major}.{minor} (the kernel is sized for SM90)"
+    cc = compute_capability()
+    if cc is None:
+        return "no CUDA device visible to Triton"
+    if cc[0] != 9:
+        return f"compute capability {cc[0]}.{cc[1]} (the kernel is sized for SM90)"
     return op.available()
 
 
