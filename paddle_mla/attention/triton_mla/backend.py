@@ -92,9 +92,10 @@ class TritonMLABackend(MLABackend):
         why_not_cuda = unavailable_reason(L, dims.latent_dim, dtype, device, block_size) if cuda_decode else \
             "turned off"
         fixed = dict(split_tokens=split_tokens, max_len=max_model_len) if deterministic else {}
-        # the op serves the mode at every head count: below 64 heads it pads a pseudo row (a recomputed
-        # output token) to a 64-row program, but those come only with preemptions, while decode rows
-        # over long contexts run 1.2x faster than the Triton kernel's (docs/determinism.md, "Cost")
+        # the op serves the mode at every head count: it pads a pseudo row (a recomputed output token)
+        # to its program's heads (16 up to 16 heads, else 64), but those come only with preemptions,
+        # while decode rows over long contexts run 1.2x faster than the Triton kernel's
+        # (docs/determinism.md, "Cost")
         self.cuda = None if why_not_cuda else CudaDecode(H, max_num_seqs, device, **fixed)
         if self.cuda:   # the CUDA decode plans into its own workspace (its tiles and grid differ from Triton's)
             self.ws = self.cuda.ws
@@ -120,9 +121,11 @@ class TritonMLABackend(MLABackend):
                                  **fixed) if self.short_max_q or deterministic else None
         self.segmented = SegmentedExtend(self.extend, device, segment_tokens) if deterministic else None
         if device != "cpu":  # start-up log on the GPU, next to the KV-cache profile's report
+            config = self.cfg if not self.cuda else self.cuda.launch if self.cuda.fp8_launch == self.cuda.launch \
+                else f"{self.cuda.launch} (FP8 rows: {self.cuda.fp8_launch})"
             print(f"[triton_mla] decode split workspace {self.ws.nbytes / 2**20:.1f} MiB "
                   f"({self.ws.partial_out.shape[0]} "
-                  f"partial rows x {H} heads x {L}; config {self.cuda.launch if self.cuda else self.cfg}; CUDA decode: "
+                  f"partial rows x {H} heads x {L}; config {config}; CUDA decode: "
                   f"{why_not_cuda or 'on'}), pseudo-row workspace "
                   f"{self.pseudo.ws.nbytes / 2**20 if self.pseudo else 0:.1f} MiB", file=sys.stderr, flush=True)
 
