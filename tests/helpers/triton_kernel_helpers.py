@@ -46,6 +46,12 @@ def cuda_mla_namespace(op: str) -> SimpleNamespace:
     return ns
 
 
+def launch_overrides(key) -> dict:
+    """A launch-config key of ops.mla_decode, (row_blocks, col_splits, block_n, stages), as CudaDecode's
+    keyword overrides."""
+    return dict(zip(("row_blocks", "col_splits", "block_n", "stages"), key))
+
+
 def random_block_tables(rng, seq_lens, page: int, extra_blocks: int = 3):
     """(tables int32 [B, max_blocks + 1], -1 padded, num_blocks) with blocks in random physical order."""
     need = [max(1, -(-int(s) // page)) for s in seq_lens]

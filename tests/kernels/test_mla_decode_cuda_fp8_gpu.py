@@ -9,7 +9,7 @@ FP8."""
 
 import numpy as np
 import pytest
-from helpers.triton_kernel_helpers import check_close, cuda_mla_namespace, random_block_tables
+from helpers.triton_kernel_helpers import check_close, cuda_mla_namespace, launch_overrides, random_block_tables
 from helpers.triton_kernel_helpers import poisoned_runs
 from helpers.triton_kernel_helpers import upload as _up
 
@@ -55,7 +55,7 @@ def test_fp8_rows_equal_their_dequantized_bf16_rows(k, heads, page, seq_lens, wi
     bs, scale = len(seq_lens), 192 ** -0.5
     plain = f8.dequantize(cache, D).to(torch.bfloat16)
     dec = k.cd.CudaDecode(heads, 8, k.dev)   # the default configs: FP8 rows take the 64-head one
-    wg64 = k.cd.CudaDecode(heads, 8, k.dev, row_blocks=4, col_splits=2, block_n=64, stages=2)
+    wg64 = k.cd.CudaDecode(heads, 8, k.dev, **launch_overrides(k.cd.op.WARPGROUP))
     assert (wg64.launch.programs, wg64.split_cost) == (dec.launch.programs, dec.split_cost)   # the same plan
     assert dec.fp8_launch == wg64.launch   # FP8 rows take the 64-head config
 

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from helpers.triton_kernel_helpers import check_close as _check_close
 from helpers.triton_kernel_helpers import check_graph_replay
-from helpers.triton_kernel_helpers import cuda_mla_namespace, random_block_tables
+from helpers.triton_kernel_helpers import cuda_mla_namespace, launch_overrides, random_block_tables
 from helpers.triton_kernel_helpers import poisoned_runs as _poisoned_runs
 from helpers.triton_kernel_helpers import upload as _up
 
+from paddle_mla.ops import mla_decode as op
 from paddle_mla.platform import runtime
 
 pytestmark = [pytest.mark.gpu, pytest.mark.triton]
@@ -19,7 +20,7 @@ LORA, ROPE = 512, 64
 # the default configs are the sm_90a warpgroup kernels (ops.mla_decode.NARROW up to 16 heads, WARPGROUP
 # above); WG64 keeps the 64-head kernel at 16 heads and fewer; the mma.sync kernel's configs by head count
 # (16, 32 and 64 heads a program)
-WG64 = {"row_blocks": 4, "col_splits": 2, "block_n": 64, "stages": 2}
+WG64 = launch_overrides(op.WARPGROUP)
 MMA16 = {"row_blocks": 1, "col_splits": 4, "block_n": 32, "stages": 4}
 MMA32 = {"row_blocks": 2, "col_splits": 4, "block_n": 32, "stages": 3}
 MMA64 = {"row_blocks": 4, "col_splits": 2, "block_n": 32, "stages": 3, "min_tiles": 4}
