@@ -171,13 +171,13 @@ constexpr int64_t config_key(int64_t rb, int64_t cs, int64_t bn, int64_t st) {
   return ((rb * 10 + cs) * 100 + bn) * 10 + st;
 }
 
-// Only the 64-head warpgroup kernel reads FP8 rows (ops.mla_decode.launch_config picks it for them).
+// Only the 64-head warpgroup kernel reads FP8 rows (ops.mla_decode.launch_config picks it for them);
+// the dispatcher refuses every other config over them.
 constexpr const char* kFp8NeedsWarpgroup = "FP8 cache rows are read by the 64-head warpgroup config only";
 
 // The mma.sync kernel (mla_decode_kernel.cuh): bf16 rows only.
 template <int RB, int CS, int BN, int NST>
 const char* launch_split(const MlaDecodeArgs& a, cudaStream_t stream) {
-  if (a.kv_fp8) return kFp8NeedsWarpgroup;
   const size_t smem = mla::SplitLayout(RB, CS, BN, NST).total;
   auto kernel = mla::mla_decode_split_kernel<RB, CS, BN, NST>;
   if (const char* err = allow_smem(kernel, smem)) return err;
@@ -250,30 +250,43 @@ const char* encode_paged_maps(const MlaDecodeArgs& a, int q_rows, CUtensorMap& k
   return encode_map(&q_map, a.q, q_dims, a.q_stride_h, a.q_stride_b, q_rows);
 }
 
+// What both paged sm_90a kernels launch with: their tensor maps and a grid of one program per head
+// group (`heads` heads each) and plan program.
+struct PagedLaunch {
+  CUtensorMap kv_map, q_map, scale_map;
+  dim3 grid;
+};
+
+// The paged kernels' common host steps (the device check, the maps, the grid); nullptr, or why not
+// (not_sm90: the kernel's refusal off a compute capability 9.0 device).
+const char* paged_launch(const MlaDecodeArgs& a, int heads, const char* not_sm90, PagedLaunch& l) {
+  if (!on_sm90()) return not_sm90;
+  if (const char* err = encode_paged_maps(a, heads, l.kv_map, l.q_map, l.scale_map)) return err;
+  l.grid = dim3(static_cast<unsigned>((a.num_heads + heads - 1) / heads), static_cast<unsigned>(a.programs));
+  return nullptr;
+}
+
 const char* launch_wgmma(const MlaDecodeArgs& a, cudaStream_t stream) {
-  if (!on_sm90()) return "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU";
-  CUtensorMap kv_map{}, q_map{}, scale_map{};
-  if (const char* err = encode_paged_maps(a, mla::kWgHeads, kv_map, q_map, scale_map)) return err;
+  PagedLaunch l{};
+  if (const char* err =
+          paged_launch(a, mla::kWgHeads, "the warpgroup (block_n 64) kernel needs a compute capability 9.0 GPU", l))
+    return err;
   const size_t smem = mla::WgLayout::total;
   auto kernel = a.kv_fp8 ? mla::mla_decode_wgmma_kernel<true> : mla::mla_decode_wgmma_kernel<false>;
   if (const char* err = allow_smem(kernel, smem)) return err;
-  const int head_groups = static_cast<int>((a.num_heads + mla::kWgHeads - 1) / mla::kWgHeads);
-  return launch_pdl(kernel, dim3(head_groups, static_cast<unsigned>(a.programs)), dim3(mla::kWgThreads), smem, stream,
-                    a, kv_map, q_map, scale_map);
+  return launch_pdl(kernel, l.grid, dim3(mla::kWgThreads), smem, stream, a, l.kv_map, l.q_map, l.scale_map);
 }
 
 // The narrow kernel (mla_decode_narrow.cuh): 16 heads a program, bf16 rows only.
 const char* launch_narrow(const MlaDecodeArgs& a, cudaStream_t stream) {
-  if (a.kv_fp8) return kFp8NeedsWarpgroup;
-  if (!on_sm90()) return "the narrow warpgroup kernel needs a compute capability 9.0 GPU";
-  CUtensorMap kv_map{}, q_map{}, scale_map{};
-  if (const char* err = encode_paged_maps(a, mla::kNarrowHeads, kv_map, q_map, scale_map)) return err;
+  PagedLaunch l{};
+  if (const char* err =
+          paged_launch(a, mla::kNarrowHeads, "the narrow warpgroup kernel needs a compute capability 9.0 GPU", l))
+    return err;
   const size_t smem = mla::NarrowLayout::total;
   auto kernel = mla::mla_decode_narrow_kernel;
   if (const char* err = allow_smem(kernel, smem)) return err;
-  const int head_groups = static_cast<int>((a.num_heads + mla::kNarrowHeads - 1) / mla::kNarrowHeads);
-  return launch_pdl(kernel, dim3(head_groups, static_cast<unsigned>(a.programs)), dim3(mla::kNarrowThreads + 32), smem,
-                    stream, a, kv_map, q_map);
+  return launch_pdl(kernel, l.grid, dim3(mla::kNarrowThreads + 32), smem, stream, a, l.kv_map, l.q_map);
 }
 
 // The sparse kernel (mla_sparse_wgmma.cuh): Q by TMA from q_lat and q_pe, one program a row, head
@@ -306,7 +319,9 @@ const char* mla_decode_cuda(const MlaDecodeArgs& a, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // the configs of paddle_mla/ops/mla_decode.py (launch_config and its variants)
   const char* err = nullptr;
-  switch (config_key(a.row_blocks, a.col_splits, a.block_n, a.stages)) {
+  const int64_t key = config_key(a.row_blocks, a.col_splits, a.block_n, a.stages);
+  if (a.kv_fp8 && key != config_key(4, 2, 64, 2)) return kFp8NeedsWarpgroup;
+  switch (key) {
     case config_key(1, 4, 32, 4): err = launch_split<1, 4, 32, 4>(a, stream); break;
     case config_key(1, 4, 32, 2): err = launch_split<1, 4, 32, 2>(a, stream); break;
     case config_key(2, 4, 32, 3): err = launch_split<2, 4, 32, 3>(a, stream); break;
