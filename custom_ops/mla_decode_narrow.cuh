@@ -177,9 +177,8 @@ __device__ __forceinline__ void narrow_store(const RowSink& sink, int num_heads,
 // into stage n % 2 once the warpgroup released tile n - 2 there (`empty`, 128 arrivals), a request's
 // Q once the warpgroup's last S^T of the previous request read the old one (`qempty`). A stage goes
 // back to the producer the moment its last P V is done, and the block-table read of each issue stays
-// off the warpgroup's path. It did not measure faster than issuing from thread 0 between tiles (the
-// same within the run-to-run spread, BENCHMARKS.md); it keeps the load bookkeeping out of the
-// compute loop.
+// off the warpgroup's path. Why a warp of its own: the load bookkeeping stays out of the compute loop
+// (its time is that of issuing from thread 0 between tiles, BENCHMARKS.md).
 __global__ void __launch_bounds__(kNarrowThreads + 32, 1)
     mla_decode_narrow_kernel(MlaDecodeArgs a, const __grid_constant__ CUtensorMap kv_map,
                              const __grid_constant__ CUtensorMap q_map) {
@@ -275,8 +274,7 @@ __global__ void __launch_bounds__(kNarrowThreads + 32, 1)
           for (int hc = 0; hc < 4; ++hc) s[narrow_reg(h, hc)] = -INFINITY;
       float keep[4];
       // the barrier in narrow_softmax's reduction is what frees the old P^T (every warp waited for its
-      // previous P V before it); one maxima slot would do as well as two (every warp reads a tile's
-      // maxima before the barrier below)
+      // previous P V before it)
       narrow_softmax(s, m, l, keep, red + st * 4 * kNarrowHeads, warp, lane, qk_scale);
       narrow_put_p(smem + NarrowLayout::p, s, warp, lane);
       wg::fence_proxy_async();

@@ -7,9 +7,7 @@
 // (ncu: 30% tensor-pipe use, 21% of DRAM bandwidth, H200), the load path's own limit at one tile in
 // flight an SM. Rows past the row's length (a page's stale or poisoned slots, or boxes not issued)
 // are zeroed in shared memory before use, so a masked key never multiplies garbage into P V; heads
-// past H come in as zeros (the map's out-of-bounds fill). wg_attend issues the first two tiles with Q,
-// as both stages are free then (at b=1 it costs nothing measurable against issuing the second a tile
-// later).
+// past H come in as zeros (the map's out-of-bounds fill).
 #pragma once
 
 #include <cuda_bf16.h>

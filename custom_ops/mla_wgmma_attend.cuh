@@ -201,6 +201,7 @@ __device__ __forceinline__ void wg_finish_sums(const WgProgram& p, const WgHando
   sum[1] = sums.y;
 }
 
+// benchmarks/profile/wgmma_rates.cu (attend_cut) copies this loop to price its parts: change both.
 // One run of nt >= 1 key tiles against the Q that `keys` loads: o (this warpgroup's 256 value
 // columns, not yet divided by the sums), m (warpgroup 0's rows' reference maxima, log2 units: up to
 // kLazyMaxLog2 below the true ones, online_softmax's kLazy) and sum (the rows' softmax denominators
