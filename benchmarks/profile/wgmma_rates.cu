@@ -75,8 +75,8 @@ __device__ __forceinline__ void m64n32k16_ss(float (&d)[16], uint64_t desc_a, ui
       : "l"(desc_a), "l"(desc_b));
 }
 
-constexpr uint32_t kChunk = 64 * 128;       // a 64-row chunk of 128-byte rows
-constexpr uint32_t kTile = 9 * kChunk;      // 64 x 576 bf16
+constexpr uint32_t kChunk = mla::kWgChunk;  // a 64-row chunk of 128-byte rows
+constexpr uint32_t kTile = mla::kWgTile;    // 64 x 576 bf16
 constexpr uint32_t kSmem = 3 * kTile + 1024;  // Q, a tile (or 128 keys), alignment slack
 constexpr int kRounds = 256;
 
@@ -147,7 +147,6 @@ __global__ void __launch_bounds__(256, 1) rates(long long* ns, float* sink) {
   const int wgi = threadIdx.x / 128;
   const uint64_t dq = pw::desc_sw128(base, 16, 1024);
   const uint64_t dk = pw::desc_sw128(base + kTile, 16, 1024);
-  const uint64_t dk128 = pw::desc_sw128(base + kTile, 16, 1024);
   const uint64_t dv = pw::desc_sw128(base + kTile + wgi * 4 * kChunk, kChunk, 1024);
   const uint32_t pa[4] = {0x3c003c00u ^ threadIdx.x, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u ^ (threadIdx.x << 16)};
   float s[32], s2[64], s1[16], o[128];
@@ -178,7 +177,7 @@ __global__ void __launch_bounds__(256, 1) rates(long long* ns, float* sink) {
 #pragma unroll
         for (int ks = 0; ks < 36; ++ks) {
           const uint32_t off = (ks / 4) * 2 * kChunk + (ks % 4) * 32;
-          m64n128k16_ss(s2, pw::desc_add(dq, (ks / 4) * kChunk + (ks % 4) * 32), pw::desc_add(dk128, off));
+          m64n128k16_ss(s2, pw::desc_add(dq, (ks / 4) * kChunk + (ks % 4) * 32), pw::desc_add(dk, off));
         }
         pw::commit();
         pw::wait<0>();
