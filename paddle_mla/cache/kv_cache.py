@@ -86,6 +86,7 @@ def allocate_kv_caches(arch, num_blocks: int, block_size: int, dtype, device: st
     if arch.family == "gqa":
         return allocate_gqa_caches(arch.num_layers, arch.gqa.num_kv_heads, num_blocks, block_size, arch.gqa.head_dim,
                                    dtype, device)
-    width = row_width(arch.mla.latent_dim) if fp8 else arch.mla.latent_dim   # the indexer keys have their own
-    return allocate_latent_caches(arch.num_layers, num_blocks, block_size, width, storage_dtype() if fp8 else dtype,
-                                  device)
+    if fp8:   # the latents' FP8 rows (the indexer keys, never FP8, have their own cache)
+        return allocate_latent_caches(arch.num_layers, num_blocks, block_size, row_width(arch.mla.latent_dim),
+                                      storage_dtype(), device)
+    return allocate_latent_caches(arch.num_layers, num_blocks, block_size, arch.mla.latent_dim, dtype, device)
